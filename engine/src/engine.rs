@@ -1,0 +1,471 @@
+//! The engine: a data directory of topics, each a set of partitions.
+//!
+//! Layout of a data directory (see docs/format.md):
+//!
+//! ```text
+//! DIR/LOCK                      advisory lock held while open
+//! DIR/chronik.meta              data directory format version
+//! DIR/topics/NAME/topic.meta    topic config
+//! DIR/topics/NAME/P/            partition P: 00000000000000000000.log, .index, .timeindex, ...
+//! DIR/topics/.NAME.creating     a topic being created (removed at open if a crash left it)
+//! DIR/topics/.NAME.deleting     a topic being deleted (removed at open if a crash left it)
+//! ```
+
+use crate::error::{AppendError, IoError, OpenError, Poisoned, ReadError, TopicError};
+use crate::fetch::Fetch;
+use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
+use crate::io::{self, FileHandle, Io};
+use crate::partition::{Appended, Partition, PartitionContext, PartitionSummary};
+use crate::recovery::RecoveryReport;
+use crate::segment;
+use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
+use crate::{Clock, Corruption, Offset, Record};
+use parking_lot::{Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const LOCK_FILE: &str = "LOCK";
+const META_FILE: &str = "chronik.meta";
+const TOPICS_DIRECTORY: &str = "topics";
+const CREATING_SUFFIX: &str = ".creating";
+const DELETING_SUFFIX: &str = ".deleting";
+
+/// When an append is acknowledged, and what a crash may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged after the records and the metadata needed to read them are fsynced.
+    /// Concurrent appenders to a partition share fsyncs (group commit). Readers see records
+    /// only once they are durable.
+    #[default]
+    Sync,
+    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`] at most `ms` later.
+    /// A crash loses at most the last `ms` of acknowledged records. Readers see records once
+    /// they are durable.
+    Interval { ms: u64 },
+    /// Acknowledged when written to the OS; fsynced only when a segment rolls and on close.
+    /// Readers see records at once.
+    Os,
+}
+
+/// Options of [`Engine::open`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    pub durability: Durability,
+}
+
+/// The fail-stop flag: set by the first failed write or fsync, checked by every operation.
+#[derive(Debug, Default)]
+pub struct Poison {
+    poisoned: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Poison {
+    pub fn set(&self, reason: String) {
+        let mut slot = self.reason.lock();
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    pub fn check(&self) -> Result<(), Poisoned> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let reason = self.reason.lock().clone().unwrap_or_default();
+        Err(Poisoned { reason })
+    }
+}
+
+/// A topic as [`Engine::describe_topic`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicDescription {
+    pub name: String,
+    pub config: TopicConfig,
+    pub partitions: Vec<PartitionDescription>,
+}
+
+/// A partition as [`Engine::describe_topic`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionDescription {
+    pub partition: u32,
+    pub log_start_offset: Offset,
+    pub log_end_offset: Offset,
+    /// The end of what readers may see.
+    pub high_watermark: Offset,
+    pub segment_count: usize,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Topic<I: Io> {
+    config: TopicConfig,
+    partitions: Vec<Arc<Partition<I>>>,
+}
+
+#[derive(Debug)]
+struct Inner<I: Io> {
+    context: PartitionContext<I>,
+    options: Options,
+    root: PathBuf,
+    topics: RwLock<BTreeMap<String, Arc<Topic<I>>>>,
+    /// Serialises topic creation and deletion (rare, and they touch the topics directory).
+    admin: Mutex<()>,
+    lock: FileHandle,
+}
+
+impl<I: Io> Drop for Inner<I> {
+    fn drop(&mut self) {
+        for topic in self.topics.get_mut().values() {
+            for partition in &topic.partitions {
+                // Best effort: a failure poisons, and the next open recovers.
+                let _ = partition.close();
+            }
+        }
+        self.context.io.close(self.lock);
+    }
+}
+
+/// An open data directory. Cheap to clone; all clones share the same state. Closed (with a
+/// final flush) when the last clone is dropped.
+#[derive(Debug)]
+pub struct Engine<I: Io> {
+    inner: Arc<Inner<I>>,
+}
+
+impl<I: Io> Clone for Engine<I> {
+    fn clone(&self) -> Self {
+        Engine { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<I: Io> Engine<I> {
+    /// Open (creating if needed) the data directory at `root`, recovering every partition.
+    pub fn open(
+        io: I,
+        clock: Arc<dyn Clock>,
+        root: &Path,
+        options: Options,
+    ) -> Result<(Self, RecoveryReport), OpenError> {
+        let io = Arc::new(io);
+        create_directory_if_missing(&*io, root)?;
+        let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                OpenError::Locked { path: root.to_path_buf() }
+            } else {
+                IoError::new("lock", &root.join(LOCK_FILE), e).into()
+            }
+        })?;
+        let context = PartitionContext { io, clock, poison: Arc::default(), durability: options.durability };
+        let result = Self::open_locked(&context, root);
+        let (topics, report) = match result {
+            Ok(opened) => opened,
+            Err(error) => {
+                context.io.close(lock);
+                return Err(error);
+            }
+        };
+        let inner = Inner {
+            context,
+            options,
+            root: root.to_path_buf(),
+            topics: RwLock::new(topics),
+            admin: Mutex::new(()),
+            lock,
+        };
+        Ok((Engine { inner: Arc::new(inner) }, report))
+    }
+
+    fn open_locked(
+        context: &PartitionContext<I>,
+        root: &Path,
+    ) -> Result<(BTreeMap<String, Arc<Topic<I>>>, RecoveryReport), OpenError> {
+        let io = &*context.io;
+        check_data_directory_meta(io, root)?;
+        let topics_directory = root.join(TOPICS_DIRECTORY);
+        if create_directory_if_missing(io, &topics_directory)? {
+            sync(io, root)?;
+        }
+        let mut report = RecoveryReport::default();
+        let mut topics = BTreeMap::new();
+        let entries = io.list(&topics_directory).map_err(|e| IoError::new("list", &topics_directory, e))?;
+        for entry in entries.into_iter().filter(|e| e.is_directory) {
+            let path = topics_directory.join(&entry.name);
+            if entry.name.starts_with('.') {
+                remove_tree(io, &path)?;
+                sync(io, &topics_directory)?;
+                report.removed_incomplete_topics.push(entry.name);
+                continue;
+            }
+            let meta_path = path.join(TOPIC_META_FILE);
+            let bytes = segment::read_small_file(io, &meta_path)?.unwrap_or_default();
+            let config = TopicConfig::decode(&bytes)
+                .map_err(|kind| Corruption { file: meta_path.clone(), position: 0, kind })?;
+            let mut partitions = Vec::with_capacity(config.partitions as usize);
+            for id in 0..config.partitions {
+                let directory = path.join(id.to_string());
+                let (partition, recovery) =
+                    Partition::open(context, directory, &entry.name, id, config)?;
+                report.partitions.push(recovery);
+                partitions.push(Arc::new(partition));
+            }
+            topics.insert(entry.name, Arc::new(Topic { config, partitions }));
+        }
+        Ok((topics, report))
+    }
+
+    pub fn options(&self) -> Options {
+        self.inner.options
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    fn io(&self) -> &I {
+        &self.inner.context.io
+    }
+
+    fn topics_directory(&self) -> PathBuf {
+        self.inner.root.join(TOPICS_DIRECTORY)
+    }
+
+    /// Create a topic. Crash-safe: the topic is built in a hidden directory, fsynced, and
+    /// renamed into place; a crash before the rename leaves nothing behind after the next open.
+    pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        topic::validate_name(name)?;
+        config.validate()?;
+        self.inner.context.poison.check()?;
+        let _admin = self.inner.admin.lock();
+        if self.inner.topics.read().contains_key(name) {
+            return Err(TopicError::AlreadyExists { name: name.to_owned() });
+        }
+        let io = self.io();
+        let topics_directory = self.topics_directory();
+        let staging = topics_directory.join(format!(".{name}{CREATING_SUFFIX}"));
+        let final_path = topics_directory.join(name);
+        let result = (|| {
+            if io.list(&staging).is_ok() {
+                remove_tree(io, &staging)?;
+            }
+            io.create_directory(&staging).map_err(|e| IoError::new("mkdir", &staging, e))?;
+            segment::write_file_durably(io, &staging.join(TOPIC_META_FILE), config.encode())?;
+            for id in 0..config.partitions {
+                Partition::<I>::create_files(io, &staging.join(id.to_string()))?;
+            }
+            sync(io, &staging)?;
+            io.rename(&staging, &final_path).map_err(|e| IoError::new("rename", &staging, e))?;
+            sync(io, &topics_directory)
+        })();
+        result.inspect_err(|e| self.inner.context.poison.set(format!("create topic {name}: {e}")))?;
+        let mut partitions = Vec::with_capacity(config.partitions as usize);
+        for id in 0..config.partitions {
+            let directory = final_path.join(id.to_string());
+            let (partition, _) = Partition::open(&self.inner.context, directory, name, id, config)
+                .map_err(|e| match e {
+                    OpenError::Io(e) => TopicError::Io(e),
+                    other => TopicError::InvalidConfig { reason: other.to_string() },
+                })?;
+            partitions.push(Arc::new(partition));
+        }
+        self.inner.topics.write().insert(name.to_owned(), Arc::new(Topic { config, partitions }));
+        Ok(())
+    }
+
+    /// Delete a topic and all its data. Crash-safe: the directory is first renamed to a hidden
+    /// name (durably), then removed; a crash in between is finished at the next open.
+    pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
+        self.inner.context.poison.check()?;
+        let _admin = self.inner.admin.lock();
+        let removed = self.inner.topics.write().remove(name);
+        if removed.is_none() {
+            return Err(TopicError::NotFound { name: name.to_owned() });
+        }
+        let io = self.io();
+        let topics_directory = self.topics_directory();
+        let doomed = topics_directory.join(format!(".{name}{DELETING_SUFFIX}"));
+        let result = (|| {
+            io.rename(&topics_directory.join(name), &doomed)
+                .map_err(|e| IoError::new("rename", &doomed, e))?;
+            sync(io, &topics_directory)?;
+            remove_tree(io, &doomed)?;
+            sync(io, &topics_directory)
+        })();
+        result.inspect_err(|e| self.inner.context.poison.set(format!("delete topic {name}: {e}")))?;
+        Ok(())
+    }
+
+    /// Names of all topics, sorted.
+    pub fn list_topics(&self) -> Vec<String> {
+        self.inner.topics.read().keys().cloned().collect()
+    }
+
+    pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {
+        let topic = self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
+        let partitions = topic
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(id, partition)| {
+                let PartitionSummary {
+                    log_start_offset,
+                    log_end_offset,
+                    high_watermark,
+                    segment_count,
+                    size_bytes,
+                } = partition.summary();
+                PartitionDescription {
+                    partition: id as u32,
+                    log_start_offset,
+                    log_end_offset,
+                    high_watermark,
+                    segment_count,
+                    size_bytes,
+                }
+            })
+            .collect();
+        Ok(TopicDescription { name: name.to_owned(), config: topic.config, partitions })
+    }
+
+    fn topic(&self, name: &str) -> Option<Arc<Topic<I>>> {
+        self.inner.topics.read().get(name).cloned()
+    }
+
+    fn partition_for_append(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, AppendError> {
+        let found = self.topic(topic).ok_or_else(|| AppendError::TopicNotFound { topic: topic.to_owned() })?;
+        found
+            .partitions
+            .get(partition as usize)
+            .cloned()
+            .ok_or_else(|| AppendError::PartitionNotFound { topic: topic.to_owned(), partition })
+    }
+
+    fn partition_for_read(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, ReadError> {
+        let found = self.topic(topic).ok_or_else(|| ReadError::TopicNotFound { topic: topic.to_owned() })?;
+        found
+            .partitions
+            .get(partition as usize)
+            .cloned()
+            .ok_or_else(|| ReadError::PartitionNotFound { topic: topic.to_owned(), partition })
+    }
+
+    /// The number of partitions of a topic.
+    pub fn partition_count(&self, topic: &str) -> Option<u32> {
+        self.topic(topic).map(|t| t.config.partitions)
+    }
+
+    /// Append `records` as one batch to a partition and return their offsets. Returns once the
+    /// records are acknowledged under the engine's [`Durability`].
+    pub fn append(&self, topic: &str, partition: u32, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        self.partition_for_append(topic, partition)?.append(records)
+    }
+
+    /// Read whole batches from `from` on, about `max_bytes` of them (at least one batch).
+    /// Empty when `from` is the high watermark.
+    pub fn read(&self, topic: &str, partition: u32, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
+        self.partition_for_read(topic, partition)?.read(from, max_bytes)
+    }
+
+    /// The first offset whose timestamp is at or after `timestamp`, if any is visible.
+    pub fn offset_for_timestamp(&self, topic: &str, partition: u32, timestamp: i64) -> Result<Option<Offset>, ReadError> {
+        self.partition_for_read(topic, partition)?.offset_for_timestamp(timestamp)
+    }
+
+    /// The end of what readers may see in a partition.
+    pub fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ReadError> {
+        Ok(self.partition_for_read(topic, partition)?.high_watermark())
+    }
+
+    /// Block until `offset` is visible in a partition or `timeout` passes; returns whether it
+    /// is. Lets consumers tail a partition without polling.
+    pub fn wait_for(&self, topic: &str, partition: u32, offset: Offset, timeout: Duration) -> Result<bool, ReadError> {
+        Ok(self.partition_for_read(topic, partition)?.wait_for(offset, timeout))
+    }
+
+    /// Fsync every partition now.
+    pub fn flush(&self) -> Result<(), AppendError> {
+        for partition in self.all_partitions() {
+            partition.flush()?;
+        }
+        Ok(())
+    }
+
+    /// One bounded step of background work: in `interval` mode, fsync the partitions whose
+    /// last fsync is older than the interval. The runtime calls it from a thread; the simulator
+    /// calls it between workload steps.
+    pub fn tick(&self) -> Result<(), AppendError> {
+        self.inner.context.poison.check()?;
+        if let Durability::Interval { ms } = self.inner.options.durability {
+            for partition in self.all_partitions() {
+                partition.flush_if_due(ms)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a failure has poisoned the engine, and why.
+    pub fn poisoned(&self) -> Option<Poisoned> {
+        self.inner.context.poison.check().err()
+    }
+
+    /// Poison the engine from outside, e.g. when a background worker panicked.
+    pub fn poison(&self, reason: String) {
+        self.inner.context.poison.set(reason);
+    }
+
+    fn all_partitions(&self) -> Vec<Arc<Partition<I>>> {
+        let topics = self.inner.topics.read();
+        topics.values().flat_map(|t| t.partitions.iter().cloned()).collect()
+    }
+}
+
+fn sync<I: Io + ?Sized>(io: &I, directory: &Path) -> Result<(), IoError> {
+    io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
+}
+
+/// Returns whether the directory was created.
+fn create_directory_if_missing<I: Io + ?Sized>(io: &I, path: &Path) -> Result<bool, IoError> {
+    match io.create_directory(path) {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(error) => Err(IoError::new("mkdir", path, error)),
+    }
+}
+
+/// Check `chronik.meta`, writing it on a new data directory.
+fn check_data_directory_meta<I: Io + ?Sized>(io: &I, root: &Path) -> Result<(), OpenError> {
+    let path = root.join(META_FILE);
+    let Some(bytes) = segment::read_small_file(io, &path)? else {
+        segment::write_file_durably(io, &path, DataDirectoryMeta::current().encode())?;
+        sync(io, root)?;
+        return Ok(());
+    };
+    let meta = DataDirectoryMeta::decode(&bytes).map_err(|kind| Corruption { file: path.clone(), position: 0, kind })?;
+    if meta.version() != DATA_DIRECTORY_VERSION {
+        return Err(OpenError::UnsupportedVersion {
+            path,
+            found: meta.version(),
+            supported: DATA_DIRECTORY_VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// Remove a directory and everything under it. Bounded by the tree's depth (three levels in a
+/// data directory).
+fn remove_tree<I: Io + ?Sized>(io: &I, path: &Path) -> Result<(), IoError> {
+    let entries = io.list(path).map_err(|e| IoError::new("list", path, e))?;
+    for entry in entries {
+        let child = path.join(&entry.name);
+        if entry.is_directory {
+            remove_tree(io, &child)?;
+        } else {
+            io.remove_file(&child).map_err(|e| IoError::new("remove", &child, e))?;
+        }
+    }
+    io.remove_directory(path).map_err(|e| IoError::new("rmdir", path, e))
+}

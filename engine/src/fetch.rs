@@ -1,0 +1,68 @@
+//! The result of a read: whole validated batches in one owned buffer, and borrowed views of
+//! their records. Iterating allocates nothing per record.
+
+use crate::Offset;
+use crate::format::{BatchView, parse_batch};
+pub use crate::format::{Header, Headers, RecordView};
+
+/// Validated batches read from one segment, starting at or before `from`.
+#[derive(Debug, Clone, Default)]
+pub struct Fetch {
+    buffer: Vec<u8>,
+    from: Offset,
+    next_offset: Offset,
+}
+
+impl Fetch {
+    /// `buffer` must hold only whole batches that passed [`parse_batch`].
+    pub(crate) fn new(buffer: Vec<u8>, from: Offset, next_offset: Offset) -> Self {
+        debug_assert!(parse_batch(&buffer).is_ok(), "a fetch starts with a valid batch");
+        Fetch { buffer, from, next_offset }
+    }
+
+    pub(crate) fn empty(from: Offset) -> Self {
+        Fetch { buffer: Vec::new(), from, next_offset: from }
+    }
+
+    /// The first offset asked for.
+    pub fn from(&self) -> Offset {
+        self.from
+    }
+
+    /// The offset to read next to continue after this fetch.
+    pub fn next_offset(&self) -> Offset {
+        self.next_offset
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Bytes of batches held.
+    pub fn len_bytes(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// The raw bytes of the batches, as they are on disk.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buffer
+    }
+
+    /// The batches, in offset order.
+    pub fn batches(&self) -> impl Iterator<Item = BatchView<'_>> {
+        let mut rest = self.buffer.as_slice();
+        std::iter::from_fn(move || {
+            // Bytes were validated when read; a failure here would be a bug, and ends the
+            // iteration rather than panicking.
+            let batch = parse_batch(rest).ok()?;
+            rest = &rest[batch.len()..];
+            Some(batch)
+        })
+    }
+
+    /// The records at or after `from`, in offset order.
+    pub fn records(&self) -> impl Iterator<Item = RecordView<'_>> {
+        let from = self.from;
+        self.batches().flat_map(|batch| batch.records()).filter(move |r| r.offset() >= from)
+    }
+}

@@ -1,0 +1,204 @@
+//! The one I/O trait through which every file operation of the engine goes.
+//!
+//! The trait is shaped for io_uring: data operations ([`Operation`]) own their buffers, are
+//! submitted in batches, and complete with their buffer handed back in a [`Completion`]. `fsync`,
+//! `fdatasync` and the fsync of a directory are ordinary operations. Namespace operations (open,
+//! rename, remove, list) are plain methods.
+//!
+//! # Crash contract
+//!
+//! What a crash (power loss or kernel panic, not only a killed process) may do, per method.
+//! Backends must behave this way; the simulated disk injects exactly these outcomes.
+//!
+//! - [`Operation::Write`]: after completion the bytes are in the page cache. A crash before a
+//!   later `Fdatasync`/`Fsync` of the same file completes may keep each sector of the write,
+//!   drop it, or tear it, in any order.
+//! - [`Operation::Fdatasync`]: on success, every write to this file that completed before it
+//!   was submitted, and the file size, survive a crash. Metadata that is not needed to read the
+//!   data back (timestamps) may not.
+//! - [`Operation::Fsync`]: as `Fdatasync`, plus all file metadata. On a handle opened with
+//!   [`OpenMode::Directory`] it makes the directory's entries (files created, renamed or removed
+//!   in it) survive a crash.
+//! - A failed `Fsync`/`Fdatasync` means the dirty data may be gone (Linux drops the pages and
+//!   a retried fsync reports success). The engine never retries: it poisons itself.
+//! - [`Operation::Truncate`] and [`Operation::Allocate`] change the size; the change survives a
+//!   crash only after an `Fsync` of the file.
+//! - [`Io::open`] with [`OpenMode::CreateNew`], [`Io::rename`], [`Io::remove_file`],
+//!   [`Io::create_directory`] and [`Io::remove_directory`] survive a crash only after an
+//!   `Fsync` of the parent directory; until then the entry may be lost on a crash.
+//! - [`Io::lock`] holds an advisory exclusive lock while the handle is open; it does not survive
+//!   the process.
+
+mod pread;
+
+pub use pread::PreadIo;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// An open file or directory. Opaque; valid until passed to [`Io::close`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileHandle(pub u64);
+
+/// How [`Io::open`] opens a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// An existing file, read only.
+    Read,
+    /// An existing file, read and write.
+    ReadWrite,
+    /// A new file, read and write; fails with `AlreadyExists` if the path exists.
+    CreateNew,
+    /// An existing directory, only to be passed to [`Operation::Fsync`].
+    Directory,
+}
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DirectoryEntry {
+    pub name: String,
+    pub is_directory: bool,
+}
+
+/// A data operation. Buffers are owned by the operation and handed back on completion, so a
+/// backend may keep them alive while the kernel works on them (io_uring).
+#[derive(Debug)]
+pub enum Operation {
+    /// Read `buffer.len()` bytes at `position`. Completes with the buffer truncated to the bytes
+    /// read, which is fewer only at the end of the file.
+    Read { file: FileHandle, position: u64, buffer: Vec<u8> },
+    /// Write all of `buffer` at `position`.
+    Write { file: FileHandle, position: u64, buffer: Vec<u8> },
+    /// Flush data and all metadata of a file or directory to stable storage.
+    Fsync { file: FileHandle },
+    /// Flush data and the metadata needed to read it back (the size) to stable storage.
+    Fdatasync { file: FileHandle },
+    /// Set the file's size to `length`.
+    Truncate { file: FileHandle, length: u64 },
+    /// Make the file at least `position + length` bytes long, reserving space where the
+    /// backend can.
+    Allocate { file: FileHandle, position: u64, length: u64 },
+}
+
+impl Operation {
+    /// A short name for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Operation::Read { .. } => "read",
+            Operation::Write { .. } => "write",
+            Operation::Fsync { .. } => "fsync",
+            Operation::Fdatasync { .. } => "fdatasync",
+            Operation::Truncate { .. } => "truncate",
+            Operation::Allocate { .. } => "allocate",
+        }
+    }
+}
+
+/// The result of one [`Operation`], with its buffer handed back (empty for operations without
+/// one).
+#[derive(Debug)]
+pub struct Completion {
+    pub buffer: Vec<u8>,
+    /// Bytes transferred for reads and writes, zero otherwise.
+    pub result: io::Result<usize>,
+}
+
+/// Every file operation of the engine. See the module documentation for the crash contract.
+pub trait Io: Send + Sync + 'static {
+    /// Submit a batch of operations and wait for all of them. Completions come back in the order
+    /// of `operations`. Operations in one batch may run concurrently: a caller that needs an
+    /// order between two operations (write, then fdatasync) submits them in separate batches,
+    /// or relies on a backend that documents linking them.
+    fn submit(&self, operations: Vec<Operation>) -> Vec<Completion>;
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle>;
+
+    /// Close a handle. Closing does not flush anything.
+    fn close(&self, file: FileHandle);
+
+    fn file_size(&self, file: FileHandle) -> io::Result<u64>;
+
+    /// Create one directory; its parent must exist. `AlreadyExists` if it does.
+    fn create_directory(&self, path: &Path) -> io::Result<()>;
+
+    /// The entries of a directory, sorted by name, without `.` and `..`.
+    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>>;
+
+    /// Atomically replace `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Remove an empty directory.
+    fn remove_directory(&self, path: &Path) -> io::Result<()>;
+
+    /// Open (creating if needed) `path` and take an exclusive advisory lock on it, failing with
+    /// `WouldBlock` if another holder has it. The lock is released when the handle is closed.
+    fn lock(&self, path: &Path) -> io::Result<FileHandle>;
+}
+
+/// An I/O error with the operation and path it happened on.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} {}: {source}", path.display())]
+pub struct IoError {
+    pub operation: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl IoError {
+    pub fn new(operation: &'static str, path: &Path, source: io::Error) -> Self {
+        IoError { operation, path: path.to_path_buf(), source }
+    }
+
+    /// Whether the error means the disk is full.
+    pub fn is_disk_full(&self) -> bool {
+        self.source.kind() == io::ErrorKind::StorageFull
+    }
+}
+
+/// Submit one operation and wait for it.
+pub fn run<I: Io + ?Sized>(io: &I, operation: Operation) -> Completion {
+    let mut completions = io.submit(vec![operation]);
+    assert_eq!(completions.len(), 1, "backend returned a wrong number of completions");
+    completions.pop().expect("one completion")
+}
+
+/// Read exactly `length` bytes at `position`, or fail with `UnexpectedEof`.
+pub fn read_exact<I: Io + ?Sized>(
+    io: &I,
+    file: FileHandle,
+    position: u64,
+    length: usize,
+) -> io::Result<Vec<u8>> {
+    let completion = run(io, Operation::Read { file, position, buffer: vec![0; length] });
+    completion.result?;
+    if completion.buffer.len() < length {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shorter than expected"));
+    }
+    Ok(completion.buffer)
+}
+
+/// Write all of `buffer` at `position`.
+pub fn write_all<I: Io + ?Sized>(
+    io: &I,
+    file: FileHandle,
+    position: u64,
+    buffer: Vec<u8>,
+) -> io::Result<()> {
+    run(io, Operation::Write { file, position, buffer }).result.map(|_| ())
+}
+
+/// Run an operation that carries no buffer (fsync, fdatasync, truncate, allocate).
+pub fn run_plain<I: Io + ?Sized>(io: &I, operation: Operation) -> io::Result<()> {
+    run(io, operation).result.map(|_| ())
+}
+
+/// Fsync the directory at `path`, making its entries durable.
+pub fn sync_directory<I: Io + ?Sized>(io: &I, path: &Path) -> io::Result<()> {
+    let directory = io.open(path, OpenMode::Directory)?;
+    let result = run_plain(io, Operation::Fsync { file: directory });
+    io.close(directory);
+    result
+}

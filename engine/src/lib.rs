@@ -1,0 +1,120 @@
+//! Chronik's storage engine: topics and partitions of append-only segmented logs.
+//!
+//! The engine is sans-thread and sans-clock: every file operation goes through the [`io::Io`]
+//! trait, time comes from an injected [`Clock`], and background work (interval flushes) is a
+//! step function, [`Engine::tick`], that the [`runtime`] module drives from a thread in
+//! production and the simulator drives deterministically. See `ARCHITECTURE.md` for the code map
+//! and `docs/format.md` for the bytes on disk.
+//!
+//! ```
+//! use chronik_engine::{io::PreadIo, runtime::SystemClock, Engine, Options, Record, TopicConfig};
+//! use std::sync::Arc;
+//!
+//! let directory = tempfile::tempdir().unwrap();
+//! let (engine, _report) =
+//!     Engine::open(PreadIo::new(), Arc::new(SystemClock), directory.path(), Options::default())
+//!         .unwrap();
+//! engine.create_topic("clicks", TopicConfig::default()).unwrap();
+//! let appended = engine.append("clicks", 0, &[Record::new(Some(b"user-1"), b"home")]).unwrap();
+//! assert_eq!(appended.base_offset.get(), 0);
+//! let fetch = engine.read("clicks", 0, appended.base_offset, 1 << 20).unwrap();
+//! let record = fetch.records().next().unwrap();
+//! assert_eq!(record.value(), b"home");
+//! ```
+
+pub mod error;
+pub mod fetch;
+pub mod format;
+pub mod index;
+pub mod io;
+pub mod partition;
+pub mod recovery;
+pub mod runtime;
+pub mod segment;
+pub mod topic;
+
+mod engine;
+
+pub use engine::{Durability, Engine, Options, PartitionDescription, TopicDescription};
+pub use error::{
+    AppendError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError,
+};
+pub use fetch::{Fetch, Header, Headers, RecordView};
+pub use format::Record;
+pub use recovery::{PartitionRecovery, RecoveryReport};
+pub use topic::TopicConfig;
+
+use std::fmt;
+
+/// The position of a record in a partition. Offsets start at zero, strictly increase, and are
+/// never reused.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Offset(u64);
+
+impl Offset {
+    /// The first offset of every partition.
+    pub const ZERO: Offset = Offset(0);
+
+    pub const fn new(value: u64) -> Self {
+        Offset(value)
+    }
+
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The offset `count` records after this one.
+    #[must_use]
+    pub fn add(self, count: u64) -> Offset {
+        Offset(self.0.checked_add(count).expect("offset overflow"))
+    }
+}
+
+impl fmt::Debug for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Offset({})", self.0)
+    }
+}
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The source of time for the engine: record timestamps, segment age and interval flushes.
+///
+/// Production uses [`runtime::SystemClock`]; the simulator passes a simulated clock. The engine
+/// core never reads the system clock itself.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+}
+
+impl fmt::Debug for dyn Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Clock(now_ms = {})", self.now_ms())
+    }
+}
+
+/// Upper bounds that keep every buffer and loop in the engine bounded.
+pub mod limits {
+    /// Largest encoded batch, header included.
+    pub const BATCH_BYTES_MAX: u32 = 16 * 1024 * 1024;
+    /// Most records in one batch.
+    pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
+    /// Largest segment size a topic may configure; positions inside a segment fit in `u32`.
+    pub const SEGMENT_BYTES_MAX: u64 = 1 << 30;
+    /// Smallest segment size a topic may configure.
+    pub const SEGMENT_BYTES_MIN: u64 = 4096;
+    /// Most partitions per topic.
+    pub const PARTITIONS_MAX: u32 = 4096;
+    /// Longest topic name.
+    pub const TOPIC_NAME_BYTES_MAX: usize = 200;
+    /// Bytes read from a segment in one read operation while scanning.
+    pub const SCAN_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+    const _: () = assert!(BATCH_BYTES_MAX as u64 <= SEGMENT_BYTES_MAX);
+    const _: () = assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+    const _: () = assert!(SEGMENT_BYTES_MIN < SEGMENT_BYTES_MAX);
+}

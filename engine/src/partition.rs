@@ -1,0 +1,482 @@
+//! One partition: the write path (append, roll, group commit) and the read path.
+//!
+//! Locks, in the only order they are taken: `state`, then `sync`, then `watermark`. Writes to
+//! the file happen under `state`, so batches land in offset order; fsyncs happen under no lock,
+//! so appenders keep writing while a group commit is in flight.
+
+use crate::engine::{Durability, Poison};
+use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
+use crate::fetch::Fetch;
+use crate::format::{self, DecodeError, parse_batch};
+use crate::io::{self, Io, OpenMode, Operation};
+use crate::limits::BATCH_BYTES_MAX;
+use crate::recovery::{self, PartitionRecovery};
+use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
+use crate::topic::TopicConfig;
+use crate::{Clock, Offset, Record};
+use parking_lot::{Condvar, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The offsets a successful append was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: Offset,
+    pub last_offset: Offset,
+}
+
+#[derive(Debug)]
+struct State<I: Io> {
+    /// Ordered by base offset; the last one is active. Never empty.
+    segments: Vec<Segment<I>>,
+    /// Damaged synced data found at open at the end of the log: appends are refused and reads
+    /// at or after this offset report it.
+    damaged: Option<(Offset, Corruption)>,
+}
+
+impl<I: Io> State<I> {
+    fn active(&self) -> &Segment<I> {
+        self.segments.last().expect("a partition always has an active segment")
+    }
+
+    fn next_offset(&self) -> Offset {
+        self.active().next_offset
+    }
+}
+
+#[derive(Debug)]
+struct SyncState {
+    /// A group-commit leader is running an fdatasync.
+    syncing: bool,
+    /// Every offset below this one is durable.
+    synced: Offset,
+    last_sync_ms: i64,
+}
+
+/// Summary of a partition for describe and for tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionSummary {
+    pub log_start_offset: Offset,
+    pub log_end_offset: Offset,
+    pub high_watermark: Offset,
+    pub segment_count: usize,
+    pub size_bytes: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Partition<I: Io> {
+    topic: String,
+    id: u32,
+    directory: PathBuf,
+    io: Arc<I>,
+    clock: Arc<dyn Clock>,
+    poison: Arc<Poison>,
+    durability: Durability,
+    config: TopicConfig,
+    state: Mutex<State<I>>,
+    sync: Mutex<SyncState>,
+    sync_done: Condvar,
+    /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
+    /// `os` mode. Mirrored in `watermark_value` for lock-free reads.
+    watermark: Mutex<Offset>,
+    watermark_changed: Condvar,
+    watermark_value: AtomicU64,
+}
+
+#[derive(Debug)]
+pub(crate) struct PartitionContext<I: Io> {
+    pub io: Arc<I>,
+    pub clock: Arc<dyn Clock>,
+    pub poison: Arc<Poison>,
+    pub durability: Durability,
+}
+
+impl<I: Io> Clone for PartitionContext<I> {
+    fn clone(&self) -> Self {
+        PartitionContext {
+            io: Arc::clone(&self.io),
+            clock: Arc::clone(&self.clock),
+            poison: Arc::clone(&self.poison),
+            durability: self.durability,
+        }
+    }
+}
+
+impl<I: Io> Partition<I> {
+    /// Create the directory of a new partition with an empty first segment. The caller fsyncs
+    /// the parent directory.
+    pub fn create_files(io: &I, directory: &Path) -> Result<(), IoError> {
+        io.create_directory(directory).map_err(|e| IoError::new("mkdir", directory, e))?;
+        let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
+        let file = io.open(&path, OpenMode::CreateNew).map_err(|e| IoError::new("create", &path, e))?;
+        io.close(file);
+        io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
+    }
+
+    /// Open and recover the partition stored in `directory`.
+    pub fn open(
+        context: &PartitionContext<I>,
+        directory: PathBuf,
+        topic: &str,
+        id: u32,
+        config: TopicConfig,
+    ) -> Result<(Self, PartitionRecovery), OpenError> {
+        let recovered = recovery::recover_partition(&context.io, &directory, topic, id, &config)?;
+        let end = recovered.segments.last().expect("recovery yields a segment").next_offset;
+        let state = State { segments: recovered.segments, damaged: recovered.damaged };
+        let now = context.clock.now_ms();
+        let partition = Partition {
+            topic: topic.to_owned(),
+            id,
+            directory,
+            io: Arc::clone(&context.io),
+            clock: Arc::clone(&context.clock),
+            poison: Arc::clone(&context.poison),
+            durability: context.durability,
+            config,
+            state: Mutex::new(state),
+            sync: Mutex::new(SyncState { syncing: false, synced: end, last_sync_ms: now }),
+            sync_done: Condvar::new(),
+            watermark: Mutex::new(end),
+            watermark_changed: Condvar::new(),
+            watermark_value: AtomicU64::new(end.get()),
+        };
+        Ok((partition, recovered.report))
+    }
+
+    pub fn high_watermark(&self) -> Offset {
+        Offset::new(self.watermark_value.load(Ordering::Acquire))
+    }
+
+    fn publish(&self, offset: Offset) {
+        let mut watermark = self.watermark.lock();
+        if offset > *watermark {
+            *watermark = offset;
+            self.watermark_value.store(offset.get(), Ordering::Release);
+            self.watermark_changed.notify_all();
+        }
+    }
+
+    /// Block until a record at `offset` is visible or `timeout` passes. Returns whether it is.
+    pub fn wait_for(&self, offset: Offset, timeout: Duration) -> bool {
+        let mut watermark = self.watermark.lock();
+        if *watermark > offset {
+            return true;
+        }
+        self.watermark_changed.wait_for(&mut watermark, timeout);
+        *watermark > offset
+    }
+
+    pub fn summary(&self) -> PartitionSummary {
+        let state = self.state.lock();
+        PartitionSummary {
+            log_start_offset: state.segments[0].base_offset,
+            log_end_offset: state.next_offset(),
+            high_watermark: self.high_watermark(),
+            segment_count: state.segments.len(),
+            size_bytes: state.segments.iter().map(|s| s.size).sum(),
+        }
+    }
+
+    fn poison_with(&self, error: &IoError) {
+        self.poison.set(format!("{}/{}: {error}", self.topic, self.id));
+    }
+
+    pub fn append(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        self.poison.check()?;
+        let now = self.clock.now_ms();
+        // Encode outside the lock; only the offsets and the checksum are patched under it.
+        let mut batch = Vec::new();
+        format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
+        let (appended, end) = {
+            let mut state = self.state.lock();
+            self.poison.check()?;
+            if let Some((_, corruption)) = &state.damaged {
+                return Err(AppendError::Corruption(corruption.clone()));
+            }
+            let base = state.next_offset();
+            let hint = self.sync.lock().synced;
+            format::set_batch_offsets(&mut batch, base, hint);
+            if self.should_roll(&state, batch.len() as u64, now) {
+                self.roll(&mut state).inspect_err(|e| self.poison_with(e))?;
+            }
+            let view = parse_batch(&batch).expect("pair assertion: encoded batch parses");
+            let active = state.segments.last_mut().expect("active segment");
+            let (file, position) = (Arc::clone(&active.file), active.size);
+            io::write_all(&*self.io, file.handle, position, batch.clone())
+                .map_err(|e| IoError::new("write", &file.path, e))
+                .inspect_err(|e| self.poison_with(e))?;
+            active.on_batch(&view);
+            let appended = Appended { base_offset: base, last_offset: view.last_offset() };
+            (appended, active.next_offset)
+        };
+        match self.durability {
+            Durability::Sync => self.sync_to(end)?,
+            Durability::Os => self.publish(end),
+            Durability::Interval { .. } => {}
+        }
+        Ok(appended)
+    }
+
+    fn should_roll(&self, state: &State<I>, batch_bytes: u64, now: i64) -> bool {
+        let active = state.active();
+        if active.size == 0 {
+            return false;
+        }
+        let too_big = active.size + batch_bytes > self.config.segment_bytes;
+        let too_old = active.first_timestamp.is_some_and(|t| now.saturating_sub(t) >= self.config.segment_ms);
+        too_big || too_old
+    }
+
+    /// Seal the active segment and start a new one. The sealed segment is fsynced and indexed
+    /// before the new file exists, so every segment but the last is always fully durable.
+    fn roll(&self, state: &mut State<I>) -> Result<(), IoError> {
+        let active = state.active();
+        active.file.run(Operation::Fdatasync { file: active.file.handle })?;
+        active.write_index_files()?;
+        let base = active.next_offset;
+        let path = self.directory.join(segment::file_name(base, LOG_SUFFIX));
+        let file = SegmentFile::open(&self.io, path, OpenMode::CreateNew)?;
+        io::sync_directory(&*self.io, &self.directory)
+            .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+        state.segments.push(Segment::empty(base, file, self.config.index_interval_bytes));
+        self.mark_synced(base);
+        Ok(())
+    }
+
+    fn mark_synced(&self, offset: Offset) {
+        let mut sync = self.sync.lock();
+        if offset > sync.synced {
+            sync.synced = offset;
+            sync.last_sync_ms = self.clock.now_ms();
+        }
+        drop(sync);
+        if self.durability != Durability::Os {
+            self.publish(offset);
+        }
+    }
+
+    /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
+    /// at the same time (group commit): one of them leads, the others wait for its result.
+    pub fn sync_to(&self, end: Offset) -> Result<(), AppendError> {
+        let mut sync = self.sync.lock();
+        loop {
+            if sync.synced >= end {
+                return Ok(());
+            }
+            self.poison.check()?;
+            if !sync.syncing {
+                break;
+            }
+            self.sync_done.wait(&mut sync);
+        }
+        sync.syncing = true;
+        drop(sync);
+        let (file, target) = {
+            let state = self.state.lock();
+            (Arc::clone(&state.active().file), state.next_offset())
+        };
+        let result = file.run(Operation::Fdatasync { file: file.handle });
+        if let Err(error) = &result {
+            // Never retry: after a failed fsync the dirty pages may be gone.
+            self.poison_with(error);
+        }
+        self.sync.lock().syncing = false;
+        if result.is_ok() {
+            self.mark_synced(target);
+        }
+        self.sync_done.notify_all();
+        result?;
+        assert!(target >= end, "a leader syncs at least its own records");
+        Ok(())
+    }
+
+    /// Sync if there are unsynced records and the last sync is older than `interval_ms`.
+    pub fn flush_if_due(&self, interval_ms: u64) -> Result<(), AppendError> {
+        let end = self.state.lock().next_offset();
+        let (synced, last) = {
+            let sync = self.sync.lock();
+            (sync.synced, sync.last_sync_ms)
+        };
+        let due = self.clock.now_ms().saturating_sub(last) >= i64::try_from(interval_ms).unwrap_or(i64::MAX);
+        if synced < end && due { self.sync_to(end) } else { Ok(()) }
+    }
+
+    /// Sync everything written so far.
+    pub fn flush(&self) -> Result<(), AppendError> {
+        let end = self.state.lock().next_offset();
+        self.sync_to(end)
+    }
+
+    /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one
+    /// batch), from one segment, never past the high watermark.
+    pub fn read(&self, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
+        self.poison.check()?;
+        let high_watermark = self.high_watermark();
+        let (file, mut position, limit) = {
+            let state = self.state.lock();
+            let start = state.segments[0].base_offset;
+            if from < start || from > high_watermark {
+                let (requested, start, end) = (from.get(), start.get(), high_watermark.get());
+                return Err(ReadError::OffsetOutOfRange { requested, start, end });
+            }
+            if let Some((damaged, corruption)) = &state.damaged {
+                if from >= *damaged {
+                    return Err(ReadError::Corruption(corruption.clone()));
+                }
+            }
+            if from == high_watermark {
+                return Ok(Fetch::empty(from));
+            }
+            // The segment holding `from`, or the first one after a gap.
+            let holding = state.segments.partition_point(|s| s.base_offset <= from) - 1;
+            let index = if from < state.segments[holding].next_offset { holding } else { holding + 1 };
+            let segment = &state.segments[index];
+            let position = segment.index.position_for_offset(from);
+            (Arc::clone(&segment.file), u64::from(position), segment.size)
+        };
+        let chunk_bytes = max_bytes.clamp(format::BATCH_HEADER_BYTES, BATCH_BYTES_MAX as usize);
+        let mut buffer: Vec<u8> = Vec::new();
+        while position < limit {
+            let want = (limit - position).min(chunk_bytes as u64) as usize;
+            let chunk = file.read(position, want).map_err(ReadError::Io)?;
+            if chunk.is_empty() {
+                break;
+            }
+            let mut taken = self.take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+            if taken.bytes == 0 && !taken.stop {
+                // The next batch is larger than the chunk: read exactly that batch.
+                let needed = taken.needed.expect("no progress means an incomplete batch");
+                let available = limit - position;
+                if needed as u64 > available {
+                    if !buffer.is_empty() {
+                        break;
+                    }
+                    return Err(self.truncated(&file, position, needed, available).into());
+                }
+                let chunk = file.read(position, needed).map_err(ReadError::Io)?;
+                taken = self.take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+                if taken.bytes == 0 && !taken.stop {
+                    return Err(self.truncated(&file, position, needed, chunk.len() as u64).into());
+                }
+            }
+            position += taken.bytes as u64;
+            if taken.stop || buffer.len() >= max_bytes {
+                break;
+            }
+        }
+        if buffer.is_empty() {
+            return Ok(Fetch::empty(from));
+        }
+        let next_offset = last_batch_next_offset(&buffer);
+        Ok(Fetch::new(buffer, from, next_offset))
+    }
+
+    fn truncated(&self, file: &SegmentFile<I>, position: u64, needed: usize, available: u64) -> Corruption {
+        let needed = needed as u64;
+        Corruption { file: file.path.clone(), position, kind: CorruptionKind::Truncated { needed, available } }
+    }
+
+    /// Move the wanted batches at the start of `chunk` (read at `position`) into `out`.
+    fn take_batches(
+        &self,
+        file: &SegmentFile<I>,
+        position: u64,
+        chunk: &[u8],
+        from: Offset,
+        high_watermark: Offset,
+        out: &mut Vec<u8>,
+    ) -> Result<Taken, ReadError> {
+        let mut cursor = 0;
+        loop {
+            match parse_batch(&chunk[cursor..]) {
+                Ok(batch) => {
+                    if batch.base_offset() >= high_watermark {
+                        return Ok(Taken { bytes: cursor, needed: None, stop: true });
+                    }
+                    if batch.next_offset() > from {
+                        out.extend_from_slice(batch.as_bytes());
+                    }
+                    cursor += batch.len();
+                }
+                Err(DecodeError::Incomplete { needed, .. }) => {
+                    let needed = usize::try_from(needed).unwrap_or(usize::MAX);
+                    return Ok(Taken { bytes: cursor, needed: Some(needed), stop: false });
+                }
+                Err(DecodeError::Corrupt(kind)) => {
+                    if out.is_empty() {
+                        let position = position + cursor as u64;
+                        return Err(Corruption { file: file.path.clone(), position, kind }.into());
+                    }
+                    // Serve what came before the damage; the next read starts at it and fails.
+                    return Ok(Taken { bytes: cursor, needed: None, stop: true });
+                }
+            }
+        }
+    }
+
+    /// The first offset whose record timestamp is `>= timestamp`, below the high watermark.
+    pub fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<Offset>, ReadError> {
+        self.poison.check()?;
+        let high_watermark = self.high_watermark();
+        let candidates: Vec<_> = {
+            let state = self.state.lock();
+            state
+                .segments
+                .iter()
+                .filter(|s| s.index.max_timestamp() >= timestamp || s.size == 0)
+                .map(|s| (Arc::clone(&s.file), s.index.position_for_timestamp(timestamp), s.size))
+                .collect()
+        };
+        for (file, position, size) in candidates {
+            let mut found = None;
+            let end = segment::scan(&file, u64::from(position), size, |_, batch| {
+                if batch.base_offset() >= high_watermark {
+                    return false;
+                }
+                if batch.max_timestamp() >= timestamp {
+                    found = batch.records().find(|r| r.timestamp() >= timestamp).map(|r| r.offset());
+                }
+                found.is_none()
+            })?;
+            if found.is_some() {
+                return Ok(found);
+            }
+            if let Some(error) = end.damage {
+                let kind = match error {
+                    DecodeError::Corrupt(kind) => kind,
+                    DecodeError::Incomplete { needed, available } => CorruptionKind::Truncated { needed, available },
+                };
+                return Err(Corruption { file: file.path.clone(), position: end.position, kind }.into());
+            }
+        }
+        Ok(None)
+    }
+
+    /// Close: sync what was written and write the active segment's index files, so the next
+    /// open only has to validate them.
+    pub fn close(&self) -> Result<(), AppendError> {
+        if self.poison.check().is_err() {
+            return Ok(());
+        }
+        self.flush()
+    }
+}
+
+struct Taken {
+    bytes: usize,
+    needed: Option<usize>,
+    stop: bool,
+}
+
+fn last_batch_next_offset(buffer: &[u8]) -> Offset {
+    let mut rest = buffer;
+    let mut next = Offset::ZERO;
+    while let Ok(batch) = parse_batch(rest) {
+        next = batch.next_offset();
+        rest = &rest[batch.len()..];
+    }
+    next
+}

@@ -1,0 +1,349 @@
+//! Recovery of a partition's segments when the engine opens.
+//!
+//! Sealed segments (every segment but the last) were fsynced before the next one was created,
+//! so anything wrong in them is corruption: it is reported, never cut. Their index files are
+//! loaded, or rebuilt by a scan when missing or stale. The last (active) segment is scanned from
+//! its start. Where the scan stops early, the bytes are either a torn tail of unsynced writes,
+//! which is cut and reported, or damage inside data that was already synced, which is kept and
+//! reported as corruption. The evidence that separates the two is the `synced_offset_hint` of
+//! every valid batch found after the damage: if one of them says the damaged batch's offset was
+//! already durable when it was written, the damage is inside synced data. See docs/format.md.
+//!
+//! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites
+//! derived files (indexes), so running it again finds a clean log and changes nothing.
+
+use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
+use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
+use crate::index::SegmentIndex;
+use crate::io::{self, Io, OpenMode, Operation};
+use crate::limits::{BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
+use crate::segment::{
+    self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
+};
+use crate::topic::TopicConfig;
+use crate::Offset;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use zerocopy::FromBytes;
+
+/// What recovery did to one partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionRecovery {
+    pub topic: String,
+    pub partition: u32,
+    /// Bytes of torn, unsynced tail cut from the active segment.
+    pub truncated_bytes: u64,
+    /// Records in the cut tail whose batch headers could still be read.
+    pub truncated_records: u64,
+    /// Index files rebuilt because they were missing, stale or damaged.
+    pub rebuilt_indexes: u32,
+    /// Leftover temporary files removed.
+    pub removed_temporary_files: u32,
+    /// Damage found in synced data, kept in place and reported on reads.
+    pub damage: Vec<Corruption>,
+}
+
+impl PartitionRecovery {
+    pub fn is_clean(&self) -> bool {
+        self.truncated_bytes == 0 && self.rebuilt_indexes == 0 && self.damage.is_empty()
+    }
+}
+
+impl fmt::Display for PartitionRecovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:", self.topic, self.partition)?;
+        if self.truncated_bytes > 0 {
+            write!(
+                f,
+                " cut a torn tail of {} bytes ({} records);",
+                self.truncated_bytes, self.truncated_records
+            )?;
+        }
+        if self.rebuilt_indexes > 0 {
+            write!(f, " rebuilt {} index files;", self.rebuilt_indexes)?;
+        }
+        for damage in &self.damage {
+            write!(f, " {damage};")?;
+        }
+        if self.is_clean() {
+            write!(f, " clean")?;
+        }
+        Ok(())
+    }
+}
+
+/// What recovery did to a whole data directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub partitions: Vec<PartitionRecovery>,
+    /// Topics whose creation or deletion a crash interrupted, removed at open.
+    pub removed_incomplete_topics: Vec<String>,
+}
+
+impl RecoveryReport {
+    pub fn is_clean(&self) -> bool {
+        self.partitions.iter().all(PartitionRecovery::is_clean)
+            && self.removed_incomplete_topics.is_empty()
+    }
+
+    pub fn truncated_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.truncated_bytes).sum()
+    }
+
+    pub fn truncated_records(&self) -> u64 {
+        self.partitions.iter().map(|p| p.truncated_records).sum()
+    }
+
+    /// One line per partition that was not clean, and per removed topic directory.
+    pub fn lines(&self) -> Vec<String> {
+        let partitions = self.partitions.iter().filter(|p| !p.is_clean()).map(ToString::to_string);
+        let topics = self
+            .removed_incomplete_topics
+            .iter()
+            .map(|name| format!("removed the leftovers of an interrupted create or delete: {name}"));
+        partitions.chain(topics).collect()
+    }
+}
+
+/// A partition's recovered segments.
+#[derive(Debug)]
+pub(crate) struct Recovered<I: Io> {
+    pub segments: Vec<Segment<I>>,
+    /// The first offset of damaged synced data at the end of the log, if any.
+    pub damaged: Option<(Offset, Corruption)>,
+    pub report: PartitionRecovery,
+}
+
+/// Where and why a scan of a segment stopped before its end.
+struct Damage {
+    position: u64,
+    error: DecodeError,
+}
+
+impl Damage {
+    fn kind(&self) -> CorruptionKind {
+        match &self.error {
+            DecodeError::Corrupt(kind) => kind.clone(),
+            &DecodeError::Incomplete { needed, available } => {
+                CorruptionKind::Truncated { needed, available }
+            }
+        }
+    }
+}
+
+pub(crate) fn recover_partition<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    topic: &str,
+    partition: u32,
+    config: &TopicConfig,
+) -> Result<Recovered<I>, OpenError> {
+    let mut report = PartitionRecovery { topic: topic.to_owned(), partition, ..Default::default() };
+    let entries = io.list(directory).map_err(|e| IoError::new("list", directory, e))?;
+    let mut bases = Vec::new();
+    for entry in &entries {
+        let path = directory.join(&entry.name);
+        if entry.name.ends_with(TEMPORARY_SUFFIX) {
+            io.remove_file(&path).map_err(|e| IoError::new("remove", &path, e))?;
+            report.removed_temporary_files += 1;
+        } else if let Some(base) = segment::parse_log_file_name(&entry.name) {
+            bases.push(base);
+        }
+    }
+    bases.sort();
+    let mut directory_dirty = report.removed_temporary_files > 0;
+    if bases.is_empty() {
+        let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
+        SegmentFile::open(io, path, OpenMode::CreateNew)?;
+        bases.push(Offset::ZERO);
+        directory_dirty = true;
+    }
+    let mut segments = Vec::with_capacity(bases.len());
+    let (active_base, sealed_bases) = bases.split_last().expect("at least one segment");
+    for (i, &base) in sealed_bases.iter().enumerate() {
+        let next_base = bases[i + 1];
+        let (segment, rebuilt) = recover_sealed(io, directory, base, next_base, config, &mut report)?;
+        directory_dirty |= rebuilt;
+        segments.push(segment);
+    }
+    let (active, damaged) = recover_active(io, directory, *active_base, config, &mut report)?;
+    segments.push(active);
+    if directory_dirty {
+        io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
+    }
+    Ok(Recovered { segments, damaged, report })
+}
+
+/// Load a sealed segment from its index files, or rebuild them by a scan. Returns whether index
+/// files were rewritten (the directory then needs an fsync).
+fn recover_sealed<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    base: Offset,
+    next_base: Offset,
+    config: &TopicConfig,
+    report: &mut PartitionRecovery,
+) -> Result<(Segment<I>, bool), OpenError> {
+    let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+    let file = SegmentFile::open(io, path, OpenMode::Read)?;
+    let size = file.size()?;
+    let offsets = segment::read_small_file(&**io, &directory.join(segment::file_name(base, INDEX_SUFFIX)))?;
+    let times =
+        segment::read_small_file(&**io, &directory.join(segment::file_name(base, TIME_INDEX_SUFFIX)))?;
+    if let (Some(offsets), Some(times)) = (offsets, times) {
+        let interval = config.index_interval_bytes;
+        if let Ok((index, next_offset)) = SegmentIndex::decode(&offsets, &times, base, size, interval) {
+            if next_offset <= next_base {
+                let file = Arc::new(file);
+                let segment =
+                    Segment { base_offset: base, file, size, next_offset, first_timestamp: None, index };
+                return Ok((segment, false));
+            }
+        }
+    }
+    let (mut segment, damage) = load_by_scan(file, base, size, config)?;
+    if let Some(damage) = damage {
+        report.damage.push(corruption(&segment, &damage));
+        segment.next_offset = next_base;
+        return Ok((segment, false));
+    }
+    if segment.next_offset > next_base {
+        let kind = CorruptionKind::OffsetMismatch {
+            expected: next_base.get(),
+            found: segment.next_offset.get(),
+        };
+        report.damage.push(Corruption { file: segment.file.path.clone(), position: size, kind });
+        return Ok((segment, false));
+    }
+    segment.write_index_files()?;
+    report.rebuilt_indexes += 2;
+    Ok((segment, true))
+}
+
+fn corruption<I: Io>(segment: &Segment<I>, damage: &Damage) -> Corruption {
+    Corruption { file: segment.file.path.clone(), position: damage.position, kind: damage.kind() }
+}
+
+/// Scan the active segment; cut a torn tail, or keep and report damage in synced data.
+fn recover_active<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    base: Offset,
+    config: &TopicConfig,
+    report: &mut PartitionRecovery,
+) -> Result<(Segment<I>, Option<(Offset, Corruption)>), OpenError> {
+    let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+    let file = SegmentFile::open(io, path, OpenMode::ReadWrite)?;
+    let size = file.size()?;
+    let (segment, damage) = load_by_scan(file, base, size, config)?;
+    let mut damaged = None;
+    if let Some(damage) = damage {
+        let evidence = later_evidence(&segment.file, damage.position, size)?;
+        if evidence.max_synced_hint > segment.next_offset {
+            // A batch written after the damaged one says the damaged one was already durable:
+            // this is corruption of synced data. Keep every byte; reads report it.
+            let corruption = corruption(&segment, &damage);
+            report.damage.push(corruption.clone());
+            damaged = Some((segment.next_offset, corruption));
+        } else {
+            let file = &segment.file;
+            file.run(Operation::Truncate { file: file.handle, length: damage.position })?;
+            file.run(Operation::Fsync { file: file.handle })?;
+            report.truncated_bytes += size - damage.position;
+            report.truncated_records += evidence.records;
+            assert_eq!(segment.size, damage.position, "the scan stops at the damaged batch");
+        }
+    }
+    // Whatever survived is made durable now, so a process that was killed (not a machine that
+    // lost power) does not leave acknowledged-looking data that a later crash could still take.
+    let file = &segment.file;
+    file.run(Operation::Fdatasync { file: file.handle })?;
+    Ok((segment, damaged))
+}
+
+/// Build a segment's in-memory state by scanning its batches from the start.
+fn load_by_scan<I: Io>(
+    file: SegmentFile<I>,
+    base: Offset,
+    size: u64,
+    config: &TopicConfig,
+) -> Result<(Segment<I>, Option<Damage>), IoError> {
+    let mut segment = Segment::empty(base, file, config.index_interval_bytes);
+    let file = Arc::clone(&segment.file);
+    let mut mismatch = None;
+    let end = segment::scan(&file, 0, size, |position, batch| {
+        if batch.base_offset() != segment.next_offset {
+            let kind = CorruptionKind::OffsetMismatch {
+                expected: segment.next_offset.get(),
+                found: batch.base_offset().get(),
+            };
+            mismatch = Some(Damage { position, error: DecodeError::Corrupt(kind) });
+            return false;
+        }
+        segment.on_batch(batch);
+        true
+    })?;
+    let damage = mismatch.or(end.damage.map(|error| Damage { position: end.position, error }));
+    if damage.is_none() {
+        assert_eq!(segment.size, size, "a clean scan covers the whole file");
+    }
+    Ok((segment, damage))
+}
+
+/// What the bytes after a damaged batch tell.
+#[derive(Debug, Default)]
+struct Evidence {
+    /// The largest `synced_offset_hint` of any valid batch after the damage.
+    max_synced_hint: Offset,
+    /// Records in the damaged batch (if its header is readable) and in valid batches after it.
+    records: u64,
+}
+
+fn later_evidence<I: Io>(file: &SegmentFile<I>, damaged_at: u64, end: u64) -> Result<Evidence, IoError> {
+    let mut evidence = Evidence::default();
+    let header = file.read(damaged_at, BATCH_HEADER_BYTES)?;
+    if let Ok(header) = BatchHeader::read_from_bytes(&header) {
+        if header.magic.get() == BATCH_MAGIC {
+            evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
+        }
+    }
+    let mut position = damaged_at + 1;
+    while let Some(candidate) = find_magic(file, position, end)? {
+        let scanned = segment::scan(file, candidate, end, |_, batch| {
+            evidence.max_synced_hint = evidence.max_synced_hint.max(batch.synced_offset_hint());
+            evidence.records += u64::from(batch.record_count());
+            true
+        })?;
+        if scanned.damage.is_none() {
+            break;
+        }
+        position = scanned.position + 1;
+    }
+    Ok(evidence)
+}
+
+/// The first position at or after `from` where a batch header with the right magic could start.
+fn find_magic<I: Io>(file: &SegmentFile<I>, from: u64, end: u64) -> Result<Option<u64>, IoError> {
+    const MAGIC_AT: u64 = 12;
+    let magic = BATCH_MAGIC.to_le_bytes();
+    let mut position = from;
+    while position + BATCH_HEADER_BYTES as u64 <= end {
+        let length = (end - position).min(SCAN_CHUNK_BYTES as u64) as usize;
+        let chunk = file.read(position, length)?;
+        if chunk.len() < BATCH_HEADER_BYTES {
+            return Ok(None);
+        }
+        let found = chunk
+            .windows(magic.len())
+            .enumerate()
+            .skip(MAGIC_AT as usize)
+            .find(|(_, window)| *window == magic);
+        if let Some((at, _)) = found {
+            return Ok(Some(position + at as u64 - MAGIC_AT));
+        }
+        // Overlap chunks so a header split across two chunks is still found.
+        position += (chunk.len() - BATCH_HEADER_BYTES + 1) as u64;
+    }
+    Ok(None)
+}

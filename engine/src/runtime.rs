@@ -1,0 +1,69 @@
+//! The production runtime: the system clock, and the thread that drives background steps.
+//! The only module of the engine that reads the clock or spawns threads.
+
+use crate::io::Io;
+use crate::{Clock, Durability, Engine};
+use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Wall-clock time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// Drives [`Engine::tick`] from a background thread. Stops (and joins the thread) on drop.
+/// A panic in a step poisons the engine instead of dying silently.
+#[derive(Debug)]
+pub struct Runtime {
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// Start the background thread if the engine's durability mode needs one.
+    pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
+        let Durability::Interval { ms } = engine.options().durability else {
+            return Ok(Runtime { stop: None, thread: None });
+        };
+        let period = Duration::from_millis(ms.clamp(1, 100));
+        let (stop, stopped) = bounded::<()>(1);
+        let engine = engine.clone();
+        let thread = std::thread::Builder::new().name("chronik-flusher".to_owned()).spawn(move || {
+            loop {
+                match stopped.recv_timeout(period) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                }
+                match catch_unwind(AssertUnwindSafe(|| engine.tick())) {
+                    Ok(Ok(())) => {}
+                    // A failed flush already poisoned the engine; appenders see it.
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        engine.poison("the background flusher panicked".to_owned());
+                        return;
+                    }
+                }
+            }
+        })?;
+        Ok(Runtime { stop: Some(stop), thread: Some(thread) })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.try_send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

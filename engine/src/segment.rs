@@ -1,0 +1,222 @@
+//! Segment files: naming, the open-file handle shared with readers, sequential scanning, and the
+//! index files written when a segment is sealed.
+
+use crate::Offset;
+use crate::error::IoError;
+use crate::format::{BatchView, DecodeError, parse_batch};
+use crate::index::SegmentIndex;
+use crate::io::{self, FileHandle, Io, OpenMode, Operation};
+use crate::limits::SCAN_CHUNK_BYTES;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const LOG_SUFFIX: &str = ".log";
+pub const INDEX_SUFFIX: &str = ".index";
+pub const TIME_INDEX_SUFFIX: &str = ".timeindex";
+pub const TEMPORARY_SUFFIX: &str = ".tmp";
+
+/// `00000000000000001234.log`: the base offset, zero-padded to 20 digits so names sort.
+pub fn file_name(base_offset: Offset, suffix: &str) -> String {
+    format!("{:020}{suffix}", base_offset.get())
+}
+
+/// The base offset of a segment log file name, or `None` for any other name.
+pub fn parse_log_file_name(name: &str) -> Option<Offset> {
+    let digits = name.strip_suffix(LOG_SUFFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().map(Offset::new)
+}
+
+/// An open segment file, shared by the writer and by readers in flight. Closed when the last
+/// user drops it, so a reader keeps a consistent view even if the segment is removed meanwhile.
+#[derive(Debug)]
+pub struct SegmentFile<I: Io> {
+    io: Arc<I>,
+    pub handle: FileHandle,
+    pub path: PathBuf,
+}
+
+impl<I: Io> SegmentFile<I> {
+    pub fn open(io: &Arc<I>, path: PathBuf, mode: OpenMode) -> Result<Self, IoError> {
+        let handle = io.open(&path, mode).map_err(|e| IoError::new("open", &path, e))?;
+        Ok(SegmentFile { io: Arc::clone(io), handle, path })
+    }
+
+    pub fn io(&self) -> &I {
+        &self.io
+    }
+
+    pub fn size(&self) -> Result<u64, IoError> {
+        self.io.file_size(self.handle).map_err(|e| IoError::new("stat", &self.path, e))
+    }
+
+    pub fn run(&self, operation: Operation) -> Result<(), IoError> {
+        let name = operation.name();
+        io::run_plain(&*self.io, operation).map_err(|e| IoError::new(name, &self.path, e))
+    }
+
+    pub fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, IoError> {
+        let buffer = vec![0; length];
+        let completion = io::run(&*self.io, Operation::Read { file: self.handle, position, buffer });
+        completion.result.map_err(|e| IoError::new("read", &self.path, e))?;
+        Ok(completion.buffer)
+    }
+}
+
+impl<I: Io> Drop for SegmentFile<I> {
+    fn drop(&mut self) {
+        self.io.close(self.handle);
+    }
+}
+
+/// One segment of a partition's log, as the writer sees it.
+#[derive(Debug)]
+pub struct Segment<I: Io> {
+    pub base_offset: Offset,
+    pub file: Arc<SegmentFile<I>>,
+    /// Bytes of complete batches in the file.
+    pub size: u64,
+    /// The offset after the segment's last record.
+    pub next_offset: Offset,
+    /// First timestamp of the first batch, for rolling by age.
+    pub first_timestamp: Option<i64>,
+    pub index: SegmentIndex,
+}
+
+impl<I: Io> Segment<I> {
+    pub fn empty(base_offset: Offset, file: SegmentFile<I>, interval_bytes: u32) -> Self {
+        Segment {
+            base_offset,
+            file: Arc::new(file),
+            size: 0,
+            next_offset: base_offset,
+            first_timestamp: None,
+            index: SegmentIndex::new(base_offset, interval_bytes),
+        }
+    }
+
+    /// Account for a batch written at the end of the file.
+    pub fn on_batch(&mut self, batch: &BatchView<'_>) {
+        assert_eq!(batch.base_offset(), self.next_offset, "batches must be contiguous");
+        let position = u32::try_from(self.size).expect("segment position exceeds u32");
+        let length = batch.len() as u32;
+        self.index.on_batch(position, batch.base_offset(), batch.max_timestamp(), length);
+        self.first_timestamp.get_or_insert(batch.header().first_timestamp.get());
+        self.size += u64::from(length);
+        self.next_offset = batch.next_offset();
+    }
+
+    pub fn directory(&self) -> &Path {
+        self.file.path.parent().expect("segment files live in a partition directory")
+    }
+
+    /// Write this segment's index files through temporary files and renames. The caller fsyncs
+    /// the directory afterwards to make the renames durable.
+    pub fn write_index_files(&self) -> Result<(), IoError> {
+        let (offsets, times) = self.index.encode(self.size, self.next_offset);
+        let directory = self.directory().to_path_buf();
+        for (suffix, bytes) in [(INDEX_SUFFIX, offsets), (TIME_INDEX_SUFFIX, times)] {
+            let path = directory.join(file_name(self.base_offset, suffix));
+            write_file_durably(self.file.io(), &path, bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Write `bytes` to `path` through `path.tmp`: create, write, fdatasync, rename. The caller
+/// fsyncs the directory to make the rename durable.
+pub fn write_file_durably<I: Io + ?Sized>(io: &I, path: &Path, bytes: Vec<u8>) -> Result<(), IoError> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(TEMPORARY_SUFFIX);
+    let temporary = PathBuf::from(temporary);
+    match io.remove_file(&temporary) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            return Err(IoError::new("remove", &temporary, error));
+        }
+        _ => {}
+    }
+    let file = io.open(&temporary, OpenMode::CreateNew).map_err(|e| IoError::new("create", &temporary, e))?;
+    let result = io::write_all(io, file, 0, bytes)
+        .map_err(|e| IoError::new("write", &temporary, e))
+        .and_then(|()| {
+            io::run_plain(io, Operation::Fdatasync { file })
+                .map_err(|e| IoError::new("fdatasync", &temporary, e))
+        });
+    io.close(file);
+    result?;
+    io.rename(&temporary, path).map_err(|e| IoError::new("rename", path, e))
+}
+
+/// Read a whole small file, or `None` if it does not exist.
+pub fn read_small_file<I: Io + ?Sized>(io: &I, path: &Path) -> Result<Option<Vec<u8>>, IoError> {
+    let file = match io.open(path, OpenMode::Read) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(IoError::new("open", path, error)),
+    };
+    let result = io
+        .file_size(file)
+        .and_then(|size| io::read_exact(io, file, 0, usize::try_from(size).unwrap_or(usize::MAX)));
+    io.close(file);
+    result.map(Some).map_err(|e| IoError::new("read", path, e))
+}
+
+/// Where a sequential scan stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanEnd {
+    /// Position after the last valid batch visited.
+    pub position: u64,
+    /// Why the scan stopped before `end`, if it did: bytes at `position` that are not a batch.
+    pub damage: Option<DecodeError>,
+}
+
+/// Visit the valid batches of `file` from `start` to `end` in order, reading in bounded
+/// chunks. `visit` returns `false` to stop early.
+pub fn scan<I: Io>(
+    file: &SegmentFile<I>,
+    start: u64,
+    end: u64,
+    mut visit: impl FnMut(u64, &BatchView<'_>) -> bool,
+) -> Result<ScanEnd, IoError> {
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut buffer_start = start;
+    let mut cursor = 0usize;
+    loop {
+        let position = buffer_start + cursor as u64;
+        if position >= end {
+            return Ok(ScanEnd { position, damage: None });
+        }
+        match parse_batch(&buffer[cursor..]) {
+            Ok(batch) => {
+                if !visit(position, &batch) {
+                    return Ok(ScanEnd { position, damage: None });
+                }
+                cursor += batch.len();
+            }
+            Err(DecodeError::Incomplete { needed, .. }) => {
+                let loaded_end = buffer_start + buffer.len() as u64;
+                if loaded_end >= end {
+                    let available = end - position;
+                    let damage = Some(DecodeError::Incomplete { needed, available });
+                    return Ok(ScanEnd { position, damage });
+                }
+                buffer.drain(..cursor);
+                buffer_start = position;
+                cursor = 0;
+                let missing = needed.saturating_sub(buffer.len() as u64);
+                let length = missing.max(SCAN_CHUNK_BYTES as u64).min(end - loaded_end);
+                let chunk = file.read(loaded_end, length as usize)?;
+                if chunk.is_empty() {
+                    let damage = Some(DecodeError::Incomplete { needed, available: end - position });
+                    return Ok(ScanEnd { position, damage });
+                }
+                buffer.extend_from_slice(&chunk);
+            }
+            Err(damage @ DecodeError::Corrupt(_)) => {
+                return Ok(ScanEnd { position, damage: Some(damage) });
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Chronik: an embedded log engine. Topics of partitioned, append-only, segmented logs in a
+//! local data directory, with no server to run.
+//!
+//! ```
+//! use chronik::{Chronik, Options, Record, TopicConfig};
+//!
+//! let directory = tempfile::tempdir()?;
+//! let chronik = Chronik::open(directory.path(), Options::default())?;
+//! chronik.create_topic("clicks", TopicConfig::default().with_partitions(2))?;
+//! let mut producer = chronik.producer("clicks");
+//! let appended = producer.send(0, &[Record::new(Some(b"user-7"), b"/home")])?;
+//! assert_eq!(appended.base_offset.get(), 0);
+//!
+//! let mut consumer = chronik.consumer("clicks", 0);
+//! let fetch = consumer.poll(1 << 20)?;
+//! let values: Vec<&[u8]> = fetch.records().map(|r| r.value()).collect();
+//! assert_eq!(values, [b"/home"]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub use chronik_engine::io::{Io, PreadIo};
+pub use chronik_engine::partition::Appended;
+pub use chronik_engine::runtime::SystemClock;
+pub use chronik_engine::{
+    AppendError, Clock, Corruption, CorruptionKind, Durability, Error, Fetch, Header, Headers,
+    Offset, OpenError, Options, PartitionDescription, PartitionRecovery, ReadError, Record,
+    RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
+};
+
+/// The engine crate, for what this facade does not re-export.
+pub use chronik_engine as engine;
+
+use chronik_engine::runtime::Runtime;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The engine type behind [`Chronik`]: the portable I/O backend.
+pub type DefaultEngine = chronik_engine::Engine<PreadIo>;
+
+/// An open data directory with its background runtime.
+#[derive(Debug)]
+pub struct Chronik {
+    engine: DefaultEngine,
+    recovery: RecoveryReport,
+    /// Holds its own engine clone; stopped and joined when this is dropped.
+    _runtime: Runtime,
+}
+
+impl Chronik {
+    /// Open (creating if needed) a data directory, recovering it after a crash.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Chronik, Error> {
+        let (engine, recovery) =
+            chronik_engine::Engine::open(PreadIo::new(), Arc::new(SystemClock), path.as_ref(), options)?;
+        let runtime = Runtime::start(&engine).map_err(|error| {
+            let path = path.as_ref().to_path_buf();
+            OpenError::Io(chronik_engine::io::IoError { operation: "spawn runtime", path, source: error })
+        })?;
+        Ok(Chronik { engine, recovery, _runtime: runtime })
+    }
+
+    /// What recovery did when this directory was opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    pub fn engine(&self) -> &DefaultEngine {
+        &self.engine
+    }
+
+    pub fn producer(&self, topic: &str) -> Producer {
+        Producer { engine: self.engine.clone(), topic: topic.to_owned() }
+    }
+
+    /// A consumer of one partition, starting at offset zero.
+    pub fn consumer(&self, topic: &str, partition: u32) -> Consumer {
+        Consumer { engine: self.engine.clone(), topic: topic.to_owned(), partition, position: Offset::ZERO }
+    }
+}
+
+impl Deref for Chronik {
+    type Target = DefaultEngine;
+
+    fn deref(&self) -> &DefaultEngine {
+        &self.engine
+    }
+}
+
+/// Appends batches to one topic.
+#[derive(Debug, Clone)]
+pub struct Producer {
+    engine: DefaultEngine,
+    topic: String,
+}
+
+impl Producer {
+    /// Append `records` as one batch to `partition`; returns once acknowledged under the
+    /// engine's durability mode.
+    pub fn send(&mut self, partition: u32, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        self.engine.append(&self.topic, partition, records)
+    }
+
+    /// The partition for a key: xxh3 of the key modulo the partition count, so records with the
+    /// same key keep their order in one partition.
+    pub fn partition_for_key(&self, key: &[u8]) -> Result<u32, AppendError> {
+        let count = self
+            .engine
+            .partition_count(&self.topic)
+            .ok_or_else(|| AppendError::TopicNotFound { topic: self.topic.clone() })?;
+        Ok(partition_for_key(key, count))
+    }
+}
+
+/// Stable key-to-partition mapping: xxh3-64 of the key modulo `partitions`.
+pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    assert!(partitions > 0);
+    (chronik_engine::format::key_hash(key) % u64::from(partitions)) as u32
+}
+
+/// Reads one partition in order, remembering its position.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    engine: DefaultEngine,
+    topic: String,
+    partition: u32,
+    position: Offset,
+}
+
+impl Consumer {
+    pub fn position(&self) -> Offset {
+        self.position
+    }
+
+    pub fn seek(&mut self, offset: Offset) {
+        self.position = offset;
+    }
+
+    /// Records from the current position on, about `max_bytes` of them; empty when caught up.
+    pub fn poll(&mut self, max_bytes: usize) -> Result<Fetch, ReadError> {
+        let fetch = self.engine.read(&self.topic, self.partition, self.position, max_bytes)?;
+        self.position = self.position.max(fetch.next_offset());
+        Ok(fetch)
+    }
+
+    /// As [`Consumer::poll`], but when caught up waits up to `timeout` for new records.
+    pub fn poll_wait(&mut self, max_bytes: usize, timeout: Duration) -> Result<Fetch, ReadError> {
+        let fetch = self.poll(max_bytes)?;
+        if !fetch.is_empty() {
+            return Ok(fetch);
+        }
+        if self.engine.wait_for(&self.topic, self.partition, self.position, timeout)? {
+            return self.poll(max_bytes);
+        }
+        Ok(fetch)
+    }
+}
