@@ -1,1 +1,130 @@
-fn main(){}
+//! `chronik`: the command-line tool for a Chronik data directory.
+//!
+//! Exit codes: 0 success, 1 failure, 2 usage error, 3 corrupted data found.
+
+mod consume;
+mod demo;
+mod produce;
+mod topic;
+
+use anyhow::Context as _;
+use chronik::{Chronik, Durability, Options};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "chronik", version, about = "Embedded log engine: topics, producers, consumers")]
+struct Cli {
+    /// The data directory (created if missing).
+    #[arg(long, global = true, env = "CHRONIK_DATA", value_name = "DIR")]
+    data: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create, list, describe and delete topics.
+    #[command(subcommand)]
+    Topic(topic::TopicCommand),
+    /// Append one record per line of standard input; print PARTITION:OFFSET once acknowledged.
+    Produce(produce::ProduceArgs),
+    /// Print the records of a topic.
+    Consume(consume::ConsumeArgs),
+    /// Produce a click stream into a fresh topic, read it back, and report throughput.
+    Demo(demo::DemoArgs),
+}
+
+/// Parse `sync`, `os` or `interval:MS`.
+pub fn parse_durability(text: &str) -> Result<Durability, String> {
+    match text {
+        "sync" => Ok(Durability::Sync),
+        "os" => Ok(Durability::Os),
+        _ => {
+            let ms = text
+                .strip_prefix("interval:")
+                .ok_or_else(|| format!("{text:?} is not sync, os or interval:MS"))?;
+            let ms: u64 = ms.parse().map_err(|_| format!("{ms:?} is not a number of milliseconds"))?;
+            if ms == 0 {
+                return Err("the interval must be at least 1 ms".to_owned());
+            }
+            Ok(Durability::Interval { ms })
+        }
+    }
+}
+
+/// Open the data directory, reporting on standard error what recovery did.
+pub fn open(data: &std::path::Path, durability: Durability) -> anyhow::Result<Chronik> {
+    let chronik = Chronik::open(data, Options { durability })
+        .with_context(|| format!("cannot open data directory {}", data.display()))?;
+    for line in chronik.recovery().lines() {
+        eprintln!("chronik: recovery: {line}");
+    }
+    Ok(chronik)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let data = || {
+        cli.data.clone().ok_or_else(|| {
+            anyhow::Error::new(UsageError("--data DIR (or CHRONIK_DATA) is required".to_owned()))
+        })
+    };
+    match cli.command {
+        Command::Topic(command) => topic::run(&data()?, command),
+        Command::Produce(args) => produce::run(&data()?, &args),
+        Command::Consume(args) => consume::run(&data()?, &args),
+        Command::Demo(args) => demo::run(&data()?, &args),
+    }
+}
+
+/// A usage error found after argument parsing; exits with 2 like clap's own.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn exit_code(error: &anyhow::Error) -> u8 {
+    for cause in error.chain() {
+        if cause.is::<UsageError>() {
+            return 2;
+        }
+        if cause.is::<chronik::Corruption>() {
+            return 3;
+        }
+        let corrupt = cause.downcast_ref::<chronik::Error>().and_then(chronik::Error::corruption).is_some()
+            || matches!(cause.downcast_ref::<chronik::ReadError>(), Some(chronik::ReadError::Corruption(_)))
+            || matches!(cause.downcast_ref::<chronik::AppendError>(), Some(chronik::AppendError::Corruption(_)))
+            || matches!(cause.downcast_ref::<chronik::OpenError>(), Some(chronik::OpenError::Corruption(_)));
+        if corrupt {
+            return 3;
+        }
+    }
+    1
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`chronik consume ... | head`) is not a failure.
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            let message = error.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ");
+            eprintln!("chronik: error: {message}");
+            ExitCode::from(exit_code(&error))
+        }
+    }
+}

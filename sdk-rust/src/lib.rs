@@ -155,3 +155,8 @@ impl Consumer {
         Ok(fetch)
     }
 }
+
+/// The README's Rust examples, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,137 @@
+//! `chronik consume`: print records of one or all partitions.
+
+use crate::UsageError;
+use chronik::{Durability, Offset, RecordView};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+const FETCH_BYTES: usize = 1024 * 1024;
+const FOLLOW_WAIT: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    /// The value, one record per line (with --print-key / --print-offset, tab-separated).
+    Text,
+    /// One JSON object per line with every field.
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub topic: String,
+    /// Read only this partition (default: every partition, one after the other).
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// First offset to read, in every partition read.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub max: Option<u64>,
+    /// Keep waiting for new records instead of stopping at the end.
+    #[arg(long)]
+    pub follow: bool,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Text format: print the key before the value.
+    #[arg(long)]
+    pub print_key: bool,
+    /// Text format: print PARTITION:OFFSET before the value.
+    #[arg(long)]
+    pub print_offset: bool,
+}
+
+pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
+    let chronik = crate::open(data, Durability::Sync)?;
+    let count = chronik
+        .partition_count(&args.topic)
+        .ok_or_else(|| chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() }))?;
+    let partitions: Vec<u32> = match args.partition {
+        Some(p) if p >= count => {
+            return Err(UsageError(format!("topic {} has {count} partitions, no {p}", args.topic)).into());
+        }
+        Some(p) => vec![p],
+        None => (0..count).collect(),
+    };
+    let mut consumers: Vec<_> = partitions
+        .iter()
+        .map(|&p| {
+            let mut consumer = chronik.consumer(&args.topic, p);
+            consumer.seek(Offset::new(args.from));
+            consumer
+        })
+        .collect();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut remaining = args.max.unwrap_or(u64::MAX);
+    let mut done = vec![false; consumers.len()];
+    while remaining > 0 && done.iter().any(|d| !d) {
+        let mut progressed = false;
+        for (i, consumer) in consumers.iter_mut().enumerate() {
+            if done[i] || remaining == 0 {
+                continue;
+            }
+            let fetch = consumer.poll(FETCH_BYTES);
+            let fetch = match fetch {
+                Ok(fetch) => fetch,
+                Err(error) => {
+                    out.flush()?;
+                    return Err(chronik::Error::from(error).into());
+                }
+            };
+            if fetch.is_empty() {
+                // Sequential mode: finish a partition before starting the next one.
+                done[i] = !args.follow;
+                continue;
+            }
+            progressed = true;
+            for record in fetch.records().take(usize::try_from(remaining).unwrap_or(usize::MAX)) {
+                print_record(&mut out, partitions[i], &record, args)?;
+                remaining -= 1;
+            }
+            if !args.follow {
+                break;
+            }
+        }
+        out.flush()?;
+        if args.follow && !progressed {
+            let partition = partitions[0];
+            let position = consumers[0].position();
+            chronik.wait_for(&args.topic, partition, position, FOLLOW_WAIT).map_err(chronik::Error::from)?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn print_record(out: &mut impl Write, partition: u32, record: &RecordView<'_>, args: &ConsumeArgs) -> std::io::Result<()> {
+    match args.format {
+        Format::Text => {
+            if args.print_offset {
+                write!(out, "{partition}:{}\t", record.offset())?;
+            }
+            if args.print_key {
+                out.write_all(record.key().unwrap_or_default())?;
+                out.write_all(b"\t")?;
+            }
+            out.write_all(record.value())?;
+            out.write_all(b"\n")
+        }
+        Format::Json => {
+            let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+            let headers: serde_json::Map<String, serde_json::Value> =
+                record.headers().map(|h| (text(h.key), text(h.value).into())).collect();
+            let object = serde_json::json!({
+                "partition": partition,
+                "offset": record.offset().get(),
+                "timestamp": record.timestamp(),
+                "key": record.key().map(text),
+                "value": text(record.value()),
+                "headers": headers,
+            });
+            writeln!(out, "{object}")
+        }
+    }
+}
