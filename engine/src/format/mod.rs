@@ -311,6 +311,12 @@ impl<'a> BatchView<'a> {
         if count == 0 || count > BATCH_RECORDS_MAX {
             return Err("record count out of range");
         }
+        // `next_offset()` and every record's offset must be representable, so that a view
+        // that parsed can be used without panicking.
+        let last_delta = u64::from(self.header.last_offset_delta.get());
+        if self.header.base_offset.get().checked_add(last_delta + 1).is_none() {
+            return Err("offsets overflow");
+        }
         let mut body = &self.bytes[BATCH_HEADER_BYTES..];
         let mut previous_delta: Option<u32> = None;
         for _ in 0..count {

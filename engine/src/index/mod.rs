@@ -205,7 +205,7 @@ impl SegmentIndex {
         }
         for entry in time_entries {
             let (timestamp, relative) = (entry.timestamp.get(), entry.relative_offset.get());
-            if index.times.last().is_some_and(|&(t, r)| t >= timestamp || r > relative) {
+            if index.times.last().is_some_and(|&(t, r)| t >= timestamp || r >= relative) {
                 return Err("time index entries out of order");
             }
             index.times.push((timestamp, relative));

@@ -1,0 +1,230 @@
+//! Tidy: the engine core is sans-I/O, sans-clock and sans-thread. Files, the system clock,
+//! threads, processes and randomness are reached only through `src/io/` (the I/O trait and its
+//! backends) and `src/runtime.rs` (the system clock and the one background thread), so that the
+//! simulator can replace all of them. This test reads every other source file of the engine and
+//! fails, listing `file:line`, where one of them reaches for those directly.
+
+use std::path::{Path, PathBuf};
+
+/// Paths under `src/` that may use what the rest may not: a directory (every file below it)
+/// or a file.
+const EXEMPT: [&str; 2] = ["io", "runtime.rs"];
+
+/// What only the exempt files may name. A needle that starts (ends) with an identifier
+/// character only matches where the text before (after) it does not continue the identifier,
+/// so `SegmentFile::open` is not `File::open` and `std::thread_local!` is not `std::thread`.
+const FORBIDDEN: [&str; 10] = [
+    "std::fs",
+    "File::open",
+    "OpenOptions",
+    "SystemTime",
+    "Instant::now",
+    "thread::spawn",
+    "std::thread",
+    "rand::",
+    "getrandom",
+    "std::process",
+];
+
+#[derive(Debug, PartialEq, Eq)]
+struct Violation {
+    /// 1-based.
+    line: usize,
+    what: &'static str,
+}
+
+fn is_identifier(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Whether `needle` occurs in `line` as a whole path segment (see [`FORBIDDEN`]). A `:` before
+/// the needle counts as continuing the path when `colon_continues` is set.
+fn contains_path(line: &str, needle: &str, colon_continues: bool) -> bool {
+    let starts_identifier = needle.chars().next().is_some_and(is_identifier);
+    let ends_identifier = needle.chars().next_back().is_some_and(is_identifier);
+    line.match_indices(needle).any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + needle.len()..].chars().next();
+        let continues = |c: char| is_identifier(c) || (colon_continues && c == ':');
+        let left_ok = !starts_identifier || before.is_none_or(|c| !continues(c));
+        let right_ok = !ends_identifier || after.is_none_or(|c| !is_identifier(c));
+        left_ok && right_ok
+    })
+}
+
+fn is_comment(line: &str) -> bool {
+    // Covers `//`, `///` and `//!`, and so the examples in doc comments.
+    line.trim_start().starts_with("//")
+}
+
+/// The forbidden uses in one source file, in line order.
+fn check_source(source: &str) -> Vec<Violation> {
+    let lines: Vec<(usize, &str)> = source
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !is_comment(l))
+        .collect();
+    let mut violations = Vec::new();
+    // `use std::{fs, ...};`, possibly over several lines: the import itself is a violation,
+    // and it makes every later `fs::` one.
+    let mut fs_imports = Vec::new();
+    let mut in_std_group = false;
+    for &(number, line) in &lines {
+        if line.contains("use std::{") {
+            in_std_group = true;
+        }
+        if in_std_group && contains_path(line, "fs", false) {
+            violations.push(Violation { line: number, what: "`fs` imported from `std`" });
+            fs_imports.push(number);
+        }
+        if in_std_group && line.contains(';') {
+            in_std_group = false;
+        }
+    }
+    for &(number, line) in &lines {
+        for what in FORBIDDEN {
+            if contains_path(line, what, false) {
+                violations.push(Violation { line: number, what });
+            }
+        }
+        let imports_fs = !fs_imports.is_empty() && !fs_imports.contains(&number);
+        if imports_fs && contains_path(line, "fs::", true) {
+            violations.push(Violation { line: number, what: "fs::" });
+        }
+    }
+    violations.sort_by_key(|v| v.line);
+    violations
+}
+
+fn source_directory() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file below `directory`, sorted.
+fn rust_files(directory: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![directory.to_path_buf()];
+    while let Some(directory) = pending.pop() {
+        for entry in std::fs::read_dir(&directory).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+fn is_exempt(relative: &Path) -> bool {
+    EXEMPT.iter().any(|exempt| relative.starts_with(exempt))
+}
+
+#[test]
+fn the_engine_core_uses_no_files_clock_threads_processes_or_randomness() {
+    let root = source_directory();
+    let mut checked = 0;
+    let mut report = Vec::new();
+    for path in rust_files(&root) {
+        let relative = path.strip_prefix(&root).unwrap();
+        if is_exempt(relative) {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = source.lines().collect();
+        for violation in check_source(&source) {
+            let text = lines[violation.line - 1].trim();
+            let file = Path::new("engine/src").join(relative);
+            report.push(format!(
+                "{}:{}: `{}` in: {text}",
+                file.display(),
+                violation.line,
+                violation.what
+            ));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} files checked under {}", root.display());
+    assert!(
+        report.is_empty(),
+        "only src/io/ and src/runtime.rs may use files, the clock, threads, processes or \
+         randomness; go through the `Io` trait, the `Clock` or the runtime instead:\n{}",
+        report.join("\n")
+    );
+}
+
+#[test]
+fn the_exempt_files_exist_and_need_their_exemption() {
+    let root = source_directory();
+    assert!(root.join("io").is_dir());
+    assert!(root.join("runtime.rs").is_file());
+    // If nothing exempt trips the checker, either the exemption is stale or the checker is
+    // blind; both want a look.
+    for exempt in EXEMPT {
+        let path = root.join(exempt);
+        let files = if path.is_dir() { rust_files(&path) } else { vec![path] };
+        let violations: usize = files
+            .iter()
+            .map(|file| check_source(&std::fs::read_to_string(file).unwrap()).len())
+            .sum();
+        assert!(violations > 0, "nothing under src/{exempt} needs the exemption");
+    }
+}
+
+#[test]
+fn the_checker_catches_each_forbidden_use() {
+    let cases = [
+        ("let bytes = std::fs::read(path)?;", "std::fs"),
+        ("use std::fs::File;", "std::fs"),
+        ("let file = File::open(path)?;", "File::open"),
+        ("let options = OpenOptions::new();", "OpenOptions"),
+        ("use std::time::{Duration, SystemTime};", "SystemTime"),
+        ("let start = Instant::now();", "Instant::now"),
+        ("thread::spawn(move || work());", "thread::spawn"),
+        ("let handle = std::thread::Builder::new();", "std::thread"),
+        ("let x: u64 = rand::random();", "rand::"),
+        ("getrandom::fill(&mut seed)?;", "getrandom"),
+        ("std::process::exit(1);", "std::process"),
+    ];
+    for (line, what) in cases {
+        let source = format!("fn f() {{\n    {line}\n}}\n");
+        let violations = check_source(&source);
+        assert!(violations.contains(&Violation { line: 2, what }), "{line:?}: {violations:?}");
+    }
+}
+
+#[test]
+fn the_checker_follows_fs_imported_in_a_std_group() {
+    let source = "use std::{fs, io};\n\nfn f() {\n    fs::remove_file(p);\n}\n";
+    let violations = check_source(source);
+    let expected = [
+        Violation { line: 1, what: "`fs` imported from `std`" },
+        Violation { line: 4, what: "fs::" },
+    ];
+    assert_eq!(violations, expected);
+
+    let source =
+        "use std::{\n    collections::HashMap,\n    fs::{self, File},\n};\nfn f() { fs::read(p) }";
+    let lines: Vec<usize> = check_source(source).iter().map(|v| v.line).collect();
+    assert_eq!(lines, [3, 5]);
+}
+
+#[test]
+fn the_checker_skips_comments_and_lookalikes() {
+    let source = "\
+//! Unlike `std::fs`, the engine goes through `Io`.
+/// Never calls `SystemTime::now`:
+    // std::thread::spawn is for the runtime only.
+let file = SegmentFile::open(io, path, OpenMode::Read)?;
+let file = io.open(path, OpenMode::ReadWrite)?;
+let operand::value = 1;
+thread_local! { static X: u8 = 0; }
+let y = std::thread_local_thing;
+let z = my_fs::read(p);
+use crate::io::{self, Io};
+";
+    assert_eq!(check_source(source), []);
+}
