@@ -388,6 +388,8 @@ impl<I: Io> Engine<I> {
 
     /// Fsync every partition now.
     pub fn flush(&self) -> Result<(), AppendError> {
+        // Fail-stop: a poisoned engine reports no success, even when nothing is left to sync.
+        self.inner.context.poison.check()?;
         for partition in self.all_partitions() {
             partition.flush()?;
         }

@@ -162,10 +162,9 @@ impl<I: Io> Partition<I> {
     /// Block until a record at `offset` is visible or `timeout` passes. Returns whether it is.
     pub fn wait_for(&self, offset: Offset, timeout: Duration) -> bool {
         let mut watermark = self.watermark.lock();
-        if *watermark > offset {
-            return true;
-        }
-        self.watermark_changed.wait_for(&mut watermark, timeout);
+        // Every publish wakes every waiter, also those waiting for a later offset: wait again
+        // until the offset is visible or the whole timeout has passed.
+        self.watermark_changed.wait_while_for(&mut watermark, |w| *w <= offset, timeout);
         *watermark > offset
     }
 
@@ -252,10 +251,12 @@ impl<I: Io> Partition<I> {
             sync.synced = offset;
             sync.last_sync_ms = self.clock.now_ms();
         }
-        drop(sync);
+        // Publish before `sync` is released: an appender that finds its records synced returns
+        // at once, and what it was acknowledged must then be visible (read your writes).
         if self.durability != Durability::Os {
             self.publish(offset);
         }
+        drop(sync);
     }
 
     /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
@@ -318,14 +319,16 @@ impl<I: Io> Partition<I> {
         let (file, mut position, limit) = {
             let state = self.state.lock();
             let start = state.segments[0].base_offset;
-            if from < start || from > high_watermark {
-                let (requested, start, end) = (from.get(), start.get(), high_watermark.get());
-                return Err(ReadError::OffsetOutOfRange { requested, start, end });
-            }
+            // Checked before the range: offsets past the damage were acknowledged once, and a
+            // consumer asking for them must learn of the damage, not of an offset out of range.
             if let Some((damaged, corruption)) = &state.damaged {
                 if from >= *damaged {
                     return Err(ReadError::Corruption(corruption.clone()));
                 }
+            }
+            if from < start || from > high_watermark {
+                let (requested, start, end) = (from.get(), start.get(), high_watermark.get());
+                return Err(ReadError::OffsetOutOfRange { requested, start, end });
             }
             if from == high_watermark {
                 return Ok(Fetch::empty(from));
@@ -363,7 +366,9 @@ impl<I: Io> Partition<I> {
                 }
             }
             position += taken.bytes as u64;
-            if taken.stop || buffer.len() >= max_bytes {
+            // Batches below `from` fill nothing: keep going until one batch is taken, even
+            // when `max_bytes` is zero.
+            if taken.stop || (!buffer.is_empty() && buffer.len() >= max_bytes) {
                 break;
             }
         }
@@ -421,14 +426,15 @@ impl<I: Io> Partition<I> {
     pub fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<Offset>, ReadError> {
         self.poison.check()?;
         let high_watermark = self.high_watermark();
-        let candidates: Vec<_> = {
+        let (candidates, damaged): (Vec<_>, _) = {
             let state = self.state.lock();
-            state
+            let candidates = state
                 .segments
                 .iter()
                 .filter(|s| s.index.max_timestamp() >= timestamp || s.size == 0)
                 .map(|s| (Arc::clone(&s.file), s.index.position_for_timestamp(timestamp), s.size))
-                .collect()
+                .collect();
+            (candidates, state.damaged.as_ref().map(|(_, corruption)| corruption.clone()))
         };
         for (file, position, size) in candidates {
             let mut found = None;
@@ -451,6 +457,10 @@ impl<I: Io> Partition<I> {
                 };
                 return Err(Corruption { file: file.path.clone(), position: end.position, kind }.into());
             }
+        }
+        // The answer may lie in the damaged data at the end of the log: report it, not `None`.
+        if let Some(corruption) = damaged {
+            return Err(corruption.into());
         }
         Ok(None)
     }

@@ -205,6 +205,9 @@ fn recover_sealed<I: Io>(
     let (mut segment, damage) = load_by_scan(file, base, size, config)?;
     if let Some(damage) = damage {
         report.damage.push(corruption(&segment, &damage));
+        // Keep the damaged bytes inside the segment, so a read or lookup that reaches them
+        // reports the corruption instead of ending early with an empty fetch.
+        segment.size = size;
         segment.next_offset = next_base;
         return Ok((segment, false));
     }

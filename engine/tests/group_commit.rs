@@ -1,0 +1,85 @@
+//! Sixteen threads append to one partition in `sync` mode: offsets are distinct and contiguous,
+//! every acknowledged record reads back, and appenders share fdatasyncs (group commit).
+
+mod common;
+
+use chronik_engine::{Durability, Offset, Record, TopicConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const TOPIC: &str = "shared";
+const THREADS: u64 = 16;
+const APPENDS: u64 = 200;
+
+fn value(thread: u64, sequence: u64) -> Vec<u8> {
+    format!("thread {thread:02} append {sequence:03}").into_bytes()
+}
+
+#[test]
+fn concurrent_sync_appenders_share_fsyncs() {
+    let directory = tempfile::tempdir().unwrap();
+    let (engine, _, faults) = common::open_faulty(directory.path(), Durability::Sync);
+    engine.create_topic(TOPIC, TopicConfig::default()).unwrap();
+    let syncs_before = faults.fdatasyncs();
+    // Deterministic sharing: the first fdatasync is held until all sixteen threads have written
+    // their first batch. It covers only what was written before it started, so when it ends
+    // fifteen appenders wait on records that one more fdatasync makes durable together.
+    faults.hold_next_fdatasync_until_writes(faults.writes() + THREADS);
+
+    let barrier = Arc::new(std::sync::Barrier::new(THREADS as usize));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let engine = engine.clone();
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut offsets = Vec::with_capacity(APPENDS as usize);
+                for sequence in 0..APPENDS {
+                    let value = value(thread, sequence);
+                    let appended = engine.append(TOPIC, 0, &[Record::new(None, &value)]).unwrap();
+                    assert_eq!(appended.base_offset, appended.last_offset);
+                    // Acknowledged in sync mode means visible to readers.
+                    let high_watermark = engine.high_watermark(TOPIC, 0).unwrap();
+                    assert!(high_watermark > appended.base_offset);
+                    let fetch = engine.read(TOPIC, 0, appended.base_offset, 1).unwrap();
+                    assert_eq!(fetch.records().next().unwrap().value(), value);
+                    offsets.push(appended.base_offset.get());
+                }
+                offsets
+            })
+        })
+        .collect();
+    let mut owner: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for (thread, handle) in handles.into_iter().enumerate() {
+        let offsets = handle.join().unwrap();
+        assert!(offsets.windows(2).all(|w| w[0] < w[1]), "a thread's offsets increase");
+        for (sequence, offset) in offsets.into_iter().enumerate() {
+            let previous = owner.insert(offset, (thread as u64, sequence as u64));
+            assert!(previous.is_none(), "offset {offset} given twice");
+        }
+    }
+    let total = THREADS * APPENDS;
+    assert_eq!(owner.keys().copied().collect::<Vec<_>>(), (0..total).collect::<Vec<_>>());
+    assert_eq!(engine.high_watermark(TOPIC, 0).unwrap(), Offset::new(total));
+
+    let records = common::read_all(&engine, TOPIC, 0, 0, 1 << 20);
+    assert_eq!(records.len() as u64, total);
+    for record in &records {
+        let (thread, sequence) = owner[&record.offset];
+        assert_eq!(record.value, value(thread, sequence), "offset {}", record.offset);
+    }
+
+    let syncs = faults.fdatasyncs() - syncs_before;
+    println!(
+        "group commit: {total} appends, {syncs} fdatasyncs, {:.2} appends per fdatasync",
+        total as f64 / syncs as f64
+    );
+    // Every append leads at most one fdatasync, and the held one forced fifteen appends to
+    // share the next.
+    assert!(syncs <= total - (THREADS - 2), "{syncs} fdatasyncs for {total} appends");
+    drop(engine);
+
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert!(report.is_clean());
+    assert_eq!(common::read_all(&engine, TOPIC, 0, 0, 1 << 20), records);
+}
