@@ -15,7 +15,7 @@ use crate::error::{AppendError, IoError, OpenError, Poisoned, ReadError, TopicEr
 use crate::fetch::Fetch;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::io::{self, FileHandle, Io};
-use crate::partition::{Appended, Partition, PartitionContext, PartitionSummary};
+use crate::partition::{Appended, Partition, PartitionContext, PartitionDescription};
 use crate::recovery::RecoveryReport;
 use crate::segment;
 use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
@@ -89,18 +89,6 @@ pub struct TopicDescription {
     pub partitions: Vec<PartitionDescription>,
 }
 
-/// A partition as [`Engine::describe_topic`] reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PartitionDescription {
-    pub partition: u32,
-    pub log_start_offset: Offset,
-    pub log_end_offset: Offset,
-    /// The end of what readers may see.
-    pub high_watermark: Offset,
-    pub segment_count: usize,
-    pub size_bytes: u64,
-}
-
 #[derive(Debug)]
 struct Topic<I: Io> {
     config: TopicConfig,
@@ -152,7 +140,11 @@ impl<I: Io> Engine<I> {
         options: Options,
     ) -> Result<(Self, RecoveryReport), OpenError> {
         let io = Arc::new(io);
-        create_directory_if_missing(&*io, root)?;
+        if create_directory_if_missing(&*io, root)? {
+            // The new directory's own entry must survive a crash too.
+            let parent = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            sync(&*io, parent)?;
+        }
         let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
             if e.kind() == std::io::ErrorKind::WouldBlock {
                 OpenError::Locked { path: root.to_path_buf() }
@@ -268,7 +260,12 @@ impl<I: Io> Engine<I> {
             let (partition, _) = Partition::open(&self.inner.context, directory, name, id, config)
                 .map_err(|e| match e {
                     OpenError::Io(e) => TopicError::Io(e),
-                    other => TopicError::InvalidConfig { reason: other.to_string() },
+                    OpenError::Corruption(c) => TopicError::Corruption(c),
+                    other => TopicError::Io(IoError::new(
+                        "open new partition",
+                        &self.inner.root,
+                        std::io::Error::other(other.to_string()),
+                    )),
                 })?;
             partitions.push(Arc::new(partition));
         }
@@ -281,9 +278,12 @@ impl<I: Io> Engine<I> {
     pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
         self.inner.context.poison.check()?;
         let _admin = self.inner.admin.lock();
-        let removed = self.inner.topics.write().remove(name);
-        if removed.is_none() {
+        let Some(removed) = self.inner.topics.write().remove(name) else {
             return Err(TopicError::NotFound { name: name.to_owned() });
+        };
+        // No append may roll a segment into the directory about to be renamed.
+        for partition in &removed.partitions {
+            partition.mark_deleted();
         }
         let io = self.io();
         let topics_directory = self.topics_directory();
@@ -306,28 +306,7 @@ impl<I: Io> Engine<I> {
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {
         let topic = self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
-        let partitions = topic
-            .partitions
-            .iter()
-            .enumerate()
-            .map(|(id, partition)| {
-                let PartitionSummary {
-                    log_start_offset,
-                    log_end_offset,
-                    high_watermark,
-                    segment_count,
-                    size_bytes,
-                } = partition.summary();
-                PartitionDescription {
-                    partition: id as u32,
-                    log_start_offset,
-                    log_end_offset,
-                    high_watermark,
-                    segment_count,
-                    size_bytes,
-                }
-            })
-            .collect();
+        let partitions = topic.partitions.iter().map(|p| p.describe()).collect();
         Ok(TopicDescription { name: name.to_owned(), config: topic.config, partitions })
     }
 

@@ -88,6 +88,8 @@ pub enum TopicError {
     #[error("invalid topic config: {reason}")]
     InvalidConfig { reason: String },
     #[error(transparent)]
+    Corruption(#[from] Corruption),
+    #[error(transparent)]
     Poisoned(#[from] Poisoned),
     #[error(transparent)]
     Io(#[from] IoError),
@@ -160,6 +162,7 @@ impl Error {
     pub fn corruption(&self) -> Option<&Corruption> {
         match self {
             Error::Open(OpenError::Corruption(c))
+            | Error::Topic(TopicError::Corruption(c))
             | Error::Append(AppendError::Corruption(c))
             | Error::Read(ReadError::Corruption(c)) => Some(c),
             _ => None,

@@ -1,13 +1,15 @@
 //! One partition: the write path (append, roll, group commit) and the read path.
 //!
-//! Locks, in the only order they are taken: `state`, then `sync`, then `watermark`. Writes to
+//! Locks, in the only order they are taken: `state`, then `sync`, then `watermark`;
+//! `checkpoint` is taken alone. Writes to
 //! the file happen under `state`, so batches land in offset order; fsyncs happen under no lock,
 //! so appenders keep writing while a group commit is in flight.
 
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
-use crate::format::{self, DecodeError, parse_batch};
+use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
+use crate::format::{self, BatchInfo, DecodeError, parse_batch};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::BATCH_BYTES_MAX;
 use crate::recovery::{self, PartitionRecovery};
@@ -34,6 +36,8 @@ struct State<I: Io> {
     /// Damaged synced data found at open at the end of the log: appends are refused and reads
     /// at or after this offset report it.
     damaged: Option<(Offset, Corruption)>,
+    /// The topic was deleted: appends are refused, so none can roll into a removed directory.
+    deleted: bool,
 }
 
 impl<I: Io> State<I> {
@@ -55,11 +59,13 @@ struct SyncState {
     last_sync_ms: i64,
 }
 
-/// Summary of a partition for describe and for tests.
+/// A partition as [`crate::Engine::describe_topic`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PartitionSummary {
+pub struct PartitionDescription {
+    pub partition: u32,
     pub log_start_offset: Offset,
     pub log_end_offset: Offset,
+    /// The end of what readers may see.
     pub high_watermark: Offset,
     pub segment_count: usize,
     pub size_bytes: u64,
@@ -78,6 +84,8 @@ pub(crate) struct Partition<I: Io> {
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
     sync_done: Condvar,
+    /// Taken alone, never while holding another lock.
+    checkpoint: Mutex<CheckpointWriter<I>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
     /// `os` mode. Mirrored in `watermark_value` for lock-free reads.
     watermark: Mutex<Offset>,
@@ -110,8 +118,11 @@ impl<I: Io> Partition<I> {
     pub fn create_files(io: &I, directory: &Path) -> Result<(), IoError> {
         io.create_directory(directory).map_err(|e| IoError::new("mkdir", directory, e))?;
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
-        let file = io.open(&path, OpenMode::CreateNew).map_err(|e| IoError::new("create", &path, e))?;
-        io.close(file);
+        for path in [path, directory.join(CHECKPOINT_FILE)] {
+            let file =
+                io.open(&path, OpenMode::CreateNew).map_err(|e| IoError::new("create", &path, e))?;
+            io.close(file);
+        }
         io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
     }
 
@@ -123,10 +134,18 @@ impl<I: Io> Partition<I> {
         id: u32,
         config: TopicConfig,
     ) -> Result<(Self, PartitionRecovery), OpenError> {
-        let recovered = recovery::recover_partition(&context.io, &directory, topic, id, &config)?;
-        let end = recovered.segments.last().expect("recovery yields a segment").next_offset;
-        let state = State { segments: recovered.segments, damaged: recovered.damaged };
         let now = context.clock.now_ms();
+        let recovered =
+            recovery::recover_partition(&context.io, &directory, topic, id, &config, now)?;
+        let active = recovered.segments.last().expect("recovery yields a segment");
+        let (base, size, end) = (active.base_offset, active.size, active.next_offset);
+        let mut checkpoint = CheckpointWriter::open(&context.io, &directory, recovered.checkpoint)?;
+        if recovered.damaged.is_none() {
+            // Recovery fsynced what it kept; record it as evidence for the next recovery.
+            checkpoint.record(base, size, end)?;
+        }
+        let state =
+            State { segments: recovered.segments, damaged: recovered.damaged, deleted: false };
         let partition = Partition {
             topic: topic.to_owned(),
             id,
@@ -139,6 +158,7 @@ impl<I: Io> Partition<I> {
             state: Mutex::new(state),
             sync: Mutex::new(SyncState { syncing: false, synced: end, last_sync_ms: now }),
             sync_done: Condvar::new(),
+            checkpoint: Mutex::new(checkpoint),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
             watermark_value: AtomicU64::new(end.get()),
@@ -168,9 +188,10 @@ impl<I: Io> Partition<I> {
         *watermark > offset
     }
 
-    pub fn summary(&self) -> PartitionSummary {
+    pub fn describe(&self) -> PartitionDescription {
         let state = self.state.lock();
-        PartitionSummary {
+        PartitionDescription {
+            partition: self.id,
             log_start_offset: state.segments[0].base_offset,
             log_end_offset: state.next_offset(),
             high_watermark: self.high_watermark(),
@@ -188,35 +209,49 @@ impl<I: Io> Partition<I> {
         let now = self.clock.now_ms();
         // Encode outside the lock; only the offsets and the checksum are patched under it.
         let mut batch = Vec::new();
-        format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
-        let (appended, end) = {
+        let encoded = format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
+        let written = {
             let mut state = self.state.lock();
-            self.poison.check()?;
-            if let Some((_, corruption)) = &state.damaged {
-                return Err(AppendError::Corruption(corruption.clone()));
+            self.check_appendable(&state)?;
+            if self.should_roll(&state, batch.len() as u64, now) {
+                self.roll(&mut state, now).inspect_err(|e| self.poison_with(e))?;
             }
             let base = state.next_offset();
+            // Read after a roll, which syncs: the hint is as strong as it can be.
             let hint = self.sync.lock().synced;
             format::set_batch_offsets(&mut batch, base, hint);
-            if self.should_roll(&state, batch.len() as u64, now) {
-                self.roll(&mut state).inspect_err(|e| self.poison_with(e))?;
-            }
-            let view = parse_batch(&batch).expect("pair assertion: encoded batch parses");
+            let info = BatchInfo { base_offset: base, next_offset: base.add(encoded.next_offset.get()), ..encoded };
             let active = state.segments.last_mut().expect("active segment");
             let (file, position) = (Arc::clone(&active.file), active.size);
-            io::write_all(&*self.io, file.handle, position, batch.clone())
+            io::write_all(&*self.io, file.handle, position, batch)
                 .map_err(|e| IoError::new("write", &file.path, e))
                 .inspect_err(|e| self.poison_with(e))?;
-            active.on_batch(&view);
-            let appended = Appended { base_offset: base, last_offset: view.last_offset() };
-            (appended, active.next_offset)
+            active.on_batch(info);
+            info
         };
         match self.durability {
-            Durability::Sync => self.sync_to(end)?,
-            Durability::Os => self.publish(end),
+            Durability::Sync => self.sync_to(written.next_offset)?,
+            Durability::Os => self.publish(written.next_offset),
             Durability::Interval { .. } => {}
         }
-        Ok(appended)
+        let last_offset = Offset::new(written.next_offset.get() - 1);
+        Ok(Appended { base_offset: written.base_offset, last_offset })
+    }
+
+    fn check_appendable(&self, state: &State<I>) -> Result<(), AppendError> {
+        self.poison.check()?;
+        if state.deleted {
+            return Err(AppendError::TopicNotFound { topic: self.topic.clone() });
+        }
+        if let Some((_, corruption)) = &state.damaged {
+            return Err(AppendError::Corruption(corruption.clone()));
+        }
+        Ok(())
+    }
+
+    /// Refuse appends from now on; the caller then removes the files.
+    pub fn mark_deleted(&self) {
+        self.state.lock().deleted = true;
     }
 
     fn should_roll(&self, state: &State<I>, batch_bytes: u64, now: i64) -> bool {
@@ -225,13 +260,13 @@ impl<I: Io> Partition<I> {
             return false;
         }
         let too_big = active.size + batch_bytes > self.config.segment_bytes;
-        let too_old = active.first_timestamp.is_some_and(|t| now.saturating_sub(t) >= self.config.segment_ms);
+        let too_old = now.saturating_sub(active.created_ms) >= self.config.segment_ms;
         too_big || too_old
     }
 
     /// Seal the active segment and start a new one. The sealed segment is fsynced and indexed
     /// before the new file exists, so every segment but the last is always fully durable.
-    fn roll(&self, state: &mut State<I>) -> Result<(), IoError> {
+    fn roll(&self, state: &mut State<I>, now: i64) -> Result<(), IoError> {
         let active = state.active();
         active.file.run(Operation::Fdatasync { file: active.file.handle })?;
         active.write_index_files()?;
@@ -240,23 +275,22 @@ impl<I: Io> Partition<I> {
         let file = SegmentFile::open(&self.io, path, OpenMode::CreateNew)?;
         io::sync_directory(&*self.io, &self.directory)
             .map_err(|e| IoError::new("fsync", &self.directory, e))?;
-        state.segments.push(Segment::empty(base, file, self.config.index_interval_bytes));
-        self.mark_synced(base);
+        state.segments.push(Segment::empty(base, file, self.config.index_interval_bytes, now));
+        self.mark_synced(&mut self.sync.lock(), base);
         Ok(())
     }
 
-    fn mark_synced(&self, offset: Offset) {
-        let mut sync = self.sync.lock();
+    /// Record that every offset below `offset` is durable, and publish it to readers before
+    /// `sync` is released: an appender that finds its records synced returns at once, and what
+    /// it was acknowledged must then be visible (read your writes).
+    fn mark_synced(&self, sync: &mut SyncState, offset: Offset) {
         if offset > sync.synced {
             sync.synced = offset;
             sync.last_sync_ms = self.clock.now_ms();
         }
-        // Publish before `sync` is released: an appender that finds its records synced returns
-        // at once, and what it was acknowledged must then be visible (read your writes).
         if self.durability != Durability::Os {
             self.publish(offset);
         }
-        drop(sync);
     }
 
     /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
@@ -275,22 +309,32 @@ impl<I: Io> Partition<I> {
         }
         sync.syncing = true;
         drop(sync);
-        let (file, target) = {
+        let (file, base, position, target) = {
             let state = self.state.lock();
-            (Arc::clone(&state.active().file), state.next_offset())
+            let active = state.active();
+            (Arc::clone(&active.file), active.base_offset, active.size, active.next_offset)
         };
         let result = file.run(Operation::Fdatasync { file: file.handle });
         if let Err(error) = &result {
             // Never retry: after a failed fsync the dirty pages may be gone.
             self.poison_with(error);
         }
-        self.sync.lock().syncing = false;
-        if result.is_ok() {
-            self.mark_synced(target);
+        {
+            // One lock section, so no follower can start a second fsync in between.
+            let mut sync = self.sync.lock();
+            sync.syncing = false;
+            if result.is_ok() {
+                self.mark_synced(&mut sync, target);
+            }
         }
         self.sync_done.notify_all();
         result?;
         assert!(target >= end, "a leader syncs at least its own records");
+        // Evidence for recovery; not fsynced on purpose (see the checkpoint module). A failure
+        // poisons the engine, but the records above are durable and acknowledged.
+        if let Err(error) = self.checkpoint.lock().record(base, position, target) {
+            self.poison_with(&error);
+        }
         Ok(())
     }
 
@@ -465,13 +509,15 @@ impl<I: Io> Partition<I> {
         Ok(None)
     }
 
-    /// Close: sync what was written and write the active segment's index files, so the next
-    /// open only has to validate them.
+    /// Close: sync what was written and make the checkpoint durable, so the next open knows
+    /// that all of it was synced.
     pub fn close(&self) -> Result<(), AppendError> {
         if self.poison.check().is_err() {
             return Ok(());
         }
-        self.flush()
+        self.flush()?;
+        self.checkpoint.lock().sync().inspect_err(|e| self.poison_with(e))?;
+        Ok(())
     }
 }
 

@@ -12,6 +12,7 @@
 //! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites
 //! derived files (indexes), so running it again finds a clean log and changes nothing.
 
+use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
@@ -112,6 +113,8 @@ pub(crate) struct Recovered<I: Io> {
     pub segments: Vec<Segment<I>>,
     /// The first offset of damaged synced data at the end of the log, if any.
     pub damaged: Option<(Offset, Corruption)>,
+    /// The newest valid sync checkpoint, if any.
+    pub checkpoint: Option<Checkpoint>,
     pub report: PartitionRecovery,
 }
 
@@ -138,6 +141,7 @@ pub(crate) fn recover_partition<I: Io>(
     topic: &str,
     partition: u32,
     config: &TopicConfig,
+    now_ms: i64,
 ) -> Result<Recovered<I>, OpenError> {
     let mut report = PartitionRecovery { topic: topic.to_owned(), partition, ..Default::default() };
     let entries = io.list(directory).map_err(|e| IoError::new("list", directory, e))?;
@@ -154,6 +158,13 @@ pub(crate) fn recover_partition<I: Io>(
     bases.sort();
     let mut directory_dirty = report.removed_temporary_files > 0;
     if bases.is_empty() {
+        // Topic creation always makes a first segment: its absence means lost files. Start
+        // again, but say so.
+        report.damage.push(Corruption {
+            file: directory.to_path_buf(),
+            position: 0,
+            kind: CorruptionKind::Malformed { reason: "partition has no segment files" },
+        });
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
@@ -167,12 +178,17 @@ pub(crate) fn recover_partition<I: Io>(
         directory_dirty |= rebuilt;
         segments.push(segment);
     }
-    let (active, damaged) = recover_active(io, directory, *active_base, config, &mut report)?;
+    let checkpoint_path = directory.join(CHECKPOINT_FILE);
+    let checkpoint =
+        segment::read_small_file(&**io, &checkpoint_path)?.and_then(|bytes| Checkpoint::newest(&bytes));
+    let active = ActiveSegment { base: *active_base, checkpoint, now_ms };
+    directory_dirty |= remove_derived_files(io, directory, active.base)?;
+    let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
     segments.push(active);
     if directory_dirty {
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
-    Ok(Recovered { segments, damaged, report })
+    Ok(Recovered { segments, damaged, checkpoint, report })
 }
 
 /// Load a sealed segment from its index files, or rebuild them by a scan. Returns whether index
@@ -196,13 +212,13 @@ fn recover_sealed<I: Io>(
         if let Ok((index, next_offset)) = SegmentIndex::decode(&offsets, &times, base, size, interval) {
             if next_offset <= next_base {
                 let file = Arc::new(file);
-                let segment =
-                    Segment { base_offset: base, file, size, next_offset, first_timestamp: None, index };
+                let created_ms = i64::MIN;
+                let segment = Segment { base_offset: base, file, size, next_offset, created_ms, index };
                 return Ok((segment, false));
             }
         }
     }
-    let (mut segment, damage) = load_by_scan(file, base, size, config)?;
+    let (mut segment, damage) = load_by_scan(file, base, size, config, i64::MIN)?;
     if let Some(damage) = damage {
         report.damage.push(corruption(&segment, &damage));
         // Keep the damaged bytes inside the segment, so a read or lookup that reaches them
@@ -228,27 +244,65 @@ fn corruption<I: Io>(segment: &Segment<I>, damage: &Damage) -> Corruption {
     Corruption { file: segment.file.path.clone(), position: damage.position, kind: damage.kind() }
 }
 
+/// The active segment to recover and what is known of it.
+struct ActiveSegment {
+    base: Offset,
+    checkpoint: Option<Checkpoint>,
+    now_ms: i64,
+}
+
+/// Index files next to the active segment are left from an interrupted roll or an older
+/// format; they are derived data and would only mislead a later open. Returns whether any were
+/// removed.
+fn remove_derived_files<I: Io>(io: &Arc<I>, directory: &Path, active: Offset) -> Result<bool, IoError> {
+    let mut removed = false;
+    for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+        let path = directory.join(segment::file_name(active, suffix));
+        match io.remove_file(&path) {
+            Ok(()) => removed = true,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(IoError::new("remove", &path, error)),
+        }
+    }
+    Ok(removed)
+}
+
 /// Scan the active segment; cut a torn tail, or keep and report damage in synced data.
 fn recover_active<I: Io>(
     io: &Arc<I>,
     directory: &Path,
-    base: Offset,
+    active: &ActiveSegment,
     config: &TopicConfig,
     report: &mut PartitionRecovery,
 ) -> Result<(Segment<I>, Option<(Offset, Corruption)>), OpenError> {
-    let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+    let path = directory.join(segment::file_name(active.base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::ReadWrite)?;
     let size = file.size()?;
-    let (segment, damage) = load_by_scan(file, base, size, config)?;
+    let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
+    // Bytes of this segment that a checkpoint proves were fsynced.
+    let checkpointed = match active.checkpoint {
+        Some(c) if c.segment_base == active.base => c.synced_position,
+        Some(c) if c.segment_base > active.base => {
+            // A later segment was synced and is gone.
+            let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
+            let corruption = Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind };
+            report.damage.push(corruption.clone());
+            let offset = segment.next_offset;
+            return Ok((segment, Some((offset, corruption))));
+        }
+        _ => 0,
+    };
     let mut damaged = None;
     if let Some(damage) = damage {
         let evidence = later_evidence(&segment.file, damage.position, size)?;
-        if evidence.max_synced_hint > segment.next_offset {
-            // A batch written after the damaged one says the damaged one was already durable:
-            // this is corruption of synced data. Keep every byte; reads report it.
+        if damage.position < checkpointed || evidence.max_synced_hint > segment.next_offset {
+            // The checkpoint, or a batch written after the damaged one, says the damaged one was
+            // already durable: this is corruption of synced data. Keep every byte; reads report
+            // it.
             let corruption = corruption(&segment, &damage);
             report.damage.push(corruption.clone());
             damaged = Some((segment.next_offset, corruption));
+            segment.size = size;
         } else {
             let file = &segment.file;
             file.run(Operation::Truncate { file: file.handle, length: damage.position })?;
@@ -257,6 +311,12 @@ fn recover_active<I: Io>(
             report.truncated_records += evidence.records;
             assert_eq!(segment.size, damage.position, "the scan stops at the damaged batch");
         }
+    } else if size < checkpointed {
+        // Synced bytes are missing from the end of the file.
+        let kind = CorruptionKind::Truncated { needed: checkpointed, available: size };
+        let corruption = Corruption { file: segment.file.path.clone(), position: size, kind };
+        report.damage.push(corruption.clone());
+        damaged = Some((segment.next_offset, corruption));
     }
     // Whatever survived is made durable now, so a process that was killed (not a machine that
     // lost power) does not leave acknowledged-looking data that a later crash could still take.
@@ -266,13 +326,16 @@ fn recover_active<I: Io>(
 }
 
 /// Build a segment's in-memory state by scanning its batches from the start.
+///
+/// The segment's age counts from `now_ms`, or from its first record if that is older.
 fn load_by_scan<I: Io>(
     file: SegmentFile<I>,
     base: Offset,
     size: u64,
     config: &TopicConfig,
+    now_ms: i64,
 ) -> Result<(Segment<I>, Option<Damage>), IoError> {
-    let mut segment = Segment::empty(base, file, config.index_interval_bytes);
+    let mut segment = Segment::empty(base, file, config.index_interval_bytes, now_ms);
     let file = Arc::clone(&segment.file);
     let mut mismatch = None;
     let end = segment::scan(&file, 0, size, |position, batch| {
@@ -284,7 +347,10 @@ fn load_by_scan<I: Io>(
             mismatch = Some(Damage { position, error: DecodeError::Corrupt(kind) });
             return false;
         }
-        segment.on_batch(batch);
+        if segment.size == 0 {
+            segment.created_ms = segment.created_ms.min(batch.info().first_timestamp);
+        }
+        segment.on_batch(batch.info());
         true
     })?;
     let damage = mismatch.or(end.damage.map(|error| Damage { position: end.position, error }));

@@ -3,7 +3,7 @@
 
 use crate::Offset;
 use crate::error::IoError;
-use crate::format::{BatchView, DecodeError, parse_batch};
+use crate::format::{BatchInfo, BatchView, DecodeError, parse_batch};
 use crate::index::SegmentIndex;
 use crate::io::{self, FileHandle, Io, OpenMode, Operation};
 use crate::limits::SCAN_CHUNK_BYTES;
@@ -80,32 +80,31 @@ pub struct Segment<I: Io> {
     pub size: u64,
     /// The offset after the segment's last record.
     pub next_offset: Offset,
-    /// First timestamp of the first batch, for rolling by age.
-    pub first_timestamp: Option<i64>,
+    /// Clock time the segment's age counts from, for rolling by `segment_ms`.
+    pub created_ms: i64,
     pub index: SegmentIndex,
 }
 
 impl<I: Io> Segment<I> {
-    pub fn empty(base_offset: Offset, file: SegmentFile<I>, interval_bytes: u32) -> Self {
+    pub fn empty(base_offset: Offset, file: SegmentFile<I>, interval_bytes: u32, now_ms: i64) -> Self {
         Segment {
             base_offset,
             file: Arc::new(file),
             size: 0,
             next_offset: base_offset,
-            first_timestamp: None,
+            created_ms: now_ms,
             index: SegmentIndex::new(base_offset, interval_bytes),
         }
     }
 
     /// Account for a batch written at the end of the file.
-    pub fn on_batch(&mut self, batch: &BatchView<'_>) {
-        assert_eq!(batch.base_offset(), self.next_offset, "batches must be contiguous");
+    pub fn on_batch(&mut self, batch: BatchInfo) {
+        assert_eq!(batch.base_offset, self.next_offset, "batches must be contiguous");
+        assert!(batch.next_offset > batch.base_offset, "a batch holds at least one record");
         let position = u32::try_from(self.size).expect("segment position exceeds u32");
-        let length = batch.len() as u32;
-        self.index.on_batch(position, batch.base_offset(), batch.max_timestamp(), length);
-        self.first_timestamp.get_or_insert(batch.header().first_timestamp.get());
-        self.size += u64::from(length);
-        self.next_offset = batch.next_offset();
+        self.index.on_batch(position, batch.base_offset, batch.max_timestamp, batch.length);
+        self.size += u64::from(batch.length);
+        self.next_offset = batch.next_offset;
     }
 
     pub fn directory(&self) -> &Path {

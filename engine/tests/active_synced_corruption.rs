@@ -75,10 +75,9 @@ fn damage_inside_synced_data_of_the_active_segment_is_kept_and_reported() {
     assert_eq!(std::fs::read(&logs[0]).unwrap(), damaged_bytes, "closing changes nothing");
 }
 
-#[test]
-fn damage_in_the_last_batch_without_later_evidence_is_a_torn_tail() {
-    // The counterpart: the same flip in the last batch has no later batch vouching for it, so
-    // recovery cannot tell it from a torn unsynced write, and cuts it.
+/// Five synced appends, closed cleanly, then one byte flipped in the last batch. Returns the
+/// directory, the log file, the position of the last batch and the file size.
+fn flip_in_last_batch() -> (tempfile::TempDir, std::path::PathBuf, u64, u64) {
     let directory = tempfile::tempdir().unwrap();
     let (engine, _) = common::open(directory.path(), Durability::Sync);
     engine.create_topic(TOPIC, chronik_engine::TopicConfig::default()).unwrap();
@@ -91,6 +90,35 @@ fn damage_in_the_last_batch_without_later_evidence_is_a_torn_tail() {
     let (position, _) = *common::batch_positions(&log).last().unwrap();
     let size = std::fs::metadata(&log).unwrap().len();
     common::flip_byte(&log, size - 1);
+    (directory, log, position, size)
+}
+
+#[test]
+fn damage_in_the_last_batch_is_kept_when_the_checkpoint_vouches_for_it() {
+    // No later batch vouches for the last one, but the sync checkpoint written by the group
+    // commit (and fsynced at close) does: the damage is corruption of synced data.
+    let (directory, log, position, _) = flip_in_last_batch();
+    let damaged_bytes = std::fs::read(&log).unwrap();
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert_eq!(report.partitions[0].truncated_bytes, 0);
+    let damage = &report.partitions[0].damage;
+    assert_eq!(damage.len(), 1, "{report:?}");
+    assert_eq!(damage[0].position, position);
+    let fetch = engine.read(TOPIC, 0, Offset::ZERO, 1 << 20).unwrap();
+    assert_eq!(fetch.records().count(), 4);
+    assert!(matches!(engine.read(TOPIC, 0, Offset::new(4), 1 << 20), Err(ReadError::Corruption(_))));
+    drop(engine);
+    assert_eq!(std::fs::read(&log).unwrap(), damaged_bytes, "nothing was cut");
+}
+
+#[test]
+fn damage_in_the_last_batch_without_any_evidence_is_a_torn_tail() {
+    // The counterpart: without the checkpoint (a crash may lose its unsynced write) nothing
+    // vouches for the last batch, so recovery cannot tell it from a torn unsynced write, and
+    // cuts it.
+    let (directory, log, position, size) = flip_in_last_batch();
+    let partition = log.parent().unwrap();
+    std::fs::remove_file(partition.join("synced.checkpoint")).unwrap();
     let (engine, report) = common::open(directory.path(), Durability::Sync);
     assert_eq!(report.partitions[0].truncated_bytes, size - position);
     assert!(report.partitions[0].damage.is_empty());

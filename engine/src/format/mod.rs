@@ -123,6 +123,18 @@ pub fn key_hash(key: &[u8]) -> u64 {
     xxh3_64(key)
 }
 
+/// What the writer needs to know of a batch, without parsing it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub base_offset: Offset,
+    /// The offset after the batch's last record.
+    pub next_offset: Offset,
+    pub first_timestamp: i64,
+    pub max_timestamp: i64,
+    /// Bytes of the whole batch.
+    pub length: u32,
+}
+
 /// Encode `records` as one batch at the end of `out`.
 pub fn encode_batch(
     out: &mut Vec<u8>,
@@ -130,7 +142,7 @@ pub fn encode_batch(
     records: &[Record<'_>],
     default_timestamp: i64,
     synced_offset_hint: Offset,
-) -> Result<(), AppendError> {
+) -> Result<BatchInfo, AppendError> {
     if records.is_empty() {
         return Err(AppendError::Empty);
     }
@@ -190,7 +202,13 @@ pub fn encode_batch(
     batch[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
     // Pair assertion: what is about to be written must read back as written.
     debug_assert!(parse_batch(batch).is_ok(), "encoded batch does not parse");
-    Ok(())
+    Ok(BatchInfo {
+        base_offset,
+        next_offset: base_offset.add(records.len() as u64),
+        first_timestamp,
+        max_timestamp,
+        length: bytes as u32,
+    })
 }
 
 /// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
@@ -277,6 +295,16 @@ impl<'a> BatchView<'a> {
 
     pub fn max_timestamp(&self) -> i64 {
         self.header.max_timestamp.get()
+    }
+
+    pub fn info(&self) -> BatchInfo {
+        BatchInfo {
+            base_offset: self.base_offset(),
+            next_offset: self.next_offset(),
+            first_timestamp: self.header.first_timestamp.get(),
+            max_timestamp: self.max_timestamp(),
+            length: self.bytes.len() as u32,
+        }
     }
 
     pub fn synced_offset_hint(&self) -> Offset {

@@ -118,7 +118,7 @@ fn encode(
     records: &[OwnedRecord],
     default_timestamp: i64,
     synced_offset_hint: Offset,
-) -> Result<(), AppendError> {
+) -> Result<BatchInfo, AppendError> {
     let headers: Vec<Vec<Header<'_>>> = records
         .iter()
         .map(|r| r.headers.iter().map(|(key, value)| Header { key, value }).collect())
@@ -133,7 +133,11 @@ fn encode(
             headers,
         })
         .collect();
-    encode_batch(out, base_offset, &borrowed, default_timestamp, synced_offset_hint)
+    let start = out.len();
+    let info = encode_batch(out, base_offset, &borrowed, default_timestamp, synced_offset_hint)?;
+    // Pair check: what the encoder reports is what a reader parses back.
+    assert_eq!(parse_batch(&out[start..]).map(|b| b.info()), Ok(info));
+    Ok(info)
 }
 
 /// Check that `view` holds exactly `input`, with `base_offset` and `hint` in place of the
