@@ -45,12 +45,14 @@ pub struct ConsumeArgs {
 
 pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     let chronik = crate::open(data, Durability::Sync)?;
-    let count = chronik
-        .partition_count(&args.topic)
-        .ok_or_else(|| chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() }))?;
+    let count = chronik.partition_count(&args.topic).ok_or_else(|| {
+        chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() })
+    })?;
     let partitions: Vec<u32> = match args.partition {
         Some(p) if p >= count => {
-            return Err(UsageError(format!("topic {} has {count} partitions, no {p}", args.topic)).into());
+            return Err(
+                UsageError(format!("topic {} has {count} partitions, no {p}", args.topic)).into()
+            );
         }
         Some(p) => vec![p],
         None => (0..count).collect(),
@@ -99,14 +101,21 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         if args.follow && !progressed {
             let partition = partitions[0];
             let position = consumers[0].position();
-            chronik.wait_for(&args.topic, partition, position, FOLLOW_WAIT).map_err(chronik::Error::from)?;
+            chronik
+                .wait_for(&args.topic, partition, position, FOLLOW_WAIT)
+                .map_err(chronik::Error::from)?;
         }
     }
     out.flush()?;
     Ok(())
 }
 
-fn print_record(out: &mut impl Write, partition: u32, record: &RecordView<'_>, args: &ConsumeArgs) -> std::io::Result<()> {
+fn print_record(
+    out: &mut impl Write,
+    partition: u32,
+    record: &RecordView<'_>,
+    args: &ConsumeArgs,
+) -> std::io::Result<()> {
     match args.format {
         Format::Text => {
             if args.print_offset {

@@ -46,7 +46,10 @@ impl Generator {
 }
 
 pub fn run(data: &Path, args: &DemoArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.events > 0 && args.users > 0 && args.batch > 0, "events, users and batch must be positive");
+    anyhow::ensure!(
+        args.events > 0 && args.users > 0 && args.batch > 0,
+        "events, users and batch must be positive"
+    );
     let chronik = crate::open(data, args.durability)?;
     if chronik.partition_count(TOPIC).is_some() {
         chronik.delete_topic(TOPIC).map_err(chronik::Error::from)?;
@@ -64,17 +67,28 @@ pub fn run(data: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     report("produced", args.events, produced_bytes, produce_time);
     let (summary, consume_time) = consume(&chronik, args.partitions)?;
     report("consumed", summary.records, summary.bytes, consume_time);
-    anyhow::ensure!(summary.records == args.events, "read {} events, wrote {}", summary.records, args.events);
+    anyhow::ensure!(
+        summary.records == args.events,
+        "read {} events, wrote {}",
+        summary.records,
+        args.events
+    );
     summary.print();
-    let middle = chronik.offset_for_timestamp(TOPIC, 0, summary.middle_timestamp).map_err(chronik::Error::from)?;
+    let middle = chronik
+        .offset_for_timestamp(TOPIC, 0, summary.middle_timestamp)
+        .map_err(chronik::Error::from)?;
     if let Some(offset) = middle {
-        println!("time index: partition 0 reaches the stream's middle timestamp at offset {offset}");
+        println!(
+            "time index: partition 0 reaches the stream's middle timestamp at offset {offset}"
+        );
     }
     println!("\nthe data is in {}; explore it with:", data.display());
     let data = data.display();
     println!("  chronik --data {data} topic describe {TOPIC}");
     println!("  chronik --data {data} consume {TOPIC} --partition 0 --max 5 --format json");
-    println!("  chronik --data {data} consume {TOPIC} --partition 1 --from 1000 --max 3 --print-key");
+    println!(
+        "  chronik --data {data} consume {TOPIC} --partition 1 --from 1000 --max 3 --print-key"
+    );
     Ok(())
 }
 
@@ -116,7 +130,8 @@ fn produce(chronik: &chronik::Chronik, args: &DemoArgs) -> anyhow::Result<(u64, 
             _ => ACTIONS[3],
         };
         let timestamp = start_ms + i64::try_from(n).unwrap_or(i64::MAX);
-        let value = format!(r#"{{"user":{user},"page":"{page}","action":"{action}"}}"#).into_bytes();
+        let value =
+            format!(r#"{{"user":{user},"page":"{page}","action":"{action}"}}"#).into_bytes();
         bytes += (key.len() + value.len()) as u64;
         let partition = chronik::partition_for_key(&key, args.partitions);
         let queue = &mut pending[partition as usize];
@@ -136,7 +151,11 @@ fn produce(chronik: &chronik::Chronik, args: &DemoArgs) -> anyhow::Result<(u64, 
     Ok((bytes, elapsed))
 }
 
-fn send(producer: &mut chronik::Producer, partition: u32, queue: &mut Pending) -> anyhow::Result<()> {
+fn send(
+    producer: &mut chronik::Producer,
+    partition: u32,
+    queue: &mut Pending,
+) -> anyhow::Result<()> {
     if queue.is_empty() {
         return Ok(());
     }
@@ -192,7 +211,9 @@ impl Summary {
         for (page, count) in pages.iter().take(3) {
             println!("  {page:<14} {count:>9}");
         }
-        if let Some((user, count)) = self.by_user.iter().max_by_key(|(user, count)| (**count, std::cmp::Reverse(*user))) {
+        if let Some((user, count)) =
+            self.by_user.iter().max_by_key(|(user, count)| (**count, std::cmp::Reverse(*user)))
+        {
             println!("most active user: {} with {count} events", String::from_utf8_lossy(user));
         }
         println!("distinct users seen: {}", self.by_user.len());

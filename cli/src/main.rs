@@ -45,7 +45,8 @@ pub fn parse_durability(text: &str) -> Result<Durability, String> {
             let ms = text
                 .strip_prefix("interval:")
                 .ok_or_else(|| format!("{text:?} is not sync, os or interval:MS"))?;
-            let ms: u64 = ms.parse().map_err(|_| format!("{ms:?} is not a number of milliseconds"))?;
+            let ms: u64 =
+                ms.parse().map_err(|_| format!("{ms:?} is not a number of milliseconds"))?;
             if ms == 0 {
                 return Err("the interval must be at least 1 ms".to_owned());
             }
@@ -98,10 +99,20 @@ fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<chronik::Corruption>() {
             return 3;
         }
-        let corrupt = cause.downcast_ref::<chronik::Error>().and_then(chronik::Error::corruption).is_some()
-            || matches!(cause.downcast_ref::<chronik::ReadError>(), Some(chronik::ReadError::Corruption(_)))
-            || matches!(cause.downcast_ref::<chronik::AppendError>(), Some(chronik::AppendError::Corruption(_)))
-            || matches!(cause.downcast_ref::<chronik::OpenError>(), Some(chronik::OpenError::Corruption(_)));
+        let corrupt =
+            cause.downcast_ref::<chronik::Error>().and_then(chronik::Error::corruption).is_some()
+                || matches!(
+                    cause.downcast_ref::<chronik::ReadError>(),
+                    Some(chronik::ReadError::Corruption(_))
+                )
+                || matches!(
+                    cause.downcast_ref::<chronik::AppendError>(),
+                    Some(chronik::AppendError::Corruption(_))
+                )
+                || matches!(
+                    cause.downcast_ref::<chronik::OpenError>(),
+                    Some(chronik::OpenError::Corruption(_))
+                );
         if corrupt {
             return 3;
         }
@@ -111,7 +122,9 @@ fn exit_code(error: &anyhow::Error) -> u8 {
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
-        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
 

@@ -58,7 +58,8 @@ pub fn run(data: &Path, args: &ProduceArgs) -> anyhow::Result<()> {
             bytes += line.len();
             batch.push(line);
         }
-        let records: Vec<Record<'_>> = batch.iter().map(|line| split(line, args.key_separator.as_deref())).collect();
+        let records: Vec<Record<'_>> =
+            batch.iter().map(|line| split(line, args.key_separator.as_deref())).collect();
         let targets: Vec<u32> = records
             .iter()
             .map(|record| match (args.partition, record.key) {

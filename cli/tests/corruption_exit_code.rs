@@ -89,14 +89,13 @@ fn flipped_byte_in_sealed_segment_exits_3_after_the_good_records() {
     let printed = text(&output.stdout);
     assert!(!printed.is_empty());
     assert!(lines.starts_with(&printed), "printed records are not a prefix of the written ones");
-    let first_of_victim: usize = segments(&data)[1]
-        .file_stem()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(printed.lines().count(), first_of_victim, "all records before the damage are printed");
+    let first_of_victim: usize =
+        segments(&data)[1].file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        printed.lines().count(),
+        first_of_victim,
+        "all records before the damage are printed"
+    );
     assert_eq!(snapshot(&data), before, "the data directory was changed");
 }
 

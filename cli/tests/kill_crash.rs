@@ -88,10 +88,16 @@ fn produce_and_kill(data: &std::path::Path, run: u64, delay: Duration) -> BTreeM
 
 #[test]
 fn sigkill_never_loses_acknowledged_records() {
-    let seed = std::env::var("CHRONIK_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
-    });
-    let runs: u64 = std::env::var("CHRONIK_CRASH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
+    let seed = std::env::var("CHRONIK_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+                | 1
+        });
+    let runs: u64 =
+        std::env::var("CHRONIK_CRASH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(25);
     println!("kill_crash: seed {seed} runs {runs} (replay: CHRONIK_CRASH_SEED={seed})");
     let mut random = Random(seed);
     let directory = tempfile::tempdir().unwrap();
@@ -103,12 +109,18 @@ fn sigkill_never_loses_acknowledged_records() {
         let acknowledged = produce_and_kill(&data, run, delay);
         total_acknowledged += acknowledged.len();
         for (offset, line) in acknowledged {
-            assert!(all_acknowledged.insert(offset, line).is_none(), "offset {offset} acknowledged twice");
+            assert!(
+                all_acknowledged.insert(offset, line).is_none(),
+                "offset {offset} acknowledged twice"
+            );
         }
         check(&data, &all_acknowledged, run);
     }
     println!("kill_crash: {runs} kills, {total_acknowledged} acknowledged records, all present");
-    assert!(total_acknowledged > 0, "the producer never acknowledged anything; the test proved nothing");
+    assert!(
+        total_acknowledged > 0,
+        "the producer never acknowledged anything; the test proved nothing"
+    );
 }
 
 /// Reopen and check the partition against everything acknowledged so far.
@@ -134,7 +146,11 @@ fn check(data: &std::path::Path, acknowledged: &BTreeMap<u64, String>, run: u64)
             let (record_run, n) = parse(record.value());
             match last {
                 Some((previous_run, previous_n)) if previous_run == record_run => {
-                    assert_eq!(n, previous_n + 1, "run {record_run}: hole or duplicate after {previous_n}");
+                    assert_eq!(
+                        n,
+                        previous_n + 1,
+                        "run {record_run}: hole or duplicate after {previous_n}"
+                    );
                 }
                 Some((previous_run, _)) => {
                     assert!(record_run > previous_run, "runs out of order");

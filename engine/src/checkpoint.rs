@@ -121,14 +121,23 @@ impl<I: Io> CheckpointWriter<I> {
 
     /// Record that `segment_base`'s bytes below `synced_position` and the offsets below
     /// `synced_offset` were fsynced. Ignores claims weaker than the last one. Not fsynced.
-    pub fn record(&mut self, segment_base: Offset, synced_position: u64, synced_offset: Offset) -> Result<(), IoError> {
+    pub fn record(
+        &mut self,
+        segment_base: Offset,
+        synced_position: u64,
+        synced_offset: Offset,
+    ) -> Result<(), IoError> {
         let last = self.last;
         let newer = (segment_base, synced_position) > (last.segment_base, last.synced_position);
         if !newer {
             return Ok(());
         }
-        let checkpoint =
-            Checkpoint { sequence: last.sequence + 1, segment_base, synced_position, synced_offset };
+        let checkpoint = Checkpoint {
+            sequence: last.sequence + 1,
+            segment_base,
+            synced_position,
+            synced_offset,
+        };
         let position = (checkpoint.sequence % 2) * SLOT_STRIDE;
         let file = self.file.handle;
         self.file.run(Operation::Write { file, position, buffer: checkpoint.encode() })?;
@@ -152,7 +161,12 @@ mod tests {
 
     #[test]
     fn the_newest_valid_slot_wins_and_a_torn_slot_is_ignored() {
-        let older = Checkpoint { sequence: 4, segment_base: Offset::new(0), synced_position: 10, synced_offset: Offset::new(3) };
+        let older = Checkpoint {
+            sequence: 4,
+            segment_base: Offset::new(0),
+            synced_position: 10,
+            synced_offset: Offset::new(3),
+        };
         let newer = Checkpoint { sequence: 5, synced_position: 20, ..older };
         let mut bytes = vec![0; 2 * SLOT_STRIDE as usize];
         bytes[..48].copy_from_slice(&older.encode());

@@ -95,12 +95,14 @@ struct Topic<I: Io> {
     partitions: Vec<Arc<Partition<I>>>,
 }
 
+type Topics<I> = BTreeMap<String, Arc<Topic<I>>>;
+
 #[derive(Debug)]
 struct Inner<I: Io> {
     context: PartitionContext<I>,
     options: Options,
     root: PathBuf,
-    topics: RwLock<BTreeMap<String, Arc<Topic<I>>>>,
+    topics: RwLock<Topics<I>>,
     /// Serialises topic creation and deletion (rare, and they touch the topics directory).
     admin: Mutex<()>,
     lock: FileHandle,
@@ -142,7 +144,8 @@ impl<I: Io> Engine<I> {
         let io = Arc::new(io);
         if create_directory_if_missing(&*io, root)? {
             // The new directory's own entry must survive a crash too.
-            let parent = root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let parent =
+                root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             sync(&*io, parent)?;
         }
         let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
@@ -152,7 +155,8 @@ impl<I: Io> Engine<I> {
                 IoError::new("lock", &root.join(LOCK_FILE), e).into()
             }
         })?;
-        let context = PartitionContext { io, clock, poison: Arc::default(), durability: options.durability };
+        let context =
+            PartitionContext { io, clock, poison: Arc::default(), durability: options.durability };
         let result = Self::open_locked(&context, root);
         let (topics, report) = match result {
             Ok(opened) => opened,
@@ -175,7 +179,7 @@ impl<I: Io> Engine<I> {
     fn open_locked(
         context: &PartitionContext<I>,
         root: &Path,
-    ) -> Result<(BTreeMap<String, Arc<Topic<I>>>, RecoveryReport), OpenError> {
+    ) -> Result<(Topics<I>, RecoveryReport), OpenError> {
         let io = &*context.io;
         check_data_directory_meta(io, root)?;
         let topics_directory = root.join(TOPICS_DIRECTORY);
@@ -184,7 +188,8 @@ impl<I: Io> Engine<I> {
         }
         let mut report = RecoveryReport::default();
         let mut topics = BTreeMap::new();
-        let entries = io.list(&topics_directory).map_err(|e| IoError::new("list", &topics_directory, e))?;
+        let entries =
+            io.list(&topics_directory).map_err(|e| IoError::new("list", &topics_directory, e))?;
         for entry in entries.into_iter().filter(|e| e.is_directory) {
             let path = topics_directory.join(&entry.name);
             if entry.name.starts_with('.') {
@@ -195,8 +200,11 @@ impl<I: Io> Engine<I> {
             }
             let meta_path = path.join(TOPIC_META_FILE);
             let bytes = segment::read_small_file(io, &meta_path)?.unwrap_or_default();
-            let config = TopicConfig::decode(&bytes)
-                .map_err(|kind| Corruption { file: meta_path.clone(), position: 0, kind })?;
+            let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
+                file: meta_path.clone(),
+                position: 0,
+                kind,
+            })?;
             let mut partitions = Vec::with_capacity(config.partitions as usize);
             for id in 0..config.partitions {
                 let directory = path.join(id.to_string());
@@ -253,7 +261,8 @@ impl<I: Io> Engine<I> {
             io.rename(&staging, &final_path).map_err(|e| IoError::new("rename", &staging, e))?;
             sync(io, &topics_directory)
         })();
-        result.inspect_err(|e| self.inner.context.poison.set(format!("create topic {name}: {e}")))?;
+        result
+            .inspect_err(|e| self.inner.context.poison.set(format!("create topic {name}: {e}")))?;
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         for id in 0..config.partitions {
             let directory = final_path.join(id.to_string());
@@ -295,7 +304,8 @@ impl<I: Io> Engine<I> {
             remove_tree(io, &doomed)?;
             sync(io, &topics_directory)
         })();
-        result.inspect_err(|e| self.inner.context.poison.set(format!("delete topic {name}: {e}")))?;
+        result
+            .inspect_err(|e| self.inner.context.poison.set(format!("delete topic {name}: {e}")))?;
         Ok(())
     }
 
@@ -305,7 +315,8 @@ impl<I: Io> Engine<I> {
     }
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {
-        let topic = self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
+        let topic =
+            self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
         let partitions = topic.partitions.iter().map(|p| p.describe()).collect();
         Ok(TopicDescription { name: name.to_owned(), config: topic.config, partitions })
     }
@@ -314,8 +325,14 @@ impl<I: Io> Engine<I> {
         self.inner.topics.read().get(name).cloned()
     }
 
-    fn partition_for_append(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, AppendError> {
-        let found = self.topic(topic).ok_or_else(|| AppendError::TopicNotFound { topic: topic.to_owned() })?;
+    fn partition_for_append(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Arc<Partition<I>>, AppendError> {
+        let found = self
+            .topic(topic)
+            .ok_or_else(|| AppendError::TopicNotFound { topic: topic.to_owned() })?;
         found
             .partitions
             .get(partition as usize)
@@ -323,8 +340,14 @@ impl<I: Io> Engine<I> {
             .ok_or_else(|| AppendError::PartitionNotFound { topic: topic.to_owned(), partition })
     }
 
-    fn partition_for_read(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, ReadError> {
-        let found = self.topic(topic).ok_or_else(|| ReadError::TopicNotFound { topic: topic.to_owned() })?;
+    fn partition_for_read(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Arc<Partition<I>>, ReadError> {
+        let found = self
+            .topic(topic)
+            .ok_or_else(|| ReadError::TopicNotFound { topic: topic.to_owned() })?;
         found
             .partitions
             .get(partition as usize)
@@ -339,18 +362,34 @@ impl<I: Io> Engine<I> {
 
     /// Append `records` as one batch to a partition and return their offsets. Returns once the
     /// records are acknowledged under the engine's [`Durability`].
-    pub fn append(&self, topic: &str, partition: u32, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+    pub fn append(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[Record<'_>],
+    ) -> Result<Appended, AppendError> {
         self.partition_for_append(topic, partition)?.append(records)
     }
 
     /// Read whole batches from `from` on, about `max_bytes` of them (at least one batch).
     /// Empty when `from` is the high watermark.
-    pub fn read(&self, topic: &str, partition: u32, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
+    pub fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<Fetch, ReadError> {
         self.partition_for_read(topic, partition)?.read(from, max_bytes)
     }
 
     /// The first offset whose timestamp is at or after `timestamp`, if any is visible.
-    pub fn offset_for_timestamp(&self, topic: &str, partition: u32, timestamp: i64) -> Result<Option<Offset>, ReadError> {
+    pub fn offset_for_timestamp(
+        &self,
+        topic: &str,
+        partition: u32,
+        timestamp: i64,
+    ) -> Result<Option<Offset>, ReadError> {
         self.partition_for_read(topic, partition)?.offset_for_timestamp(timestamp)
     }
 
@@ -361,7 +400,13 @@ impl<I: Io> Engine<I> {
 
     /// Block until `offset` is visible in a partition or `timeout` passes; returns whether it
     /// is. Lets consumers tail a partition without polling.
-    pub fn wait_for(&self, topic: &str, partition: u32, offset: Offset, timeout: Duration) -> Result<bool, ReadError> {
+    pub fn wait_for(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: Offset,
+        timeout: Duration,
+    ) -> Result<bool, ReadError> {
         Ok(self.partition_for_read(topic, partition)?.wait_for(offset, timeout))
     }
 
@@ -425,7 +470,11 @@ fn check_data_directory_meta<I: Io + ?Sized>(io: &I, root: &Path) -> Result<(), 
         sync(io, root)?;
         return Ok(());
     };
-    let meta = DataDirectoryMeta::decode(&bytes).map_err(|kind| Corruption { file: path.clone(), position: 0, kind })?;
+    let meta = DataDirectoryMeta::decode(&bytes).map_err(|kind| Corruption {
+        file: path.clone(),
+        position: 0,
+        kind,
+    })?;
     if meta.version() != DATA_DIRECTORY_VERSION {
         return Err(OpenError::UnsupportedVersion {
             path,

@@ -19,15 +19,32 @@ pub struct Corruption {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CorruptionKind {
-    ChecksumMismatch { expected: u64, actual: u64 },
-    BadMagic { found: u32 },
-    UnsupportedVersion { found: u16 },
-    BadLength { length: u64 },
+    ChecksumMismatch {
+        expected: u64,
+        actual: u64,
+    },
+    BadMagic {
+        found: u32,
+    },
+    UnsupportedVersion {
+        found: u16,
+    },
+    BadLength {
+        length: u64,
+    },
     /// A batch whose checksum is valid but whose base offset is not the expected one.
-    OffsetMismatch { expected: u64, found: u64 },
+    OffsetMismatch {
+        expected: u64,
+        found: u64,
+    },
     /// The structure ends before its declared length, inside data that was already synced.
-    Truncated { needed: u64, available: u64 },
-    Malformed { reason: &'static str },
+    Truncated {
+        needed: u64,
+        available: u64,
+    },
+    Malformed {
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for CorruptionKind {

@@ -37,12 +37,10 @@ pub mod topic;
 mod engine;
 
 pub use engine::{Durability, Engine, Options, TopicDescription};
-pub use partition::PartitionDescription;
-pub use error::{
-    AppendError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError,
-};
+pub use error::{AppendError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError};
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
+pub use partition::PartitionDescription;
 pub use recovery::{PartitionRecovery, RecoveryReport};
 pub use topic::TopicConfig;
 
@@ -67,7 +65,7 @@ impl Offset {
 
     /// The offset `count` records after this one.
     #[must_use]
-    pub fn add(self, count: u64) -> Offset {
+    pub fn plus(self, count: u64) -> Offset {
         Offset(self.0.checked_add(count).expect("offset overflow"))
     }
 }

@@ -5,10 +5,10 @@
 //! the file happen under `state`, so batches land in offset order; fsyncs happen under no lock,
 //! so appenders keep writing while a group commit is in flight.
 
+use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
-use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
 use crate::format::{self, BatchInfo, DecodeError, parse_batch};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::BATCH_BYTES_MAX;
@@ -119,8 +119,9 @@ impl<I: Io> Partition<I> {
         io.create_directory(directory).map_err(|e| IoError::new("mkdir", directory, e))?;
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
         for path in [path, directory.join(CHECKPOINT_FILE)] {
-            let file =
-                io.open(&path, OpenMode::CreateNew).map_err(|e| IoError::new("create", &path, e))?;
+            let file = io
+                .open(&path, OpenMode::CreateNew)
+                .map_err(|e| IoError::new("create", &path, e))?;
             io.close(file);
         }
         io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
@@ -220,7 +221,11 @@ impl<I: Io> Partition<I> {
             // Read after a roll, which syncs: the hint is as strong as it can be.
             let hint = self.sync.lock().synced;
             format::set_batch_offsets(&mut batch, base, hint);
-            let info = BatchInfo { base_offset: base, next_offset: base.add(encoded.next_offset.get()), ..encoded };
+            let info = BatchInfo {
+                base_offset: base,
+                next_offset: base.plus(encoded.next_offset.get()),
+                ..encoded
+            };
             let active = state.segments.last_mut().expect("active segment");
             let (file, position) = (Arc::clone(&active.file), active.size);
             io::write_all(&*self.io, file.handle, position, batch)
@@ -345,7 +350,8 @@ impl<I: Io> Partition<I> {
             let sync = self.sync.lock();
             (sync.synced, sync.last_sync_ms)
         };
-        let due = self.clock.now_ms().saturating_sub(last) >= i64::try_from(interval_ms).unwrap_or(i64::MAX);
+        let due = self.clock.now_ms().saturating_sub(last)
+            >= i64::try_from(interval_ms).unwrap_or(i64::MAX);
         if synced < end && due { self.sync_to(end) } else { Ok(()) }
     }
 
@@ -365,10 +371,8 @@ impl<I: Io> Partition<I> {
             let start = state.segments[0].base_offset;
             // Checked before the range: offsets past the damage were acknowledged once, and a
             // consumer asking for them must learn of the damage, not of an offset out of range.
-            if let Some((damaged, corruption)) = &state.damaged {
-                if from >= *damaged {
-                    return Err(ReadError::Corruption(corruption.clone()));
-                }
+            if let Some((_, corruption)) = state.damaged.as_ref().filter(|(at, _)| from >= *at) {
+                return Err(ReadError::Corruption(corruption.clone()));
             }
             if from < start || from > high_watermark {
                 let (requested, start, end) = (from.get(), start.get(), high_watermark.get());
@@ -379,7 +383,8 @@ impl<I: Io> Partition<I> {
             }
             // The segment holding `from`, or the first one after a gap.
             let holding = state.segments.partition_point(|s| s.base_offset <= from) - 1;
-            let index = if from < state.segments[holding].next_offset { holding } else { holding + 1 };
+            let index =
+                if from < state.segments[holding].next_offset { holding } else { holding + 1 };
             let segment = &state.segments[index];
             let position = segment.index.position_for_offset(from);
             (Arc::clone(&segment.file), u64::from(position), segment.size)
@@ -392,7 +397,8 @@ impl<I: Io> Partition<I> {
             if chunk.is_empty() {
                 break;
             }
-            let mut taken = self.take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+            let mut taken =
+                Self::take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
             if taken.bytes == 0 && !taken.stop {
                 // The next batch is larger than the chunk: read exactly that batch.
                 let needed = taken.needed.expect("no progress means an incomplete batch");
@@ -401,12 +407,13 @@ impl<I: Io> Partition<I> {
                     if !buffer.is_empty() {
                         break;
                     }
-                    return Err(self.truncated(&file, position, needed, available).into());
+                    return Err(Self::truncated(&file, position, needed, available).into());
                 }
                 let chunk = file.read(position, needed).map_err(ReadError::Io)?;
-                taken = self.take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+                taken =
+                    Self::take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
                 if taken.bytes == 0 && !taken.stop {
-                    return Err(self.truncated(&file, position, needed, chunk.len() as u64).into());
+                    return Err(Self::truncated(&file, position, needed, chunk.len() as u64).into());
                 }
             }
             position += taken.bytes as u64;
@@ -423,14 +430,22 @@ impl<I: Io> Partition<I> {
         Ok(Fetch::new(buffer, from, next_offset))
     }
 
-    fn truncated(&self, file: &SegmentFile<I>, position: u64, needed: usize, available: u64) -> Corruption {
+    fn truncated(
+        file: &SegmentFile<I>,
+        position: u64,
+        needed: usize,
+        available: u64,
+    ) -> Corruption {
         let needed = needed as u64;
-        Corruption { file: file.path.clone(), position, kind: CorruptionKind::Truncated { needed, available } }
+        Corruption {
+            file: file.path.clone(),
+            position,
+            kind: CorruptionKind::Truncated { needed, available },
+        }
     }
 
     /// Move the wanted batches at the start of `chunk` (read at `position`) into `out`.
     fn take_batches(
-        &self,
         file: &SegmentFile<I>,
         position: u64,
         chunk: &[u8],
@@ -487,7 +502,8 @@ impl<I: Io> Partition<I> {
                     return false;
                 }
                 if batch.max_timestamp() >= timestamp {
-                    found = batch.records().find(|r| r.timestamp() >= timestamp).map(|r| r.offset());
+                    found =
+                        batch.records().find(|r| r.timestamp() >= timestamp).map(|r| r.offset());
                 }
                 found.is_none()
             })?;
@@ -497,9 +513,13 @@ impl<I: Io> Partition<I> {
             if let Some(error) = end.damage {
                 let kind = match error {
                     DecodeError::Corrupt(kind) => kind,
-                    DecodeError::Incomplete { needed, available } => CorruptionKind::Truncated { needed, available },
+                    DecodeError::Incomplete { needed, available } => {
+                        CorruptionKind::Truncated { needed, available }
+                    }
                 };
-                return Err(Corruption { file: file.path.clone(), position: end.position, kind }.into());
+                return Err(
+                    Corruption { file: file.path.clone(), position: end.position, kind }.into()
+                );
             }
         }
         // The answer may lie in the damaged data at the end of the log: report it, not `None`.

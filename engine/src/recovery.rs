@@ -12,6 +12,7 @@
 //! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites
 //! derived files (indexes), so running it again finds a clean log and changes nothing.
 
+use crate::Offset;
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
@@ -22,7 +23,6 @@ use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
 };
 use crate::topic::TopicConfig;
-use crate::Offset;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -99,13 +99,15 @@ impl RecoveryReport {
     /// One line per partition that was not clean, and per removed topic directory.
     pub fn lines(&self) -> Vec<String> {
         let partitions = self.partitions.iter().filter(|p| !p.is_clean()).map(ToString::to_string);
-        let topics = self
-            .removed_incomplete_topics
-            .iter()
-            .map(|name| format!("removed the leftovers of an interrupted create or delete: {name}"));
+        let topics = self.removed_incomplete_topics.iter().map(|name| {
+            format!("removed the leftovers of an interrupted create or delete: {name}")
+        });
         partitions.chain(topics).collect()
     }
 }
+
+/// The first offset of damaged synced data at the end of a log, and the evidence.
+pub(crate) type Damaged = (Offset, Corruption);
 
 /// A partition's recovered segments.
 #[derive(Debug)]
@@ -174,13 +176,14 @@ pub(crate) fn recover_partition<I: Io>(
     let (active_base, sealed_bases) = bases.split_last().expect("at least one segment");
     for (i, &base) in sealed_bases.iter().enumerate() {
         let next_base = bases[i + 1];
-        let (segment, rebuilt) = recover_sealed(io, directory, base, next_base, config, &mut report)?;
+        let (segment, rebuilt) =
+            recover_sealed(io, directory, base, next_base, config, &mut report)?;
         directory_dirty |= rebuilt;
         segments.push(segment);
     }
     let checkpoint_path = directory.join(CHECKPOINT_FILE);
-    let checkpoint =
-        segment::read_small_file(&**io, &checkpoint_path)?.and_then(|bytes| Checkpoint::newest(&bytes));
+    let checkpoint = segment::read_small_file(&**io, &checkpoint_path)?
+        .and_then(|bytes| Checkpoint::newest(&bytes));
     let active = ActiveSegment { base: *active_base, checkpoint, now_ms };
     directory_dirty |= remove_derived_files(io, directory, active.base)?;
     let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
@@ -204,18 +207,21 @@ fn recover_sealed<I: Io>(
     let path = directory.join(segment::file_name(base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::Read)?;
     let size = file.size()?;
-    let offsets = segment::read_small_file(&**io, &directory.join(segment::file_name(base, INDEX_SUFFIX)))?;
-    let times =
-        segment::read_small_file(&**io, &directory.join(segment::file_name(base, TIME_INDEX_SUFFIX)))?;
+    let offsets =
+        segment::read_small_file(&**io, &directory.join(segment::file_name(base, INDEX_SUFFIX)))?;
+    let times = segment::read_small_file(
+        &**io,
+        &directory.join(segment::file_name(base, TIME_INDEX_SUFFIX)),
+    )?;
     if let (Some(offsets), Some(times)) = (offsets, times) {
         let interval = config.index_interval_bytes;
-        if let Ok((index, next_offset)) = SegmentIndex::decode(&offsets, &times, base, size, interval) {
-            if next_offset <= next_base {
-                let file = Arc::new(file);
-                let created_ms = i64::MIN;
-                let segment = Segment { base_offset: base, file, size, next_offset, created_ms, index };
-                return Ok((segment, false));
-            }
+        let decoded = SegmentIndex::decode(&offsets, &times, base, size, interval);
+        if let Some((index, next_offset)) = decoded.ok().filter(|(_, next)| *next <= next_base) {
+            let file = Arc::new(file);
+            // Sealed segments never roll again; their age does not matter.
+            let created_ms = i64::MIN;
+            let segment = Segment { base_offset: base, file, size, next_offset, created_ms, index };
+            return Ok((segment, false));
         }
     }
     let (mut segment, damage) = load_by_scan(file, base, size, config, i64::MIN)?;
@@ -254,7 +260,11 @@ struct ActiveSegment {
 /// Index files next to the active segment are left from an interrupted roll or an older
 /// format; they are derived data and would only mislead a later open. Returns whether any were
 /// removed.
-fn remove_derived_files<I: Io>(io: &Arc<I>, directory: &Path, active: Offset) -> Result<bool, IoError> {
+fn remove_derived_files<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    active: Offset,
+) -> Result<bool, IoError> {
     let mut removed = false;
     for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
         let path = directory.join(segment::file_name(active, suffix));
@@ -274,7 +284,7 @@ fn recover_active<I: Io>(
     active: &ActiveSegment,
     config: &TopicConfig,
     report: &mut PartitionRecovery,
-) -> Result<(Segment<I>, Option<(Offset, Corruption)>), OpenError> {
+) -> Result<(Segment<I>, Option<Damaged>), OpenError> {
     let path = directory.join(segment::file_name(active.base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::ReadWrite)?;
     let size = file.size()?;
@@ -285,7 +295,8 @@ fn recover_active<I: Io>(
         Some(c) if c.segment_base > active.base => {
             // A later segment was synced and is gone.
             let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
-            let corruption = Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind };
+            let corruption =
+                Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind };
             report.damage.push(corruption.clone());
             let offset = segment.next_offset;
             return Ok((segment, Some((offset, corruption))));
@@ -369,13 +380,17 @@ struct Evidence {
     records: u64,
 }
 
-fn later_evidence<I: Io>(file: &SegmentFile<I>, damaged_at: u64, end: u64) -> Result<Evidence, IoError> {
+fn later_evidence<I: Io>(
+    file: &SegmentFile<I>,
+    damaged_at: u64,
+    end: u64,
+) -> Result<Evidence, IoError> {
     let mut evidence = Evidence::default();
     let header = file.read(damaged_at, BATCH_HEADER_BYTES)?;
-    if let Ok(header) = BatchHeader::read_from_bytes(&header) {
-        if header.magic.get() == BATCH_MAGIC {
-            evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
-        }
+    let header =
+        BatchHeader::read_from_bytes(&header).ok().filter(|h| h.magic.get() == BATCH_MAGIC);
+    if let Some(header) = header {
+        evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
     }
     let mut position = damaged_at + 1;
     while let Some(candidate) = find_magic(file, position, end)? {

@@ -36,23 +36,24 @@ impl Runtime {
         let period = Duration::from_millis(ms.clamp(1, 100));
         let (stop, stopped) = bounded::<()>(1);
         let engine = engine.clone();
-        let thread = std::thread::Builder::new().name("chronik-flusher".to_owned()).spawn(move || {
-            loop {
-                match stopped.recv_timeout(period) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-                }
-                match catch_unwind(AssertUnwindSafe(|| engine.tick())) {
-                    Ok(Ok(())) => {}
-                    // A failed flush already poisoned the engine; appenders see it.
-                    Ok(Err(_)) => return,
-                    Err(_) => {
-                        engine.poison("the background flusher panicked".to_owned());
-                        return;
+        let thread =
+            std::thread::Builder::new().name("chronik-flusher".to_owned()).spawn(move || {
+                loop {
+                    match stopped.recv_timeout(period) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                    match catch_unwind(AssertUnwindSafe(|| engine.tick())) {
+                        Ok(Ok(())) => {}
+                        // A failed flush already poisoned the engine; appenders see it.
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            engine.poison("the background flusher panicked".to_owned());
+                            return;
+                        }
                     }
                 }
-            }
-        })?;
+            })?;
         Ok(Runtime { stop: Some(stop), thread: Some(thread) })
     }
 }

@@ -59,7 +59,8 @@ impl<I: Io> SegmentFile<I> {
 
     pub fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, IoError> {
         let buffer = vec![0; length];
-        let completion = io::run(&*self.io, Operation::Read { file: self.handle, position, buffer });
+        let completion =
+            io::run(&*self.io, Operation::Read { file: self.handle, position, buffer });
         completion.result.map_err(|e| IoError::new("read", &self.path, e))?;
         Ok(completion.buffer)
     }
@@ -86,7 +87,12 @@ pub struct Segment<I: Io> {
 }
 
 impl<I: Io> Segment<I> {
-    pub fn empty(base_offset: Offset, file: SegmentFile<I>, interval_bytes: u32, now_ms: i64) -> Self {
+    pub fn empty(
+        base_offset: Offset,
+        file: SegmentFile<I>,
+        interval_bytes: u32,
+        now_ms: i64,
+    ) -> Self {
         Segment {
             base_offset,
             file: Arc::new(file),
@@ -126,7 +132,11 @@ impl<I: Io> Segment<I> {
 
 /// Write `bytes` to `path` through `path.tmp`: create, write, fdatasync, rename. The caller
 /// fsyncs the directory to make the rename durable.
-pub fn write_file_durably<I: Io + ?Sized>(io: &I, path: &Path, bytes: Vec<u8>) -> Result<(), IoError> {
+pub fn write_file_durably<I: Io + ?Sized>(
+    io: &I,
+    path: &Path,
+    bytes: Vec<u8>,
+) -> Result<(), IoError> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(TEMPORARY_SUFFIX);
     let temporary = PathBuf::from(temporary);
@@ -136,7 +146,9 @@ pub fn write_file_durably<I: Io + ?Sized>(io: &I, path: &Path, bytes: Vec<u8>) -
         }
         _ => {}
     }
-    let file = io.open(&temporary, OpenMode::CreateNew).map_err(|e| IoError::new("create", &temporary, e))?;
+    let file = io
+        .open(&temporary, OpenMode::CreateNew)
+        .map_err(|e| IoError::new("create", &temporary, e))?;
     let result = io::write_all(io, file, 0, bytes)
         .map_err(|e| IoError::new("write", &temporary, e))
         .and_then(|()| {
@@ -208,7 +220,8 @@ pub fn scan<I: Io>(
                 let length = missing.max(SCAN_CHUNK_BYTES as u64).min(end - loaded_end);
                 let chunk = file.read(loaded_end, length as usize)?;
                 if chunk.is_empty() {
-                    let damage = Some(DecodeError::Incomplete { needed, available: end - position });
+                    let damage =
+                        Some(DecodeError::Incomplete { needed, available: end - position });
                     return Ok(ScanEnd { position, damage });
                 }
                 buffer.extend_from_slice(&chunk);

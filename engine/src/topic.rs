@@ -82,7 +82,9 @@ impl TopicConfig {
             segment_ms: meta.segment_ms.get(),
             index_interval_bytes: meta.index_interval_bytes.get(),
         };
-        config.validate().map_err(|_| CorruptionKind::Malformed { reason: "invalid topic config" })?;
+        config
+            .validate()
+            .map_err(|_| CorruptionKind::Malformed { reason: "invalid topic config" })?;
         Ok(config)
     }
 }

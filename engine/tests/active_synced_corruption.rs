@@ -106,7 +106,10 @@ fn damage_in_the_last_batch_is_kept_when_the_checkpoint_vouches_for_it() {
     assert_eq!(damage[0].position, position);
     let fetch = engine.read(TOPIC, 0, Offset::ZERO, 1 << 20).unwrap();
     assert_eq!(fetch.records().count(), 4);
-    assert!(matches!(engine.read(TOPIC, 0, Offset::new(4), 1 << 20), Err(ReadError::Corruption(_))));
+    assert!(matches!(
+        engine.read(TOPIC, 0, Offset::new(4), 1 << 20),
+        Err(ReadError::Corruption(_))
+    ));
     drop(engine);
     assert_eq!(std::fs::read(&log).unwrap(), damaged_bytes, "nothing was cut");
 }

@@ -34,7 +34,13 @@ fn read_all(engine: &Engine<PreadIo>) -> Vec<(u64, Vec<u8>)> {
     }
 }
 
-fn property(batch_sizes: Vec<u8>, value_size: u8, cut_per_mille: u16, keep_checkpoint: bool) -> TestResult {
+#[allow(clippy::needless_pass_by_value)] // quickcheck passes generated values by value
+fn property(
+    batch_sizes: Vec<u8>,
+    value_size: u8,
+    cut_per_mille: u16,
+    keep_checkpoint: bool,
+) -> TestResult {
     if batch_sizes.is_empty() {
         return TestResult::discard();
     }
@@ -80,7 +86,10 @@ fn property(batch_sizes: Vec<u8>, value_size: u8, cut_per_mille: u16, keep_check
     let expected: Vec<(u64, Vec<u8>)> =
         written.iter().take(kept_records).enumerate().map(|(i, v)| (i as u64, v.clone())).collect();
     if records != expected {
-        return TestResult::error(format!("cut at {cut} of {length}: kept {} records, expected {kept_records}", records.len()));
+        return TestResult::error(format!(
+            "cut at {cut} of {length}: kept {} records, expected {kept_records}",
+            records.len()
+        ));
     }
     let appended = engine.append("t", 0, &[Record::new(None, b"after")]).unwrap();
     TestResult::from_bool(appended.base_offset.get() == kept_records as u64)

@@ -51,11 +51,19 @@ pub struct Chronik {
 impl Chronik {
     /// Open (creating if needed) a data directory, recovering it after a crash.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Chronik, Error> {
-        let (engine, recovery) =
-            chronik_engine::Engine::open(PreadIo::new(), Arc::new(SystemClock), path.as_ref(), options)?;
+        let (engine, recovery) = chronik_engine::Engine::open(
+            PreadIo::new(),
+            Arc::new(SystemClock),
+            path.as_ref(),
+            options,
+        )?;
         let runtime = Runtime::start(&engine).map_err(|error| {
             let path = path.as_ref().to_path_buf();
-            OpenError::Io(chronik_engine::io::IoError { operation: "spawn runtime", path, source: error })
+            OpenError::Io(chronik_engine::io::IoError {
+                operation: "spawn runtime",
+                path,
+                source: error,
+            })
         })?;
         Ok(Chronik { engine, recovery, _runtime: runtime })
     }
@@ -75,7 +83,12 @@ impl Chronik {
 
     /// A consumer of one partition, starting at offset zero.
     pub fn consumer(&self, topic: &str, partition: u32) -> Consumer {
-        Consumer { engine: self.engine.clone(), topic: topic.to_owned(), partition, position: Offset::ZERO }
+        Consumer {
+            engine: self.engine.clone(),
+            topic: topic.to_owned(),
+            partition,
+            position: Offset::ZERO,
+        }
     }
 }
 
@@ -97,7 +110,11 @@ pub struct Producer {
 impl Producer {
     /// Append `records` as one batch to `partition`; returns once acknowledged under the
     /// engine's durability mode.
-    pub fn send(&mut self, partition: u32, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+    pub fn send(
+        &mut self,
+        partition: u32,
+        records: &[Record<'_>],
+    ) -> Result<Appended, AppendError> {
         self.engine.append(&self.topic, partition, records)
     }
 

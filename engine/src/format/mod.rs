@@ -1,9 +1,9 @@
 //! The on-disk record batch: zerocopy little-endian structs, encoding, and validated borrowed
 //! views. `docs/format.md` is the byte-level specification of everything here.
 
+use crate::Offset;
 use crate::error::{AppendError, CorruptionKind};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
-use crate::Offset;
 use xxhash_rust::xxh3::xxh3_64;
 use zerocopy::little_endian::{I32, I64, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -164,7 +164,12 @@ pub fn encode_batch(
             length: U32::new(record.encoded_bytes() as u32),
             offset_delta: U32::new(delta as u32),
             timestamp_delta: I64::new(timestamp_of(record).wrapping_sub(first_timestamp)),
-            key_length: I32::new(record.key.map_or(-1, |k| k.len() as i32)),
+            // Keys fit: the whole batch is at most BATCH_BYTES_MAX, which is below i32::MAX.
+            key_length: I32::new(
+                record
+                    .key
+                    .map_or(-1, |k| i32::try_from(k.len()).expect("bounded by BATCH_BYTES_MAX")),
+            ),
             value_length: U32::new(record.value.len() as u32),
             header_count: U32::new(record.headers.len() as u32),
         };
@@ -204,7 +209,7 @@ pub fn encode_batch(
     debug_assert!(parse_batch(batch).is_ok(), "encoded batch does not parse");
     Ok(BatchInfo {
         base_offset,
-        next_offset: base_offset.add(records.len() as u64),
+        next_offset: base_offset.plus(records.len() as u64),
         first_timestamp,
         max_timestamp,
         length: bytes as u32,
@@ -267,7 +272,8 @@ pub fn parse_batch(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
         return Err(DecodeError::Corrupt(CorruptionKind::UnsupportedVersion { found }));
     }
     let view = BatchView { header, bytes };
-    view.validate_records().map_err(|reason| DecodeError::Corrupt(CorruptionKind::Malformed { reason }))?;
+    view.validate_records()
+        .map_err(|reason| DecodeError::Corrupt(CorruptionKind::Malformed { reason }))?;
     Ok(view)
 }
 
@@ -281,12 +287,12 @@ impl<'a> BatchView<'a> {
     }
 
     pub fn last_offset(&self) -> Offset {
-        self.base_offset().add(u64::from(self.header.last_offset_delta.get()))
+        self.base_offset().plus(u64::from(self.header.last_offset_delta.get()))
     }
 
     /// The offset after the last record.
     pub fn next_offset(&self) -> Offset {
-        self.last_offset().add(1)
+        self.last_offset().plus(1)
     }
 
     pub fn record_count(&self) -> u32 {
@@ -408,18 +414,18 @@ impl<'a> Iterator for Records<'a> {
         // The batch was validated when parsed, so this split cannot fail.
         let (header, rest) = split_record(self.body)?;
         let record_bytes = &self.body[RECORD_HEADER_BYTES..header.length.get() as usize];
-        let key_length = header.key_length.get();
-        let (key, after_key) = if key_length < 0 {
-            (None, record_bytes)
-        } else {
-            let (key, after) = record_bytes.split_at(key_length as usize);
-            (Some(key), after)
+        let (key, after_key) = match usize::try_from(header.key_length.get()) {
+            Err(_) => (None, record_bytes),
+            Ok(key_length) => {
+                let (key, after) = record_bytes.split_at(key_length);
+                (Some(key), after)
+            }
         };
         let (value, headers) = after_key.split_at(header.value_length.get() as usize);
         self.body = rest;
         self.remaining -= 1;
         Some(RecordView {
-            offset: self.base_offset.add(u64::from(header.offset_delta.get())),
+            offset: self.base_offset.plus(u64::from(header.offset_delta.get())),
             timestamp: self.first_timestamp.wrapping_add(header.timestamp_delta.get()),
             key,
             value,

@@ -97,7 +97,13 @@ impl SegmentIndex {
     }
 
     /// Account for a batch appended at `position`.
-    pub fn on_batch(&mut self, position: u32, base_offset: Offset, max_timestamp: i64, length: u32) {
+    pub fn on_batch(
+        &mut self,
+        position: u32,
+        base_offset: Offset,
+        max_timestamp: i64,
+        length: u32,
+    ) {
         let relative = self.relative(base_offset);
         if self.bytes_since_offset_entry >= u64::from(self.interval_bytes) {
             assert!(self.offsets.last().is_none_or(|&(r, p)| r < relative && p < position));
@@ -106,7 +112,10 @@ impl SegmentIndex {
         }
         self.max_timestamp = self.max_timestamp.max(max_timestamp);
         let grows = self.times.last().is_none_or(|&(t, _)| self.max_timestamp > t);
-        if grows && (self.times.is_empty() || self.bytes_since_time_entry >= u64::from(self.interval_bytes)) {
+        if grows
+            && (self.times.is_empty()
+                || self.bytes_since_time_entry >= u64::from(self.interval_bytes))
+        {
             self.times.push((self.max_timestamp, relative));
             self.bytes_since_time_entry = 0;
         }
@@ -131,7 +140,7 @@ impl SegmentIndex {
             return 0;
         }
         let (_, relative) = self.times[below - 1];
-        self.position_for_offset(self.base_offset.add(u64::from(relative)))
+        self.position_for_offset(self.base_offset.plus(u64::from(relative)))
     }
 
     /// Encode both index files for a segment of `covered_length` bytes ending at `next_offset`.
@@ -150,12 +159,14 @@ impl SegmentIndex {
         };
         let mut offsets = header(KIND_OFFSET, self.offsets.len()).as_bytes().to_vec();
         for &(relative, position) in &self.offsets {
-            let entry = OffsetEntry { relative_offset: U32::new(relative), position: U32::new(position) };
+            let entry =
+                OffsetEntry { relative_offset: U32::new(relative), position: U32::new(position) };
             offsets.extend_from_slice(entry.as_bytes());
         }
         let mut times = header(KIND_TIME, self.times.len()).as_bytes().to_vec();
         for &(timestamp, relative) in &self.times {
-            let entry = TimeEntry { timestamp: I64::new(timestamp), relative_offset: U32::new(relative) };
+            let entry =
+                TimeEntry { timestamp: I64::new(timestamp), relative_offset: U32::new(relative) };
             times.extend_from_slice(entry.as_bytes());
         }
         for file in [&mut offsets, &mut times] {

@@ -48,10 +48,10 @@ impl PreadIo {
                 Completion { buffer, result }
             }
             Operation::Write { file, position, buffer } => {
-                let result =
-                    self.file(file).and_then(|f| f.write_all_at(&buffer, position)).map(|()| {
-                        buffer.len()
-                    });
+                let result = self
+                    .file(file)
+                    .and_then(|f| f.write_all_at(&buffer, position))
+                    .map(|()| buffer.len());
                 Completion { buffer, result }
             }
             Operation::Fsync { file } => plain(self.file(file).and_then(|f| f.sync_all())),
@@ -59,11 +59,13 @@ impl PreadIo {
             Operation::Truncate { file, length } => {
                 plain(self.file(file).and_then(|f| f.set_len(length)))
             }
-            Operation::Allocate { file, position, length } => plain(self.file(file).and_then(|f| {
-                // Portable stand-in for fallocate: extend the size (sparsely) if needed.
-                let wanted = position.saturating_add(length);
-                if f.metadata()?.len() < wanted { f.set_len(wanted) } else { Ok(()) }
-            })),
+            Operation::Allocate { file, position, length } => {
+                plain(self.file(file).and_then(|f| {
+                    // Portable stand-in for fallocate: extend the size (sparsely) if needed.
+                    let wanted = position.saturating_add(length);
+                    if f.metadata()?.len() < wanted { f.set_len(wanted) } else { Ok(()) }
+                }))
+            }
         }
     }
 }
@@ -118,7 +120,7 @@ impl Io for PreadIo {
         for entry in fs::read_dir(directory)? {
             let entry = entry?;
             let name = entry.file_name().into_string().map_err(|name| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("file name {name:?}"))
+                io::Error::new(io::ErrorKind::InvalidData, format!("file name {}", name.display()))
             })?;
             entries.push(DirectoryEntry { name, is_directory: entry.file_type()?.is_dir() });
         }
@@ -139,13 +141,13 @@ impl Io for PreadIo {
     }
 
     fn lock(&self, path: &Path) -> io::Result<FileHandle> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         match file.try_lock() {
             Ok(()) => Ok(self.insert(file)),
-            Err(TryLockError::WouldBlock) => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "locked by another process",
-            )),
+            Err(TryLockError::WouldBlock) => {
+                Err(io::Error::new(io::ErrorKind::WouldBlock, "locked by another process"))
+            }
             Err(TryLockError::Error(error)) => Err(error),
         }
     }
