@@ -1,7 +1,7 @@
 //! `chronik consume`: print records of one or all partitions.
 
 use crate::UsageError;
-use chronik::{Durability, Offset, RecordView};
+use chronik::{Offset, RecordView};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::Path;
@@ -44,7 +44,7 @@ pub struct ConsumeArgs {
 }
 
 pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
-    let chronik = crate::open(data, Durability::Sync)?;
+    let chronik = crate::open_for_reading(data)?;
     let count = chronik.partition_count(&args.topic).ok_or_else(|| {
         chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() })
     })?;
@@ -99,11 +99,13 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         }
         out.flush()?;
         if args.follow && !progressed {
-            let partition = partitions[0];
-            let position = consumers[0].position();
+            // Caught up everywhere: wait for the first partition to grow (or a short while),
+            // then look at all of them again.
+            let (partition, position) = (partitions[0], consumers[0].position());
             chronik
                 .wait_for(&args.topic, partition, position, FOLLOW_WAIT)
                 .map_err(chronik::Error::from)?;
+            chronik.refresh().map_err(chronik::Error::from)?;
         }
     }
     out.flush()?;

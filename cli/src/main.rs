@@ -57,8 +57,34 @@ pub fn parse_durability(text: &str) -> Result<Durability, String> {
 
 /// Open the data directory, reporting on standard error what recovery did.
 pub fn open(data: &std::path::Path, durability: Durability) -> anyhow::Result<Chronik> {
-    let chronik = Chronik::open(data, Options { durability })
-        .with_context(|| format!("cannot open data directory {}", data.display()))?;
+    open_with(data, Options { durability, read_only: false })
+}
+
+/// Open the data directory to read it. If another process holds it (a producer is running),
+/// read it beside that process without the lock and without changing any file.
+pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
+    match Chronik::open(data, Options::default()) {
+        Err(chronik::Error::Open(chronik::OpenError::Locked { .. })) => {
+            eprintln!(
+                "chronik: {} is open in another process; reading beside it, without recovery",
+                data.display()
+            );
+            open_with(data, Options { read_only: true, ..Options::default() })
+        }
+        opened => report(opened, data),
+    }
+}
+
+fn open_with(data: &std::path::Path, options: Options) -> anyhow::Result<Chronik> {
+    report(Chronik::open(data, options), data)
+}
+
+fn report(
+    opened: Result<Chronik, chronik::Error>,
+    data: &std::path::Path,
+) -> anyhow::Result<Chronik> {
+    let chronik =
+        opened.with_context(|| format!("cannot open data directory {}", data.display()))?;
     for line in chronik.recovery().lines() {
         eprintln!("chronik: recovery: {line}");
     }

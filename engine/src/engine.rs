@@ -54,6 +54,11 @@ pub enum Durability {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     pub durability: Durability,
+    /// Open without the lock and without changing any file, beside a process that writes:
+    /// no recovery is written (an unparsable tail is left unread), appends and topic changes
+    /// fail with `ReadOnly`, and [`Engine::refresh`] picks up what the writer appended.
+    /// Readers then see what the writer has written, synced or not.
+    pub read_only: bool,
 }
 
 /// The fail-stop flag: set by the first failed write or fsync, checked by every operation.
@@ -105,7 +110,8 @@ struct Inner<I: Io> {
     topics: RwLock<Topics<I>>,
     /// Serialises topic creation and deletion (rare, and they touch the topics directory).
     admin: Mutex<()>,
-    lock: FileHandle,
+    /// `None` when opened read-only.
+    lock: Option<FileHandle>,
 }
 
 impl<I: Io> Drop for Inner<I> {
@@ -116,7 +122,9 @@ impl<I: Io> Drop for Inner<I> {
                 let _ = partition.close();
             }
         }
-        self.context.io.close(self.lock);
+        if let Some(lock) = self.lock {
+            self.context.io.close(lock);
+        }
     }
 }
 
@@ -142,26 +150,33 @@ impl<I: Io> Engine<I> {
         options: Options,
     ) -> Result<(Self, RecoveryReport), OpenError> {
         let io = Arc::new(io);
-        if create_directory_if_missing(&*io, root)? {
-            // The new directory's own entry must survive a crash too.
-            let parent =
-                root.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            sync(&*io, parent)?;
-        }
-        let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                OpenError::Locked { path: root.to_path_buf() }
-            } else {
-                IoError::new("lock", &root.join(LOCK_FILE), e).into()
-            }
-        })?;
-        let context =
-            PartitionContext { io, clock, poison: Arc::default(), durability: options.durability };
+        let lock = if options.read_only {
+            None
+        } else {
+            create_directories(&*io, root)?;
+            let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    OpenError::Locked { path: root.to_path_buf() }
+                } else {
+                    IoError::new("lock", &root.join(LOCK_FILE), e).into()
+                }
+            })?;
+            Some(lock)
+        };
+        let context = PartitionContext {
+            io,
+            clock,
+            poison: Arc::default(),
+            durability: options.durability,
+            read_only: options.read_only,
+        };
         let result = Self::open_locked(&context, root);
         let (topics, report) = match result {
             Ok(opened) => opened,
             Err(error) => {
-                context.io.close(lock);
+                if let Some(lock) = lock {
+                    context.io.close(lock);
+                }
                 return Err(error);
             }
         };
@@ -181,17 +196,23 @@ impl<I: Io> Engine<I> {
         root: &Path,
     ) -> Result<(Topics<I>, RecoveryReport), OpenError> {
         let io = &*context.io;
-        check_data_directory_meta(io, root)?;
+        let read_only = context.read_only;
+        check_data_directory_meta(io, root, read_only)?;
         let topics_directory = root.join(TOPICS_DIRECTORY);
-        if create_directory_if_missing(io, &topics_directory)? {
+        if !read_only && create_directory_if_missing(io, &topics_directory)? {
             sync(io, root)?;
         }
         let mut report = RecoveryReport::default();
         let mut topics = BTreeMap::new();
-        let entries =
-            io.list(&topics_directory).map_err(|e| IoError::new("list", &topics_directory, e))?;
+        let entries = match io.list(&topics_directory) {
+            Err(error) if read_only && error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            listed => listed.map_err(|e| IoError::new("list", &topics_directory, e))?,
+        };
         for entry in entries.into_iter().filter(|e| e.is_directory) {
             let path = topics_directory.join(&entry.name);
+            if entry.name.starts_with('.') && read_only {
+                continue;
+            }
             if entry.name.starts_with('.') {
                 remove_tree(io, &path)?;
                 sync(io, &topics_directory)?;
@@ -237,6 +258,7 @@ impl<I: Io> Engine<I> {
     /// Create a topic. Crash-safe: the topic is built in a hidden directory, fsynced, and
     /// renamed into place; a crash before the rename leaves nothing behind after the next open.
     pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        self.check_writable()?;
         topic::validate_name(name)?;
         config.validate()?;
         self.inner.context.poison.check()?;
@@ -285,6 +307,7 @@ impl<I: Io> Engine<I> {
     /// Delete a topic and all its data. Crash-safe: the directory is first renamed to a hidden
     /// name (durably), then removed; a crash in between is finished at the next open.
     pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
+        self.check_writable()?;
         self.inner.context.poison.check()?;
         let _admin = self.inner.admin.lock();
         let Some(removed) = self.inner.topics.write().remove(name) else {
@@ -407,7 +430,7 @@ impl<I: Io> Engine<I> {
         offset: Offset,
         timeout: Duration,
     ) -> Result<bool, ReadError> {
-        Ok(self.partition_for_read(topic, partition)?.wait_for(offset, timeout))
+        self.partition_for_read(topic, partition)?.wait_for(offset, timeout)
     }
 
     /// Fsync every partition now.
@@ -425,10 +448,29 @@ impl<I: Io> Engine<I> {
     /// calls it between workload steps.
     pub fn tick(&self) -> Result<(), AppendError> {
         self.inner.context.poison.check()?;
+        if self.inner.options.read_only {
+            return Ok(());
+        }
         if let Durability::Interval { ms } = self.inner.options.durability {
             for partition in self.all_partitions() {
                 partition.flush_if_due(ms)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Read-only engines: pick up what the writing process appended to every partition since
+    /// the last look. A no-op for an engine that writes itself.
+    pub fn refresh(&self) -> Result<(), ReadError> {
+        for partition in self.all_partitions() {
+            partition.refresh()?;
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), TopicError> {
+        if self.inner.options.read_only {
+            return Err(TopicError::ReadOnly);
         }
         Ok(())
     }
@@ -462,10 +504,37 @@ fn create_directory_if_missing<I: Io + ?Sized>(io: &I, path: &Path) -> Result<bo
     }
 }
 
-/// Check `chronik.meta`, writing it on a new data directory.
-fn check_data_directory_meta<I: Io + ?Sized>(io: &I, root: &Path) -> Result<(), OpenError> {
+/// Create `path` and any missing parent, fsyncing each parent whose entries changed.
+fn create_directories<I: Io + ?Sized>(io: &I, path: &Path) -> Result<(), IoError> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match io.create_directory(path) {
+        Ok(()) => sync(io, parent),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && path.parent().is_some() => {
+            create_directories(io, parent)?;
+            io.create_directory(path).map_err(|e| IoError::new("mkdir", path, e))?;
+            sync(io, parent)
+        }
+        Err(error) => Err(IoError::new("mkdir", path, error)),
+    }
+}
+
+/// Check `chronik.meta`, writing it on a new data directory (unless read-only).
+fn check_data_directory_meta<I: Io + ?Sized>(
+    io: &I,
+    root: &Path,
+    read_only: bool,
+) -> Result<(), OpenError> {
     let path = root.join(META_FILE);
-    let Some(bytes) = segment::read_small_file(io, &path)? else {
+    let bytes = segment::read_small_file(io, &path)?;
+    let Some(bytes) = bytes else {
+        if read_only {
+            let missing = std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not a Chronik data directory (no chronik.meta)",
+            );
+            return Err(IoError::new("open", &path, missing).into());
+        }
         segment::write_file_durably(io, &path, DataDirectoryMeta::current().encode())?;
         sync(io, root)?;
         return Ok(());

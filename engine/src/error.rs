@@ -106,6 +106,8 @@ pub enum TopicError {
     InvalidConfig { reason: String },
     #[error(transparent)]
     Corruption(#[from] Corruption),
+    #[error("the data directory was opened read-only")]
+    ReadOnly,
     #[error(transparent)]
     Poisoned(#[from] Poisoned),
     #[error(transparent)]
@@ -122,6 +124,8 @@ pub enum AppendError {
     PartitionNotFound { topic: String, partition: u32 },
     #[error("a batch must hold at least one record")]
     Empty,
+    #[error("the data directory was opened read-only")]
+    ReadOnly,
     #[error("batch of {bytes} bytes exceeds the maximum of {max} bytes")]
     BatchTooLarge { bytes: u64, max: u64 },
     #[error("batch of {records} records exceeds the maximum of {max} records")]

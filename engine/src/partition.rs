@@ -84,8 +84,8 @@ pub(crate) struct Partition<I: Io> {
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
     sync_done: Condvar,
-    /// Taken alone, never while holding another lock.
-    checkpoint: Mutex<CheckpointWriter<I>>,
+    /// Taken alone, never while holding another lock. `None` when opened read-only.
+    checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
     /// `os` mode. Mirrored in `watermark_value` for lock-free reads.
     watermark: Mutex<Offset>,
@@ -99,6 +99,7 @@ pub(crate) struct PartitionContext<I: Io> {
     pub clock: Arc<dyn Clock>,
     pub poison: Arc<Poison>,
     pub durability: Durability,
+    pub read_only: bool,
 }
 
 impl<I: Io> Clone for PartitionContext<I> {
@@ -108,6 +109,7 @@ impl<I: Io> Clone for PartitionContext<I> {
             clock: Arc::clone(&self.clock),
             poison: Arc::clone(&self.poison),
             durability: self.durability,
+            read_only: self.read_only,
         }
     }
 }
@@ -136,15 +138,29 @@ impl<I: Io> Partition<I> {
         config: TopicConfig,
     ) -> Result<(Self, PartitionRecovery), OpenError> {
         let now = context.clock.now_ms();
-        let recovered =
-            recovery::recover_partition(&context.io, &directory, topic, id, &config, now)?;
+        let read_only = context.read_only;
+        let recovered = recovery::recover_partition(
+            &context.io,
+            &directory,
+            topic,
+            id,
+            &config,
+            now,
+            read_only,
+        )?;
         let active = recovered.segments.last().expect("recovery yields a segment");
         let (base, size, end) = (active.base_offset, active.size, active.next_offset);
-        let mut checkpoint = CheckpointWriter::open(&context.io, &directory, recovered.checkpoint)?;
-        if recovered.damaged.is_none() {
-            // Recovery fsynced what it kept; record it as evidence for the next recovery.
-            checkpoint.record(base, size, end)?;
-        }
+        let checkpoint = if read_only {
+            None
+        } else {
+            let mut checkpoint =
+                CheckpointWriter::open(&context.io, &directory, recovered.checkpoint)?;
+            if recovered.damaged.is_none() {
+                // Recovery fsynced what it kept; record it as evidence for the next recovery.
+                checkpoint.record(base, size, end)?;
+            }
+            Some(checkpoint)
+        };
         let state =
             State { segments: recovered.segments, damaged: recovered.damaged, deleted: false };
         let partition = Partition {
@@ -159,7 +175,7 @@ impl<I: Io> Partition<I> {
             state: Mutex::new(state),
             sync: Mutex::new(SyncState { syncing: false, synced: end, last_sync_ms: now }),
             sync_done: Condvar::new(),
-            checkpoint: Mutex::new(checkpoint),
+            checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
             watermark_value: AtomicU64::new(end.get()),
@@ -181,12 +197,24 @@ impl<I: Io> Partition<I> {
     }
 
     /// Block until a record at `offset` is visible or `timeout` passes. Returns whether it is.
-    pub fn wait_for(&self, offset: Offset, timeout: Duration) -> bool {
+    pub fn wait_for(&self, offset: Offset, timeout: Duration) -> Result<bool, ReadError> {
+        if self.checkpoint.is_none() {
+            // Read-only: another process writes, and nothing here is notified. Look, wait,
+            // look again.
+            self.refresh()?;
+            if self.high_watermark() <= offset {
+                let mut watermark = self.watermark.lock();
+                self.watermark_changed.wait_for(&mut watermark, timeout);
+                drop(watermark);
+                self.refresh()?;
+            }
+            return Ok(self.high_watermark() > offset);
+        }
         let mut watermark = self.watermark.lock();
         // Every publish wakes every waiter, also those waiting for a later offset: wait again
         // until the offset is visible or the whole timeout has passed.
         self.watermark_changed.wait_while_for(&mut watermark, |w| *w <= offset, timeout);
-        *watermark > offset
+        Ok(*watermark > offset)
     }
 
     pub fn describe(&self) -> PartitionDescription {
@@ -245,6 +273,9 @@ impl<I: Io> Partition<I> {
 
     fn check_appendable(&self, state: &State<I>) -> Result<(), AppendError> {
         self.poison.check()?;
+        if self.checkpoint.is_none() {
+            return Err(AppendError::ReadOnly);
+        }
         if state.deleted {
             return Err(AppendError::TopicNotFound { topic: self.topic.clone() });
         }
@@ -337,7 +368,8 @@ impl<I: Io> Partition<I> {
         assert!(target >= end, "a leader syncs at least its own records");
         // Evidence for recovery; not fsynced on purpose (see the checkpoint module). A failure
         // poisons the engine, but the records above are durable and acknowledged.
-        if let Err(error) = self.checkpoint.lock().record(base, position, target) {
+        let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never sync");
+        if let Err(error) = checkpoint.lock().record(base, position, target) {
             self.poison_with(&error);
         }
         Ok(())
@@ -357,6 +389,9 @@ impl<I: Io> Partition<I> {
 
     /// Sync everything written so far.
     pub fn flush(&self) -> Result<(), AppendError> {
+        if self.checkpoint.is_none() {
+            return Ok(());
+        }
         let end = self.state.lock().next_offset();
         self.sync_to(end)
     }
@@ -532,11 +567,51 @@ impl<I: Io> Partition<I> {
     /// Close: sync what was written and make the checkpoint durable, so the next open knows
     /// that all of it was synced.
     pub fn close(&self) -> Result<(), AppendError> {
+        let Some(checkpoint) = &self.checkpoint else {
+            return Ok(());
+        };
         if self.poison.check().is_err() {
             return Ok(());
         }
         self.flush()?;
-        self.checkpoint.lock().sync().inspect_err(|e| self.poison_with(e))?;
+        checkpoint.lock().sync().inspect_err(|e| self.poison_with(e))?;
+        Ok(())
+    }
+
+    /// Read-only partitions: pick up what the writing process appended since the last look,
+    /// including segments it rolled to. A tail that does not parse yet is a write in progress
+    /// and is left for the next call.
+    pub fn refresh(&self) -> Result<(), ReadError> {
+        if self.checkpoint.is_some() {
+            return Ok(());
+        }
+        let mut state = self.state.lock();
+        loop {
+            let active = state.segments.last_mut().expect("active segment");
+            let file = Arc::clone(&active.file);
+            let size = file.size()?;
+            segment::scan(&file, active.size, size, |_, batch| {
+                let contiguous = batch.base_offset() == active.next_offset;
+                if contiguous {
+                    active.on_batch(batch.info());
+                }
+                contiguous
+            })?;
+            // The writer creates the next segment only once this one is complete, named by the
+            // offset after its last record: if it exists, everything before it has been read.
+            let base = active.next_offset;
+            let next_path = self.directory.join(segment::file_name(base, LOG_SUFFIX));
+            let next = match SegmentFile::open(&self.io, next_path, OpenMode::Read) {
+                Ok(file) => file,
+                Err(error) if error.source.kind() == std::io::ErrorKind::NotFound => break,
+                Err(error) => return Err(error.into()),
+            };
+            let now = self.clock.now_ms();
+            state.segments.push(Segment::empty(base, next, self.config.index_interval_bytes, now));
+        }
+        let end = state.next_offset();
+        drop(state);
+        self.publish(end);
         Ok(())
     }
 }

@@ -43,6 +43,9 @@ pub struct PartitionRecovery {
     pub removed_temporary_files: u32,
     /// Damage found in synced data, kept in place and reported on reads.
     pub damage: Vec<Corruption>,
+    /// Opened read-only: nothing was cut or rewritten; a tail that does not parse was only
+    /// left unread (a writer may be appending to it).
+    pub read_only: bool,
 }
 
 impl PartitionRecovery {
@@ -55,9 +58,11 @@ impl fmt::Display for PartitionRecovery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}:", self.topic, self.partition)?;
         if self.truncated_bytes > 0 {
+            let verb =
+                if self.read_only { "left unread an unsynced tail" } else { "cut a torn tail" };
             write!(
                 f,
-                " cut a torn tail of {} bytes ({} records);",
+                " {verb} of {} bytes ({} records);",
                 self.truncated_bytes, self.truncated_records
             )?;
         }
@@ -144,13 +149,18 @@ pub(crate) fn recover_partition<I: Io>(
     partition: u32,
     config: &TopicConfig,
     now_ms: i64,
+    read_only: bool,
 ) -> Result<Recovered<I>, OpenError> {
-    let mut report = PartitionRecovery { topic: topic.to_owned(), partition, ..Default::default() };
+    let mut report =
+        PartitionRecovery { topic: topic.to_owned(), partition, read_only, ..Default::default() };
     let entries = io.list(directory).map_err(|e| IoError::new("list", directory, e))?;
     let mut bases = Vec::new();
     for entry in &entries {
         let path = directory.join(&entry.name);
         if entry.name.ends_with(TEMPORARY_SUFFIX) {
+            if read_only {
+                continue;
+            }
             io.remove_file(&path).map_err(|e| IoError::new("remove", &path, e))?;
             report.removed_temporary_files += 1;
         } else if let Some(base) = segment::parse_log_file_name(&entry.name) {
@@ -162,11 +172,15 @@ pub(crate) fn recover_partition<I: Io>(
     if bases.is_empty() {
         // Topic creation always makes a first segment: its absence means lost files. Start
         // again, but say so.
-        report.damage.push(Corruption {
+        let corruption = Corruption {
             file: directory.to_path_buf(),
             position: 0,
             kind: CorruptionKind::Malformed { reason: "partition has no segment files" },
-        });
+        };
+        if read_only {
+            return Err(corruption.into());
+        }
+        report.damage.push(corruption);
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
@@ -176,19 +190,21 @@ pub(crate) fn recover_partition<I: Io>(
     let (active_base, sealed_bases) = bases.split_last().expect("at least one segment");
     for (i, &base) in sealed_bases.iter().enumerate() {
         let next_base = bases[i + 1];
-        let (segment, rebuilt) =
-            recover_sealed(io, directory, base, next_base, config, &mut report)?;
+        let sealed = SealedSegment { base, next_base, read_only };
+        let (segment, rebuilt) = recover_sealed(io, directory, &sealed, config, &mut report)?;
         directory_dirty |= rebuilt;
         segments.push(segment);
     }
     let checkpoint_path = directory.join(CHECKPOINT_FILE);
     let checkpoint = segment::read_small_file(&**io, &checkpoint_path)?
         .and_then(|bytes| Checkpoint::newest(&bytes));
-    let active = ActiveSegment { base: *active_base, checkpoint, now_ms };
-    directory_dirty |= remove_derived_files(io, directory, active.base)?;
+    let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only };
+    if !read_only {
+        directory_dirty |= remove_derived_files(io, directory, active.base)?;
+    }
     let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
     segments.push(active);
-    if directory_dirty {
+    if directory_dirty && !read_only {
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
     Ok(Recovered { segments, damaged, checkpoint, report })
@@ -199,11 +215,11 @@ pub(crate) fn recover_partition<I: Io>(
 fn recover_sealed<I: Io>(
     io: &Arc<I>,
     directory: &Path,
-    base: Offset,
-    next_base: Offset,
+    sealed: &SealedSegment,
     config: &TopicConfig,
     report: &mut PartitionRecovery,
 ) -> Result<(Segment<I>, bool), OpenError> {
+    let SealedSegment { base, next_base, read_only } = *sealed;
     let path = directory.join(segment::file_name(base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::Read)?;
     let size = file.size()?;
@@ -241,6 +257,10 @@ fn recover_sealed<I: Io>(
         report.damage.push(Corruption { file: segment.file.path.clone(), position: size, kind });
         return Ok((segment, false));
     }
+    if read_only {
+        // Rebuilt in memory only.
+        return Ok((segment, false));
+    }
     segment.write_index_files()?;
     report.rebuilt_indexes += 2;
     Ok((segment, true))
@@ -255,6 +275,15 @@ struct ActiveSegment {
     base: Offset,
     checkpoint: Option<Checkpoint>,
     now_ms: i64,
+    read_only: bool,
+}
+
+/// A sealed segment to recover: every segment but the last.
+struct SealedSegment {
+    base: Offset,
+    /// The base offset of the segment after it.
+    next_base: Offset,
+    read_only: bool,
 }
 
 /// Index files next to the active segment are left from an interrupted roll or an older
@@ -286,7 +315,8 @@ fn recover_active<I: Io>(
     report: &mut PartitionRecovery,
 ) -> Result<(Segment<I>, Option<Damaged>), OpenError> {
     let path = directory.join(segment::file_name(active.base, LOG_SUFFIX));
-    let file = SegmentFile::open(io, path, OpenMode::ReadWrite)?;
+    let mode = if active.read_only { OpenMode::Read } else { OpenMode::ReadWrite };
+    let file = SegmentFile::open(io, path, mode)?;
     let size = file.size()?;
     let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
     // Bytes of this segment that a checkpoint proves were fsynced.
@@ -316,8 +346,10 @@ fn recover_active<I: Io>(
             segment.size = size;
         } else {
             let file = &segment.file;
-            file.run(Operation::Truncate { file: file.handle, length: damage.position })?;
-            file.run(Operation::Fsync { file: file.handle })?;
+            if !active.read_only {
+                file.run(Operation::Truncate { file: file.handle, length: damage.position })?;
+                file.run(Operation::Fsync { file: file.handle })?;
+            }
             report.truncated_bytes += size - damage.position;
             report.truncated_records += evidence.records;
             assert_eq!(segment.size, damage.position, "the scan stops at the damaged batch");
@@ -331,8 +363,10 @@ fn recover_active<I: Io>(
     }
     // Whatever survived is made durable now, so a process that was killed (not a machine that
     // lost power) does not leave acknowledged-looking data that a later crash could still take.
-    let file = &segment.file;
-    file.run(Operation::Fdatasync { file: file.handle })?;
+    if !active.read_only {
+        let file = &segment.file;
+        file.run(Operation::Fdatasync { file: file.handle })?;
+    }
     Ok((segment, damaged))
 }
 

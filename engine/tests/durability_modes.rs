@@ -37,7 +37,10 @@ fn interval_mode_makes_records_visible_after_the_tick_that_fsyncs_them() {
     let directory = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(common::EPOCH_MS);
     let (io, faults) = common::FaultyIo::new();
-    let options = chronik_engine::Options { durability: Durability::Interval { ms: 100 } };
+    let options = chronik_engine::Options {
+        durability: Durability::Interval { ms: 100 },
+        ..chronik_engine::Options::default()
+    };
     let (engine, _) =
         chronik_engine::Engine::open(io, clock.clone(), directory.path(), options).unwrap();
     engine.create_topic(TOPIC, TopicConfig::default()).unwrap();

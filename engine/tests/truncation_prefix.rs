@@ -11,7 +11,7 @@ use quickcheck::{QuickCheck, TestResult};
 use std::sync::Arc;
 
 fn open(path: &std::path::Path) -> (Engine<PreadIo>, RecoveryReport) {
-    let options = Options { durability: Durability::Os };
+    let options = Options { durability: Durability::Os, ..Options::default() };
     Engine::open(PreadIo::new(), Arc::new(SystemClock), path, options).unwrap()
 }
 

@@ -229,7 +229,13 @@ pub fn open_with_clock(
     durability: Durability,
     clock: Arc<ManualClock>,
 ) -> (Engine, RecoveryReport) {
-    chronik_engine::Engine::open(PreadIo::new(), clock, root, Options { durability }).unwrap()
+    chronik_engine::Engine::open(
+        PreadIo::new(),
+        clock,
+        root,
+        Options { durability, ..Options::default() },
+    )
+    .unwrap()
 }
 
 /// Open an engine over a [`FaultyIo`]; returns the handle to its faults too.
@@ -240,7 +246,8 @@ pub fn open_faulty(
     let (io, faults) = FaultyIo::new();
     let clock = ManualClock::new(EPOCH_MS);
     let (engine, report) =
-        chronik_engine::Engine::open(io, clock, root, Options { durability }).unwrap();
+        chronik_engine::Engine::open(io, clock, root, Options { durability, ..Options::default() })
+            .unwrap();
     (engine, report, faults)
 }
 
