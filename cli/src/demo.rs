@@ -65,8 +65,11 @@ pub fn run(data: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     );
     let (produced_bytes, produce_time) = produce(&chronik, args)?;
     report("produced", args.events, produced_bytes, produce_time);
+    let (scanned, scanned_bytes, scan_time) = scan(&chronik, args.partitions)?;
+    report("read back (zero-copy scan)", scanned, scanned_bytes, scan_time);
     let (summary, consume_time) = consume(&chronik, args.partitions)?;
-    report("consumed", summary.records, summary.bytes, consume_time);
+    report("consumed and aggregated", summary.records, summary.bytes, consume_time);
+    anyhow::ensure!(scanned == args.events, "scanned {scanned} events, wrote {}", args.events);
     anyhow::ensure!(
         summary.records == args.events,
         "read {} events, wrote {}",
@@ -220,7 +223,27 @@ impl Summary {
     }
 }
 
-/// Read every partition from the start.
+/// Read every partition from the start, touching every key and value but copying nothing.
+fn scan(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(u64, u64, Duration)> {
+    let started = Instant::now();
+    let (mut records, mut bytes) = (0u64, 0u64);
+    for partition in 0..partitions {
+        let mut consumer = chronik.consumer(TOPIC, partition);
+        loop {
+            let fetch = consumer.poll(4 * 1024 * 1024).map_err(chronik::Error::from)?;
+            if fetch.is_empty() {
+                break;
+            }
+            for record in fetch.records() {
+                records += 1;
+                bytes += (record.key().map_or(0, <[u8]>::len) + record.value().len()) as u64;
+            }
+        }
+    }
+    Ok((records, bytes, started.elapsed()))
+}
+
+/// Read every partition from the start and aggregate the stream.
 fn consume(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(Summary, Duration)> {
     let total: u64 = (0..partitions)
         .map(|p| chronik.high_watermark(TOPIC, p).map(Offset::get))

@@ -622,10 +622,11 @@ struct Taken {
     stop: bool,
 }
 
+/// The offset after the last batch of a buffer of validated batches (headers only).
 fn last_batch_next_offset(buffer: &[u8]) -> Offset {
     let mut rest = buffer;
     let mut next = Offset::ZERO;
-    while let Ok(batch) = parse_batch(rest) {
+    while let Some(batch) = format::view_validated_batch(rest) {
         next = batch.next_offset();
         rest = &rest[batch.len()..];
     }

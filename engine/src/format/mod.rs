@@ -243,6 +243,20 @@ pub struct BatchView<'a> {
     bytes: &'a [u8],
 }
 
+/// View the batch at the start of bytes that [`parse_batch`] already validated, without checking
+/// the checksum or the records again: the read path validates once, when bytes come off the
+/// disk, and iterates many times. Still never panics: inconsistent bytes end the iteration.
+pub fn view_validated_batch(bytes: &[u8]) -> Option<BatchView<'_>> {
+    let (header, _) = BatchHeader::ref_from_prefix(bytes).ok()?;
+    let length = header.length.get() as usize;
+    if header.magic.get() != BATCH_MAGIC || length < BATCH_HEADER_BYTES {
+        return None;
+    }
+    let bytes = bytes.get(..length)?;
+    debug_assert!(parse_batch(bytes).is_ok(), "only validated bytes are viewed");
+    Some(BatchView { header, bytes })
+}
+
 /// Parse and fully validate the batch at the start of `bytes`: magic, length, checksum, version
 /// and the layout of every record. Never panics, whatever the bytes.
 pub fn parse_batch(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
