@@ -7,6 +7,7 @@
 //! DIR/chronik.meta              data directory format version
 //! DIR/topics/NAME/topic.meta    topic config
 //! DIR/topics/NAME/P/            partition P: 00000000000000000000.log, .index, .timeindex, ...
+//!                               and synced.checkpoint
 //! DIR/topics/.NAME.creating     a topic being created (removed at open if a crash left it)
 //! DIR/topics/.NAME.deleting     a topic being deleted (removed at open if a crash left it)
 //! ```

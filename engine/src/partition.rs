@@ -1,9 +1,9 @@
 //! One partition: the write path (append, roll, group commit) and the read path.
 //!
 //! Locks, in the only order they are taken: `state`, then `sync`, then `watermark`;
-//! `checkpoint` is taken alone. Writes to
-//! the file happen under `state`, so batches land in offset order; fsyncs happen under no lock,
-//! so appenders keep writing while a group commit is in flight.
+//! `checkpoint` is taken alone. Writes to the file happen under `state`, so batches land in
+//! offset order; the group commit's fdatasync runs under no lock, so appenders keep writing
+//! while it is in flight (a roll's fsyncs run under `state`).
 
 use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
 use crate::engine::{Durability, Poison};

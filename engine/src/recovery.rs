@@ -153,6 +153,11 @@ pub(crate) fn recover_partition<I: Io>(
 ) -> Result<Recovered<I>, OpenError> {
     let mut report =
         PartitionRecovery { topic: topic.to_owned(), partition, read_only, ..Default::default() };
+    // Read before listing: a writer beside a read-only open may roll in between, and the
+    // checkpoint must never name a segment the listing has not seen.
+    let checkpoint_path = directory.join(CHECKPOINT_FILE);
+    let checkpoint = segment::read_small_file(&**io, &checkpoint_path)?
+        .and_then(|bytes| Checkpoint::newest(&bytes));
     let entries = io.list(directory).map_err(|e| IoError::new("list", directory, e))?;
     let mut bases = Vec::new();
     for entry in &entries {
@@ -169,6 +174,7 @@ pub(crate) fn recover_partition<I: Io>(
     }
     bases.sort();
     let mut directory_dirty = report.removed_temporary_files > 0;
+    let mut lost_segments = None;
     if bases.is_empty() {
         // Topic creation always makes a first segment: its absence means lost files. Start
         // again, but say so.
@@ -180,7 +186,10 @@ pub(crate) fn recover_partition<I: Io>(
         if read_only {
             return Err(corruption.into());
         }
-        report.damage.push(corruption);
+        report.damage.push(corruption.clone());
+        // An empty first segment keeps the partition readable; appends stay refused, so no
+        // acknowledged offset is ever given out again.
+        lost_segments = Some(corruption);
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
@@ -195,14 +204,12 @@ pub(crate) fn recover_partition<I: Io>(
         directory_dirty |= rebuilt;
         segments.push(segment);
     }
-    let checkpoint_path = directory.join(CHECKPOINT_FILE);
-    let checkpoint = segment::read_small_file(&**io, &checkpoint_path)?
-        .and_then(|bytes| Checkpoint::newest(&bytes));
     let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only };
     if !read_only {
         directory_dirty |= remove_derived_files(io, directory, active.base)?;
     }
     let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
+    let damaged = damaged.or(lost_segments.map(|corruption| (active.next_offset, corruption)));
     segments.push(active);
     if directory_dirty && !read_only {
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
@@ -322,17 +329,13 @@ fn recover_active<I: Io>(
     // Bytes of this segment that a checkpoint proves were fsynced.
     let checkpointed = match active.checkpoint {
         Some(c) if c.segment_base == active.base => c.synced_position,
-        Some(c) if c.segment_base > active.base => {
-            // A later segment was synced and is gone.
-            let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
-            let corruption =
-                Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind };
-            report.damage.push(corruption.clone());
-            let offset = segment.next_offset;
-            return Ok((segment, Some((offset, corruption))));
-        }
         _ => 0,
     };
+    // A checkpoint naming a later segment than the last one here: a synced segment is gone.
+    let missing = active.checkpoint.filter(|c| c.segment_base > active.base).map(|_| {
+        let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
+        Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind }
+    });
     let mut damaged = None;
     if let Some(damage) = damage {
         let evidence = later_evidence(&segment.file, damage.position, size)?;
@@ -363,6 +366,10 @@ fn recover_active<I: Io>(
     }
     // Whatever survived is made durable now, so a process that was killed (not a machine that
     // lost power) does not leave acknowledged-looking data that a later crash could still take.
+    if let Some(corruption) = missing {
+        report.damage.push(corruption.clone());
+        damaged = damaged.or(Some((segment.next_offset, corruption)));
+    }
     if !active.read_only {
         let file = &segment.file;
         file.run(Operation::Fdatasync { file: file.handle })?;

@@ -90,7 +90,7 @@ fn segments_roll_by_age() {
     assert_eq!(segments(), 2, "the first record turned segment_ms old");
     clock.advance(30_000);
     common::append_value(&engine, TOPIC, 0, b"d");
-    assert_eq!(segments(), 2, "age counts from the new segment's first record");
+    assert_eq!(segments(), 2, "age counts from the new segment's creation on the engine clock");
     clock.advance(30_000);
     common::append_value(&engine, TOPIC, 0, b"e");
     assert_eq!(segments(), 3);

@@ -1,0 +1,51 @@
+//! Lost segment files are reported and never paper over acknowledged offsets: appends are
+//! refused, so no offset that was once acknowledged is given out again.
+
+mod common;
+
+use chronik_engine::{AppendError, Durability, Record};
+
+#[test]
+fn a_partition_whose_segment_files_are_gone_is_reported_and_refuses_appends() {
+    let directory = tempfile::tempdir().unwrap();
+    {
+        let (engine, _) = common::open(directory.path(), Durability::Sync);
+        engine.create_topic("t", common::small_segments(1)).unwrap();
+        for i in 0..10 {
+            common::append_value(&engine, "t", 0, format!("v{i}").as_bytes());
+        }
+    }
+    let partition = common::partition_directory(directory.path(), "t", 0);
+    for log in common::log_files(&partition) {
+        std::fs::remove_file(log).unwrap();
+    }
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert!(!report.partitions[0].damage.is_empty(), "{report:?}");
+    let refused = engine.append("t", 0, &[Record::new(None, b"again")]).unwrap_err();
+    assert!(matches!(refused, AppendError::Corruption(_)), "{refused:?}");
+}
+
+#[test]
+fn a_synced_segment_missing_after_the_last_one_is_reported() {
+    let directory = tempfile::tempdir().unwrap();
+    {
+        let (engine, _) = common::open(directory.path(), Durability::Sync);
+        engine.create_topic("t", common::small_segments(1)).unwrap();
+        for i in 0..300 {
+            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
+        }
+    }
+    let partition = common::partition_directory(directory.path(), "t", 0);
+    let logs = common::log_files(&partition);
+    assert!(logs.len() > 2);
+    // The last segment, which the checkpoint names, disappears.
+    std::fs::remove_file(logs.last().unwrap()).unwrap();
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    let damage = &report.partitions[0].damage;
+    assert!(
+        damage.iter().any(|c| c.to_string().contains("a synced segment is missing")),
+        "{damage:?}"
+    );
+    let refused = engine.append("t", 0, &[Record::new(None, b"again")]).unwrap_err();
+    assert!(matches!(refused, AppendError::Corruption(_)), "{refused:?}");
+}
