@@ -27,7 +27,13 @@ pub enum TopicCommand {
 }
 
 pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
-    let chronik = crate::open(data, Durability::Sync)?;
+    let chronik = match command {
+        // Inspecting works beside a running producer; changes need the directory to itself.
+        TopicCommand::List | TopicCommand::Describe { .. } => crate::open_for_reading(data)?,
+        TopicCommand::Create { .. } | TopicCommand::Delete { .. } => {
+            crate::open(data, Durability::Sync)?
+        }
+    };
     match command {
         TopicCommand::Create { name, partitions, segment_bytes, segment_ms } => {
             let defaults = TopicConfig::default();
