@@ -223,10 +223,13 @@ impl Summary {
     }
 }
 
-/// Read every partition from the start, touching every key and value but copying nothing.
-fn scan(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(u64, u64, Duration)> {
+/// Visit every record of every partition from the start; returns the time it took.
+fn read_all(
+    chronik: &chronik::Chronik,
+    partitions: u32,
+    mut visit: impl FnMut(&chronik::RecordView<'_>),
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let (mut records, mut bytes) = (0u64, 0u64);
     for partition in 0..partitions {
         let mut consumer = chronik.consumer(TOPIC, partition);
         loop {
@@ -234,16 +237,23 @@ fn scan(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(u64, u64
             if fetch.is_empty() {
                 break;
             }
-            for record in fetch.records() {
-                records += 1;
-                bytes += (record.key().map_or(0, <[u8]>::len) + record.value().len()) as u64;
-            }
+            fetch.records().for_each(|record| visit(&record));
         }
     }
-    Ok((records, bytes, started.elapsed()))
+    Ok(started.elapsed())
 }
 
-/// Read every partition from the start and aggregate the stream.
+/// Read everything, touching every key and value but copying nothing.
+fn scan(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(u64, u64, Duration)> {
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let elapsed = read_all(chronik, partitions, |record| {
+        records += 1;
+        bytes += (record.key().map_or(0, <[u8]>::len) + record.value().len()) as u64;
+    })?;
+    Ok((records, bytes, elapsed))
+}
+
+/// Read everything and aggregate the stream.
 fn consume(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(Summary, Duration)> {
     let total: u64 = (0..partitions)
         .map(|p| chronik.high_watermark(TOPIC, p).map(Offset::get))
@@ -251,22 +261,12 @@ fn consume(chronik: &chronik::Chronik, partitions: u32) -> anyhow::Result<(Summa
         .map_err(chronik::Error::from)?;
     let bar = progress(total, "consume");
     let mut summary = Summary::default();
-    let started = Instant::now();
-    for partition in 0..partitions {
-        let mut consumer = chronik.consumer(TOPIC, partition);
-        loop {
-            let fetch = consumer.poll(4 * 1024 * 1024).map_err(chronik::Error::from)?;
-            if fetch.is_empty() {
-                break;
-            }
-            let before = summary.records;
-            for record in fetch.records() {
-                summary.add(record.key().unwrap_or_default(), record.value(), record.timestamp());
-            }
-            bar.inc(summary.records - before);
+    let elapsed = read_all(chronik, partitions, |record| {
+        summary.add(record.key().unwrap_or_default(), record.value(), record.timestamp());
+        if summary.records % 65_536 == 0 {
+            bar.set_position(summary.records);
         }
-    }
-    let elapsed = started.elapsed();
+    })?;
     bar.finish_and_clear();
     let first = summary.first_timestamp.unwrap_or_default();
     summary.middle_timestamp = first + (summary.last_timestamp - first) / 2;

@@ -349,19 +349,26 @@ impl<I: Io> Engine<I> {
         self.inner.topics.read().get(name).cloned()
     }
 
+    /// A partition, or which of the two names was not found: `Err(true)` for the topic,
+    /// `Err(false)` for the partition.
+    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, bool> {
+        let found = self.topic(topic).ok_or(true)?;
+        found.partitions.get(partition as usize).cloned().ok_or(false)
+    }
+
     fn partition_for_append(
         &self,
         topic: &str,
         partition: u32,
     ) -> Result<Arc<Partition<I>>, AppendError> {
-        let found = self
-            .topic(topic)
-            .ok_or_else(|| AppendError::TopicNotFound { topic: topic.to_owned() })?;
-        found
-            .partitions
-            .get(partition as usize)
-            .cloned()
-            .ok_or_else(|| AppendError::PartitionNotFound { topic: topic.to_owned(), partition })
+        self.partition(topic, partition).map_err(|topic_missing| {
+            let topic = topic.to_owned();
+            if topic_missing {
+                AppendError::TopicNotFound { topic }
+            } else {
+                AppendError::PartitionNotFound { topic, partition }
+            }
+        })
     }
 
     fn partition_for_read(
@@ -369,14 +376,14 @@ impl<I: Io> Engine<I> {
         topic: &str,
         partition: u32,
     ) -> Result<Arc<Partition<I>>, ReadError> {
-        let found = self
-            .topic(topic)
-            .ok_or_else(|| ReadError::TopicNotFound { topic: topic.to_owned() })?;
-        found
-            .partitions
-            .get(partition as usize)
-            .cloned()
-            .ok_or_else(|| ReadError::PartitionNotFound { topic: topic.to_owned(), partition })
+        self.partition(topic, partition).map_err(|topic_missing| {
+            let topic = topic.to_owned();
+            if topic_missing {
+                ReadError::TopicNotFound { topic }
+            } else {
+                ReadError::PartitionNotFound { topic, partition }
+            }
+        })
     }
 
     /// The number of partitions of a topic.

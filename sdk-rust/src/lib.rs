@@ -129,10 +129,11 @@ impl Producer {
     }
 }
 
-/// Stable key-to-partition mapping: xxh3-64 of the key modulo `partitions`.
+/// Stable key-to-partition mapping: xxh3-64 of the key modulo `partitions` (a count of zero is
+/// taken as one).
 pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    assert!(partitions > 0);
-    (chronik_engine::format::key_hash(key) % u64::from(partitions)) as u32
+    let partitions = u64::from(partitions.max(1));
+    (chronik_engine::format::key_hash(key) % partitions) as u32
 }
 
 /// Reads one partition in order, remembering its position.
