@@ -154,7 +154,18 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
     })
 }
 
+/// Die quietly on a closed pipe (`chronik consume ... | head`) like other Unix tools, instead
+/// of failing a print.
+fn restore_default_sigpipe() {
+    // SAFETY: called first thing in `main`, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE and no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
