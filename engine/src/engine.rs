@@ -200,8 +200,12 @@ impl<I: Io> Engine<I> {
         let read_only = context.read_only;
         check_data_directory_meta(io, root, read_only)?;
         let topics_directory = root.join(TOPICS_DIRECTORY);
-        if !read_only && create_directory_if_missing(io, &topics_directory)? {
+        if !read_only {
+            create_directory_if_missing(io, &topics_directory)?;
+            // Unconditionally: entries an earlier process created but was killed before
+            // fsyncing (a topic renamed into place, say) must be durable before new appends.
             sync(io, root)?;
+            sync(io, &topics_directory)?;
         }
         let mut report = RecoveryReport::default();
         let mut topics = BTreeMap::new();
@@ -227,6 +231,9 @@ impl<I: Io> Engine<I> {
                 position: 0,
                 kind,
             })?;
+            if !read_only {
+                sync(io, &path)?;
+            }
             let mut partitions = Vec::with_capacity(config.partitions as usize);
             for id in 0..config.partitions {
                 let directory = path.join(id.to_string());

@@ -151,6 +151,10 @@ pub enum ReadError {
     OffsetOutOfRange { requested: u64, start: u64, end: u64 },
     #[error(transparent)]
     Corruption(#[from] Corruption),
+    /// A read-only open found that the writing process recovered and rewrote data this reader
+    /// had already seen (it was never synced). Reopen to read the log as it is now.
+    #[error("{} changed under a read-only open (the writer recovered); reopen it", path.display())]
+    Changed { path: PathBuf },
     #[error(transparent)]
     Poisoned(#[from] Poisoned),
     #[error(transparent)]

@@ -84,6 +84,9 @@ pub(crate) struct Partition<I: Io> {
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
     sync_done: Condvar,
+    /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
+    /// (group commit), never before `state`.
+    file_sync: Mutex<()>,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -175,6 +178,7 @@ impl<I: Io> Partition<I> {
             state: Mutex::new(state),
             sync: Mutex::new(SyncState { syncing: false, synced: end, last_sync_ms: now }),
             sync_done: Condvar::new(),
+            file_sync: Mutex::new(()),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -243,7 +247,7 @@ impl<I: Io> Partition<I> {
             let mut state = self.state.lock();
             self.check_appendable(&state)?;
             if self.should_roll(&state, batch.len() as u64, now) {
-                self.roll(&mut state, now).inspect_err(|e| self.poison_with(e))?;
+                self.roll(&mut state, now)?;
             }
             let base = state.next_offset();
             // Read after a roll, which syncs: the hint is as strong as it can be.
@@ -302,7 +306,17 @@ impl<I: Io> Partition<I> {
 
     /// Seal the active segment and start a new one. The sealed segment is fsynced and indexed
     /// before the new file exists, so every segment but the last is always fully durable.
-    fn roll(&self, state: &mut State<I>, now: i64) -> Result<(), IoError> {
+    fn roll(&self, state: &mut State<I>, now: i64) -> Result<(), AppendError> {
+        // Serialised with the group commit's fdatasync: Linux reports a write-back error to
+        // only one of two concurrent fsyncs of a file, so two in flight could let one of them
+        // call data durable that the other saw lost.
+        let _file_sync = self.file_sync.lock();
+        self.poison.check()?;
+        self.seal_and_create(state, now).inspect_err(|e| self.poison_with(e))?;
+        Ok(())
+    }
+
+    fn seal_and_create(&self, state: &mut State<I>, now: i64) -> Result<(), IoError> {
         let active = state.active();
         active.file.run(Operation::Fdatasync { file: active.file.handle })?;
         active.write_index_files()?;
@@ -320,6 +334,10 @@ impl<I: Io> Partition<I> {
     /// `sync` is released: an appender that finds its records synced returns at once, and what
     /// it was acknowledged must then be visible (read your writes).
     fn mark_synced(&self, sync: &mut SyncState, offset: Offset) {
+        // Fail-stop: once any fsync failed, nothing more is called durable.
+        if self.poison.check().is_err() {
+            return;
+        }
         if offset > sync.synced {
             sync.synced = offset;
             sync.last_sync_ms = self.clock.now_ms();
@@ -350,11 +368,15 @@ impl<I: Io> Partition<I> {
             let active = state.active();
             (Arc::clone(&active.file), active.base_offset, active.size, active.next_offset)
         };
-        let result = file.run(Operation::Fdatasync { file: file.handle });
-        if let Err(error) = &result {
-            // Never retry: after a failed fsync the dirty pages may be gone.
-            self.poison_with(error);
-        }
+        // Held until the outcome is recorded; see `roll`.
+        let file_sync = self.file_sync.lock();
+        let result = self.poison.check().map_err(AppendError::from).and_then(|()| {
+            file.run(Operation::Fdatasync { file: file.handle }).map_err(|error| {
+                // Never retry: after a failed fsync the dirty pages may be gone.
+                self.poison_with(&error);
+                AppendError::from(error)
+            })
+        });
         {
             // One lock section, so no follower can start a second fsync in between.
             let mut sync = self.sync.lock();
@@ -363,8 +385,12 @@ impl<I: Io> Partition<I> {
                 self.mark_synced(&mut sync, target);
             }
         }
+        drop(file_sync);
         self.sync_done.notify_all();
         result?;
+        // A poison set by a concurrent failure after our fsync succeeded does not take back
+        // what was synced; but `mark_synced` did not publish it, so report the poison.
+        self.poison.check()?;
         assert!(target >= end, "a leader syncs at least its own records");
         // Evidence for recovery; not fsynced on purpose (see the checkpoint module). A failure
         // poisons the engine, but the records above are durable and acknowledged.
@@ -401,7 +427,7 @@ impl<I: Io> Partition<I> {
     pub fn read(&self, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
         self.poison.check()?;
         let high_watermark = self.high_watermark();
-        let (file, mut position, limit) = {
+        let (file, mut position, limit, mut expected) = {
             let state = self.state.lock();
             let start = state.segments[0].base_offset;
             // Checked before the range: offsets past the damage were acknowledged once, and a
@@ -421,9 +447,10 @@ impl<I: Io> Partition<I> {
             let index =
                 if from < state.segments[holding].next_offset { holding } else { holding + 1 };
             let segment = &state.segments[index];
-            let position = segment.index.position_for_offset(from);
-            (Arc::clone(&segment.file), u64::from(position), segment.size)
+            let (expected, position) = segment.index.entry_for_offset(from);
+            (Arc::clone(&segment.file), u64::from(position), segment.size, expected)
         };
+        let wanted = from..high_watermark;
         let chunk_bytes = max_bytes.clamp(format::BATCH_HEADER_BYTES, BATCH_BYTES_MAX as usize);
         let mut buffer: Vec<u8> = Vec::new();
         while position < limit {
@@ -432,8 +459,14 @@ impl<I: Io> Partition<I> {
             if chunk.is_empty() {
                 break;
             }
-            let mut taken =
-                Self::take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+            let mut taken = Self::take_batches(
+                &file,
+                position,
+                &chunk,
+                wanted.clone(),
+                &mut expected,
+                &mut buffer,
+            )?;
             if taken.bytes == 0 && !taken.stop {
                 // The next batch is larger than the chunk: read exactly that batch.
                 let needed = taken.needed.expect("no progress means an incomplete batch");
@@ -445,8 +478,14 @@ impl<I: Io> Partition<I> {
                     return Err(Self::truncated(&file, position, needed, available).into());
                 }
                 let chunk = file.read(position, needed).map_err(ReadError::Io)?;
-                taken =
-                    Self::take_batches(&file, position, &chunk, from, high_watermark, &mut buffer)?;
+                taken = Self::take_batches(
+                    &file,
+                    position,
+                    &chunk,
+                    wanted.clone(),
+                    &mut expected,
+                    &mut buffer,
+                )?;
                 if taken.bytes == 0 && !taken.stop {
                     return Err(Self::truncated(&file, position, needed, chunk.len() as u64).into());
                 }
@@ -480,22 +519,39 @@ impl<I: Io> Partition<I> {
     }
 
     /// Move the wanted batches at the start of `chunk` (read at `position`) into `out`.
+    /// `wanted` is the range of offsets asked for (from `from` to the high watermark);
+    /// `expected` is the base offset the next batch must have: offsets continue batch after
+    /// batch, and a checksum-valid batch in the wrong place is damage, not data.
     fn take_batches(
         file: &SegmentFile<I>,
         position: u64,
         chunk: &[u8],
-        from: Offset,
-        high_watermark: Offset,
+        wanted: std::ops::Range<Offset>,
+        expected: &mut Offset,
         out: &mut Vec<u8>,
     ) -> Result<Taken, ReadError> {
         let mut cursor = 0;
         loop {
             match parse_batch(&chunk[cursor..]) {
                 Ok(batch) => {
-                    if batch.base_offset() >= high_watermark {
+                    if batch.base_offset() >= wanted.end {
                         return Ok(Taken { bytes: cursor, needed: None, stop: true });
                     }
-                    if batch.next_offset() > from {
+                    if batch.base_offset() != *expected {
+                        let kind = CorruptionKind::OffsetMismatch {
+                            expected: expected.get(),
+                            found: batch.base_offset().get(),
+                        };
+                        if out.is_empty() {
+                            let position = position + cursor as u64;
+                            return Err(
+                                Corruption { file: file.path.clone(), position, kind }.into()
+                            );
+                        }
+                        return Ok(Taken { bytes: cursor, needed: None, stop: true });
+                    }
+                    *expected = batch.next_offset();
+                    if batch.next_offset() > wanted.start {
                         out.extend_from_slice(batch.as_bytes());
                     }
                     cursor += batch.len();
@@ -590,13 +646,20 @@ impl<I: Io> Partition<I> {
             let active = state.segments.last_mut().expect("active segment");
             let file = Arc::clone(&active.file);
             let size = file.size()?;
-            segment::scan(&file, active.size, size, |_, batch| {
-                let contiguous = batch.base_offset() == active.next_offset;
+            let mut contiguous = true;
+            let end = segment::scan(&file, active.size, size, |_, batch| {
+                contiguous = batch.base_offset() == active.next_offset;
                 if contiguous {
                     active.on_batch(batch.info());
                 }
                 contiguous
             })?;
+            // An incomplete batch is a write in progress. Anything else means the writer
+            // recovered and rewrote what this reader had already seen.
+            let rewritten = matches!(end.damage, Some(DecodeError::Corrupt(_)));
+            if size < active.size || !contiguous || rewritten {
+                return Err(ReadError::Changed { path: file.path.clone() });
+            }
             // The writer creates the next segment only once this one is complete, named by the
             // offset after its last record: if it exists, everything before it has been read.
             let base = active.next_offset;

@@ -18,7 +18,7 @@ use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
-use crate::limits::{BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
+use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
 };
@@ -173,7 +173,6 @@ pub(crate) fn recover_partition<I: Io>(
         }
     }
     bases.sort();
-    let mut directory_dirty = report.removed_temporary_files > 0;
     let mut lost_segments = None;
     if bases.is_empty() {
         // Topic creation always makes a first segment: its absence means lost files. Start
@@ -193,39 +192,54 @@ pub(crate) fn recover_partition<I: Io>(
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
-        directory_dirty = true;
+    }
+    if bases[0] != Offset::ZERO {
+        // Nothing removes whole segments yet (retention comes later): the first ones are lost.
+        let kind = CorruptionKind::OffsetMismatch { expected: 0, found: bases[0].get() };
+        let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
+        report.damage.push(Corruption { file, position: 0, kind });
     }
     let mut segments = Vec::with_capacity(bases.len());
     let (active_base, sealed_bases) = bases.split_last().expect("at least one segment");
     for (i, &base) in sealed_bases.iter().enumerate() {
         let next_base = bases[i + 1];
         let sealed = SealedSegment { base, next_base, read_only };
-        let (segment, rebuilt) = recover_sealed(io, directory, &sealed, config, &mut report)?;
-        directory_dirty |= rebuilt;
+        let segment = recover_sealed(io, directory, &sealed, config, &mut report)?;
+        if segment.next_offset < next_base {
+            // A gap between two segments: a segment in between is lost.
+            let kind = CorruptionKind::OffsetMismatch {
+                expected: segment.next_offset.get(),
+                found: next_base.get(),
+            };
+            let file = directory.join(segment::file_name(next_base, LOG_SUFFIX));
+            report.damage.push(Corruption { file, position: 0, kind });
+        }
         segments.push(segment);
     }
     let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only };
     if !read_only {
-        directory_dirty |= remove_derived_files(io, directory, active.base)?;
+        remove_derived_files(io, directory, active.base)?;
     }
     let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
     let damaged = damaged.or(lost_segments.map(|corruption| (active.next_offset, corruption)));
     segments.push(active);
-    if directory_dirty && !read_only {
+    // Always, not only when this open changed the directory: a process killed (or failed)
+    // between creating a file and fsyncing the directory leaves an entry that looks present
+    // but that a power loss can still take, and appends are about to land in it.
+    if !read_only {
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
     Ok(Recovered { segments, damaged, checkpoint, report })
 }
 
-/// Load a sealed segment from its index files, or rebuild them by a scan. Returns whether index
-/// files were rewritten (the directory then needs an fsync).
+/// Load a sealed segment from its index files, or rebuild them by a scan.
 fn recover_sealed<I: Io>(
     io: &Arc<I>,
     directory: &Path,
     sealed: &SealedSegment,
     config: &TopicConfig,
     report: &mut PartitionRecovery,
-) -> Result<(Segment<I>, bool), OpenError> {
+) -> Result<Segment<I>, OpenError> {
     let SealedSegment { base, next_base, read_only } = *sealed;
     let path = directory.join(segment::file_name(base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::Read)?;
@@ -244,7 +258,7 @@ fn recover_sealed<I: Io>(
             // Sealed segments never roll again; their age does not matter.
             let created_ms = i64::MIN;
             let segment = Segment { base_offset: base, file, size, next_offset, created_ms, index };
-            return Ok((segment, false));
+            return Ok(segment);
         }
     }
     let (mut segment, damage) = load_by_scan(file, base, size, config, i64::MIN)?;
@@ -254,7 +268,7 @@ fn recover_sealed<I: Io>(
         // reports the corruption instead of ending early with an empty fetch.
         segment.size = size;
         segment.next_offset = next_base;
-        return Ok((segment, false));
+        return Ok(segment);
     }
     if segment.next_offset > next_base {
         let kind = CorruptionKind::OffsetMismatch {
@@ -262,15 +276,15 @@ fn recover_sealed<I: Io>(
             found: segment.next_offset.get(),
         };
         report.damage.push(Corruption { file: segment.file.path.clone(), position: size, kind });
-        return Ok((segment, false));
+        return Ok(segment);
     }
     if read_only {
         // Rebuilt in memory only.
-        return Ok((segment, false));
+        return Ok(segment);
     }
     segment.write_index_files()?;
     report.rebuilt_indexes += 2;
-    Ok((segment, true))
+    Ok(segment)
 }
 
 fn corruption<I: Io>(segment: &Segment<I>, damage: &Damage) -> Corruption {
@@ -294,23 +308,21 @@ struct SealedSegment {
 }
 
 /// Index files next to the active segment are left from an interrupted roll or an older
-/// format; they are derived data and would only mislead a later open. Returns whether any were
-/// removed.
+/// format; they are derived data and would only mislead a later open.
 fn remove_derived_files<I: Io>(
     io: &Arc<I>,
     directory: &Path,
     active: Offset,
-) -> Result<bool, IoError> {
-    let mut removed = false;
+) -> Result<(), IoError> {
     for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
         let path = directory.join(segment::file_name(active, suffix));
         match io.remove_file(&path) {
-            Ok(()) => removed = true,
+            Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(IoError::new("remove", &path, error)),
         }
     }
-    Ok(removed)
+    Ok(())
 }
 
 /// Scan the active segment; cut a torn tail, or keep and report damage in synced data.
@@ -327,18 +339,20 @@ fn recover_active<I: Io>(
     let size = file.size()?;
     let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
     // Bytes of this segment that a checkpoint proves were fsynced.
-    let checkpointed = match active.checkpoint {
-        Some(c) if c.segment_base == active.base => c.synced_position,
-        _ => 0,
-    };
-    // A checkpoint naming a later segment than the last one here: a synced segment is gone.
+    // A checkpoint naming a later segment than the last one here: a synced segment is gone,
+    // and this one was sealed, so every byte of it was synced.
     let missing = active.checkpoint.filter(|c| c.segment_base > active.base).map(|_| {
         let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
         Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind }
     });
+    let checkpointed = match active.checkpoint {
+        Some(c) if c.segment_base == active.base => c.synced_position,
+        Some(_) if missing.is_some() => size,
+        _ => 0,
+    };
     let mut damaged = None;
     if let Some(damage) = damage {
-        let evidence = later_evidence(&segment.file, damage.position, size)?;
+        let evidence = later_evidence(&segment.file, damage.position, size, segment.next_offset)?;
         if damage.position < checkpointed || evidence.max_synced_hint > segment.next_offset {
             // The checkpoint, or a batch written after the damaged one, says the damaged one was
             // already durable: this is corruption of synced data. Keep every byte; reads report
@@ -421,54 +435,42 @@ struct Evidence {
     records: u64,
 }
 
+/// Read the evidence after the batch damaged at `damaged_at`, whose base offset should be
+/// `expected`. Only a chain of valid batches that starts where the damaged batch's own header
+/// says it ends, and that continues this partition's offsets, is trusted: a batch found anywhere
+/// else could be one carried inside a record's value. One forward pass, bounded by the file.
 fn later_evidence<I: Io>(
     file: &SegmentFile<I>,
     damaged_at: u64,
     end: u64,
+    expected: Offset,
 ) -> Result<Evidence, IoError> {
     let mut evidence = Evidence::default();
     let header = file.read(damaged_at, BATCH_HEADER_BYTES)?;
-    let header =
-        BatchHeader::read_from_bytes(&header).ok().filter(|h| h.magic.get() == BATCH_MAGIC);
-    if let Some(header) = header {
-        evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
+    let Some(header) =
+        BatchHeader::read_from_bytes(&header).ok().filter(|h| h.magic.get() == BATCH_MAGIC)
+    else {
+        return Ok(evidence);
+    };
+    evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
+    let length = u64::from(header.length.get());
+    let after = u64::from(header.last_offset_delta.get()) + 1;
+    let plausible = header.base_offset.get() == expected.get()
+        && (BATCH_HEADER_BYTES as u64..=u64::from(BATCH_BYTES_MAX)).contains(&length)
+        && damaged_at + length <= end
+        && expected.get().checked_add(after).is_some();
+    if !plausible {
+        return Ok(evidence);
     }
-    let mut position = damaged_at + 1;
-    while let Some(candidate) = find_magic(file, position, end)? {
-        let scanned = segment::scan(file, candidate, end, |_, batch| {
+    let mut next = expected.plus(after);
+    segment::scan(file, damaged_at + length, end, |_, batch| {
+        let continues = batch.base_offset() == next && batch.synced_offset_hint() <= next;
+        if continues {
             evidence.max_synced_hint = evidence.max_synced_hint.max(batch.synced_offset_hint());
             evidence.records += u64::from(batch.record_count());
-            true
-        })?;
-        if scanned.damage.is_none() {
-            break;
+            next = batch.next_offset();
         }
-        position = scanned.position + 1;
-    }
+        continues
+    })?;
     Ok(evidence)
-}
-
-/// The first position at or after `from` where a batch header with the right magic could start.
-fn find_magic<I: Io>(file: &SegmentFile<I>, from: u64, end: u64) -> Result<Option<u64>, IoError> {
-    const MAGIC_AT: u64 = 12;
-    let magic = BATCH_MAGIC.to_le_bytes();
-    let mut position = from;
-    while position + BATCH_HEADER_BYTES as u64 <= end {
-        let length = (end - position).min(SCAN_CHUNK_BYTES as u64) as usize;
-        let chunk = file.read(position, length)?;
-        if chunk.len() < BATCH_HEADER_BYTES {
-            return Ok(None);
-        }
-        let found = chunk
-            .windows(magic.len())
-            .enumerate()
-            .skip(MAGIC_AT as usize)
-            .find(|(_, window)| *window == magic);
-        if let Some((at, _)) = found {
-            return Ok(Some(position + at as u64 - MAGIC_AT));
-        }
-        // Overlap chunks so a header split across two chunks is still found.
-        position += (chunk.len() - BATCH_HEADER_BYTES + 1) as u64;
-    }
-    Ok(None)
 }

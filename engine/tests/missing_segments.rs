@@ -49,3 +49,26 @@ fn a_synced_segment_missing_after_the_last_one_is_reported() {
     let refused = engine.append("t", 0, &[Record::new(None, b"again")]).unwrap_err();
     assert!(matches!(refused, AppendError::Corruption(_)), "{refused:?}");
 }
+
+#[test]
+fn when_a_synced_segment_is_missing_nothing_of_the_one_before_is_cut() {
+    let directory = tempfile::tempdir().unwrap();
+    {
+        let (engine, _) = common::open(directory.path(), Durability::Sync);
+        engine.create_topic("t", common::small_segments(1)).unwrap();
+        for i in 0..300 {
+            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
+        }
+    }
+    let partition = common::partition_directory(directory.path(), "t", 0);
+    let logs = common::log_files(&partition);
+    std::fs::remove_file(logs.last().unwrap()).unwrap();
+    // The segment before it was sealed, so fully synced: losing its last bytes is damage.
+    let previous = &logs[logs.len() - 2];
+    let length = std::fs::metadata(previous).unwrap().len() - 10;
+    std::fs::OpenOptions::new().write(true).open(previous).unwrap().set_len(length).unwrap();
+    let (_engine, report) = common::open(directory.path(), Durability::Sync);
+    assert_eq!(report.truncated_bytes(), 0, "{report:?}");
+    assert_eq!(std::fs::metadata(previous).unwrap().len(), length, "nothing is cut");
+    assert!(report.partitions[0].damage.len() >= 2, "{report:?}");
+}

@@ -93,3 +93,30 @@ fn a_reader_needs_an_existing_data_directory() {
     assert!(result.is_err());
     assert!(!missing.exists(), "a reader created the directory");
 }
+
+#[test]
+fn a_reader_is_told_to_reopen_when_the_writer_recovered_and_rewrote_what_it_saw() {
+    let directory = tempfile::tempdir().unwrap();
+    let partition = common::partition_directory(directory.path(), "t", 0);
+    {
+        let (writer, _) = common::open(directory.path(), Durability::Sync);
+        writer.create_topic("t", TopicConfig::default()).unwrap();
+        for i in 0..10 {
+            common::append_value(&writer, "t", 0, format!("seen-{i}").as_bytes());
+        }
+    }
+    let (reader, _) = open_read_only(directory.path());
+    assert_eq!(reader.high_watermark("t", 0).unwrap().get(), 10);
+    // A crash takes the last three (as if never synced, checkpoint lost too); the writer
+    // recovers and writes other records at those offsets.
+    let log = common::log_files(&partition).pop().unwrap();
+    let (position, _) = common::batch_positions(&log)[7];
+    std::fs::OpenOptions::new().write(true).open(&log).unwrap().set_len(position).unwrap();
+    std::fs::remove_file(partition.join("synced.checkpoint")).unwrap();
+    let (writer, _) = common::open(directory.path(), Durability::Sync);
+    for i in 0..20 {
+        common::append_value(&writer, "t", 0, format!("rewritten-{i}-padding").as_bytes());
+    }
+    let error = reader.refresh().unwrap_err();
+    assert!(matches!(error, chronik_engine::ReadError::Changed { .. }), "{error:?}");
+}

@@ -367,11 +367,16 @@ impl<'a> BatchView<'a> {
         }
         let mut body = &self.bytes[BATCH_HEADER_BYTES..];
         let mut previous_delta: Option<u32> = None;
-        for _ in 0..count {
+        for index in 0..count {
             let (header, rest) = split_record(body).ok_or("record exceeds its batch")?;
             let delta = header.offset_delta.get();
             if previous_delta.is_some_and(|previous| delta <= previous) {
                 return Err("record offsets do not increase");
+            }
+            // Version 1 batches are dense: the writer never leaves gaps, and a gap would let a
+            // checksum-valid batch push offsets past what a segment can index.
+            if delta != index {
+                return Err("record offsets are not contiguous");
             }
             previous_delta = Some(delta);
             body = rest;

@@ -598,6 +598,18 @@ fn parse_rejects_offsets_that_do_not_increase() {
 }
 
 #[test]
+fn parse_rejects_gaps_between_record_offsets() {
+    // Version 1 batches are dense; a gap could push offsets past what a segment can index.
+    let mut bytes = plain_batch(2);
+    let first_length = record_header_mut(&mut bytes, BATCH_HEADER_BYTES).length.get();
+    let second = BATCH_HEADER_BYTES + first_length as usize;
+    record_header_mut(&mut bytes, second).offset_delta = U32::new(u32::MAX);
+    batch_header_mut(&mut bytes).last_offset_delta = U32::new(u32::MAX);
+    reseal(&mut bytes);
+    assert_eq!(parse_result(&bytes), malformed("record offsets are not contiguous"));
+}
+
+#[test]
 fn parse_rejects_a_last_offset_delta_that_disagrees_with_the_records() {
     let mut bytes = plain_batch(2);
     batch_header_mut(&mut bytes).last_offset_delta = U32::new(2);

@@ -125,12 +125,22 @@ impl SegmentIndex {
 
     /// A position at or before the batch holding `offset`, from which a scan finds it.
     pub fn position_for_offset(&self, offset: Offset) -> u32 {
+        self.entry_for_offset(offset).1
+    }
+
+    /// As [`SegmentIndex::position_for_offset`], with the base offset of the batch that starts
+    /// at that position, so a reader can check that the batches it finds are the expected ones.
+    pub fn entry_for_offset(&self, offset: Offset) -> (Offset, u32) {
         if offset <= self.base_offset {
-            return 0;
+            return (self.base_offset, 0);
         }
         let relative = u32::try_from(offset.get() - self.base_offset.get()).unwrap_or(u32::MAX);
         let after = self.offsets.partition_point(|&(r, _)| r <= relative);
-        if after == 0 { 0 } else { self.offsets[after - 1].1 }
+        if after == 0 {
+            return (self.base_offset, 0);
+        }
+        let (relative, position) = self.offsets[after - 1];
+        (self.base_offset.plus(u64::from(relative)), position)
     }
 
     /// A position at or before the first batch that may hold a timestamp `>= timestamp`.
@@ -202,6 +212,14 @@ impl SegmentIndex {
             || offset_header.max_timestamp != time_header.max_timestamp
         {
             return Err("offset and time index disagree");
+        }
+        // Every entry must point inside the segment's offsets, so lookups cannot overflow.
+        let span = offset_header.next_offset.get() - base_offset.get();
+        let inside = |relative: u32| u64::from(relative) < span;
+        if !offset_entries.iter().all(|e| inside(e.relative_offset.get()))
+            || !time_entries.iter().all(|e| inside(e.relative_offset.get()))
+        {
+            return Err("index entry beyond the segment's offsets");
         }
         let mut index = SegmentIndex::new(base_offset, interval_bytes);
         index.max_timestamp = offset_header.max_timestamp.get();
