@@ -22,6 +22,9 @@
 //! assert_eq!(record.value(), b"home");
 //! ```
 
+// Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod checkpoint;
 pub mod error;
 pub mod fetch;

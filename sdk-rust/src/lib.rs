@@ -18,6 +18,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub use chronik_engine::io::{Io, PreadIo};
 pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
