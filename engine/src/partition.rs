@@ -38,6 +38,10 @@ struct State<I: Io> {
     damaged: Option<(Offset, Corruption)>,
     /// The topic was deleted: appends are refused, so none can roll into a removed directory.
     deleted: bool,
+    /// Read-only: the position in the active segment where open stopped at bytes that do not
+    /// parse (a torn tail the writer has not cut yet). `refresh` waits there instead of taking
+    /// those same bytes for a rewrite.
+    unread_tail: Option<u64>,
 }
 
 impl<I: Io> State<I> {
@@ -164,8 +168,12 @@ impl<I: Io> Partition<I> {
             }
             Some(checkpoint)
         };
-        let state =
-            State { segments: recovered.segments, damaged: recovered.damaged, deleted: false };
+        let state = State {
+            unread_tail: (read_only && recovered.report.truncated_bytes > 0).then_some(size),
+            segments: recovered.segments,
+            damaged: recovered.damaged,
+            deleted: false,
+        };
         let partition = Partition {
             topic: topic.to_owned(),
             id,
@@ -656,8 +664,10 @@ impl<I: Io> Partition<I> {
             })?;
             // An incomplete batch is a write in progress. Anything else means the writer
             // recovered and rewrote what this reader had already seen.
-            let rewritten = matches!(end.damage, Some(DecodeError::Corrupt(_)));
-            if size < active.size || !contiguous || rewritten {
+            let known_tail = state.unread_tail == Some(end.position);
+            let rewritten = matches!(end.damage, Some(DecodeError::Corrupt(_))) && !known_tail;
+            let active = state.segments.last().expect("active segment");
+            if size < active.size || (!contiguous && !known_tail) || rewritten {
                 return Err(ReadError::Changed { path: file.path.clone() });
             }
             // The writer creates the next segment only once this one is complete, named by the
@@ -671,6 +681,7 @@ impl<I: Io> Partition<I> {
             };
             let now = self.clock.now_ms();
             state.segments.push(Segment::empty(base, next, self.config.index_interval_bytes, now));
+            state.unread_tail = None;
         }
         let end = state.next_offset();
         drop(state);

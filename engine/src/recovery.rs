@@ -5,9 +5,11 @@
 //! loaded, or rebuilt by a scan when missing or stale. The last (active) segment is scanned from
 //! its start. Where the scan stops early, the bytes are either a torn tail of unsynced writes,
 //! which is cut and reported, or damage inside data that was already synced, which is kept and
-//! reported as corruption. The evidence that separates the two is the `synced_offset_hint` of
-//! every valid batch found after the damage: if one of them says the damaged batch's offset was
-//! already durable when it was written, the damage is inside synced data. See docs/format.md.
+//! reported as corruption. Two kinds of evidence separate them: the partition's sync checkpoint
+//! (a position below which every byte was fsynced), and the `synced_offset_hint` of the chain of
+//! valid batches that starts where the damaged batch's own header says it ends: if one of them
+//! says the damaged batch's offset was already durable when it was written, the damage is inside
+//! synced data. See docs/format.md.
 //!
 //! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites
 //! derived files (indexes), so running it again finds a clean log and changes nothing.
@@ -429,7 +431,7 @@ fn load_by_scan<I: Io>(
 /// What the bytes after a damaged batch tell.
 #[derive(Debug, Default)]
 struct Evidence {
-    /// The largest `synced_offset_hint` of any valid batch after the damage.
+    /// The largest `synced_offset_hint` of the chain of batches that continues the damaged one.
     max_synced_hint: Offset,
     /// Records in the damaged batch (if its header is readable) and in valid batches after it.
     records: u64,
