@@ -23,6 +23,7 @@ use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
 use crate::{Clock, Corruption, Offset, Record};
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
+use std::io::ErrorKind::NotFound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -213,7 +214,7 @@ impl<I: Io> Engine<I> {
             Err(error) if read_only && error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             listed => listed.map_err(|e| IoError::new("list", &topics_directory, e))?,
         };
-        for entry in entries.into_iter().filter(|e| e.is_directory) {
+        'topics: for entry in entries.into_iter().filter(|e| e.is_directory) {
             let path = topics_directory.join(&entry.name);
             if entry.name.starts_with('.') && read_only {
                 continue;
@@ -225,7 +226,12 @@ impl<I: Io> Engine<I> {
                 continue;
             }
             let meta_path = path.join(TOPIC_META_FILE);
-            let bytes = segment::read_small_file(io, &meta_path)?.unwrap_or_default();
+            let bytes = segment::read_small_file(io, &meta_path)?;
+            if read_only && bytes.is_none() {
+                // The writer deleted the topic while this reader was listing.
+                continue;
+            }
+            let bytes = bytes.unwrap_or_default();
             let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
                 file: meta_path.clone(),
                 position: 0,
@@ -237,8 +243,14 @@ impl<I: Io> Engine<I> {
             let mut partitions = Vec::with_capacity(config.partitions as usize);
             for id in 0..config.partitions {
                 let directory = path.join(id.to_string());
-                let (partition, recovery) =
-                    Partition::open(context, directory, &entry.name, id, config)?;
+                let opened = Partition::open(context, directory, &entry.name, id, config);
+                let (partition, recovery) = match opened {
+                    // A read-only open racing the writer's `delete_topic`.
+                    Err(OpenError::Io(e)) if read_only && e.source.kind() == NotFound => {
+                        continue 'topics;
+                    }
+                    other => other?,
+                };
                 report.partitions.push(recovery);
                 partitions.push(Arc::new(partition));
             }

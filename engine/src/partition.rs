@@ -450,11 +450,19 @@ impl<I: Io> Partition<I> {
             if from == high_watermark {
                 return Ok(Fetch::empty(from));
             }
-            // The segment holding `from`, or the first one after a gap.
+            // The segment holding `from`. Offsets between two segments belong to a segment that
+            // was lost (recovery reported it): reading them is reading damage, never a skip.
             let holding = state.segments.partition_point(|s| s.base_offset <= from) - 1;
-            let index =
-                if from < state.segments[holding].next_offset { holding } else { holding + 1 };
-            let segment = &state.segments[index];
+            let segment = &state.segments[holding];
+            if from >= segment.next_offset {
+                let after = state.segments.get(holding + 1).expect("from is below the watermark");
+                let kind = CorruptionKind::OffsetMismatch {
+                    expected: segment.next_offset.get(),
+                    found: after.base_offset.get(),
+                };
+                let file = after.file.path.clone();
+                return Err(ReadError::Corruption(Corruption { file, position: 0, kind }));
+            }
             let (expected, position) = segment.index.entry_for_offset(from);
             (Arc::clone(&segment.file), u64::from(position), segment.size, expected)
         };

@@ -26,7 +26,9 @@ pub fn parse_log_file_name(name: &str) -> Option<Offset> {
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    digits.parse().ok().map(Offset::new)
+    // Offsets this large cannot come from appends; such a name is not one of ours, and taking it
+    // would let the next append overflow.
+    digits.parse().ok().filter(|&base: &u64| base <= u64::MAX / 2).map(Offset::new)
 }
 
 /// An open segment file, shared by the writer and by readers in flight. Closed when the last

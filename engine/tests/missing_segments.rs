@@ -72,3 +72,38 @@ fn when_a_synced_segment_is_missing_nothing_of_the_one_before_is_cut() {
     assert_eq!(std::fs::metadata(previous).unwrap().len(), length, "nothing is cut");
     assert!(report.partitions[0].damage.len() >= 2, "{report:?}");
 }
+
+#[test]
+fn reading_into_a_lost_middle_segment_reports_it_instead_of_skipping() {
+    let directory = tempfile::tempdir().unwrap();
+    {
+        let (engine, _) = common::open(directory.path(), Durability::Sync);
+        engine.create_topic("t", common::small_segments(1)).unwrap();
+        for i in 0..300 {
+            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
+        }
+    }
+    let partition = common::partition_directory(directory.path(), "t", 0);
+    let logs = common::log_files(&partition);
+    assert!(logs.len() > 3);
+    let lost = common::base_offset_of(&logs[1]);
+    let after = common::base_offset_of(&logs[2]);
+    std::fs::remove_file(&logs[1]).unwrap();
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert!(!report.partitions[0].damage.is_empty(), "{report:?}");
+    // Reading from the start serves the first segment, then stops at the gap.
+    let mut from = chronik_engine::Offset::ZERO;
+    let error = loop {
+        match engine.read("t", 0, from, 1 << 20) {
+            Ok(fetch) => {
+                assert!(fetch.records().all(|r| r.offset().get() < lost), "read across the gap");
+                from = fetch.next_offset();
+            }
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(from.get(), lost);
+    let chronik_engine::ReadError::Corruption(corruption) = error else { panic!("{error:?}") };
+    let expected = chronik_engine::CorruptionKind::OffsetMismatch { expected: lost, found: after };
+    assert_eq!(corruption.kind, expected);
+}
