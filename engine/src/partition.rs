@@ -469,13 +469,15 @@ impl<I: Io> Partition<I> {
         let wanted = from..high_watermark;
         let chunk_bytes = max_bytes.clamp(format::BATCH_HEADER_BYTES, BATCH_BYTES_MAX as usize);
         let mut buffer: Vec<u8> = Vec::new();
+        // Bytes the next read must cover: a batch larger than a chunk is read whole.
+        let mut at_least = 0usize;
         while position < limit {
-            let want = (limit - position).min(chunk_bytes as u64) as usize;
+            let want = (limit - position).min(chunk_bytes.max(at_least) as u64) as usize;
             let chunk = file.read(position, want).map_err(ReadError::Io)?;
             if chunk.is_empty() {
                 break;
             }
-            let mut taken = Self::take_batches(
+            let taken = Self::take_batches(
                 &file,
                 position,
                 &chunk,
@@ -484,28 +486,21 @@ impl<I: Io> Partition<I> {
                 &mut buffer,
             )?;
             if taken.bytes == 0 && !taken.stop {
-                // The next batch is larger than the chunk: read exactly that batch.
                 let needed = taken.needed.expect("no progress means an incomplete batch");
                 let available = limit - position;
-                if needed as u64 > available {
+                // The batch runs past the segment's end, the file is shorter than its recorded
+                // size, or a read of the whole batch still did not hold it: serve what came
+                // before, else report it.
+                if chunk.len() < want || needed as u64 > available || at_least >= needed {
                     if !buffer.is_empty() {
                         break;
                     }
                     return Err(Self::truncated(&file, position, needed, available).into());
                 }
-                let chunk = file.read(position, needed).map_err(ReadError::Io)?;
-                taken = Self::take_batches(
-                    &file,
-                    position,
-                    &chunk,
-                    wanted.clone(),
-                    &mut expected,
-                    &mut buffer,
-                )?;
-                if taken.bytes == 0 && !taken.stop {
-                    return Err(Self::truncated(&file, position, needed, chunk.len() as u64).into());
-                }
+                at_least = needed;
+                continue;
             }
+            at_least = 0;
             position += taken.bytes as u64;
             // Batches below `from` fill nothing: keep going until one batch is taken, even
             // when `max_bytes` is zero.

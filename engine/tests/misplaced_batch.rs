@@ -11,14 +11,7 @@ use chronik_engine::{CorruptionKind, Durability, Offset, ReadError};
 /// offset of the overwritten batch.
 fn with_copied_batch(over_last: bool) -> (tempfile::TempDir, u64) {
     let directory = tempfile::tempdir().unwrap();
-    {
-        let (engine, _) = common::open(directory.path(), Durability::Sync);
-        engine.create_topic("t", common::small_segments(1)).unwrap();
-        for i in 0..300 {
-            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
-        }
-    }
-    let partition = common::partition_directory(directory.path(), "t", 0);
+    let partition = common::filled_small_segments(directory.path(), 300);
     let first = common::log_files(&partition)[0].clone();
     let mut bytes = std::fs::read(&first).unwrap();
     let batches = common::batch_positions_of(&bytes);

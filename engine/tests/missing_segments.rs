@@ -28,14 +28,7 @@ fn a_partition_whose_segment_files_are_gone_is_reported_and_refuses_appends() {
 #[test]
 fn a_synced_segment_missing_after_the_last_one_is_reported() {
     let directory = tempfile::tempdir().unwrap();
-    {
-        let (engine, _) = common::open(directory.path(), Durability::Sync);
-        engine.create_topic("t", common::small_segments(1)).unwrap();
-        for i in 0..300 {
-            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
-        }
-    }
-    let partition = common::partition_directory(directory.path(), "t", 0);
+    let partition = common::filled_small_segments(directory.path(), 300);
     let logs = common::log_files(&partition);
     assert!(logs.len() > 2);
     // The last segment, which the checkpoint names, disappears.
@@ -53,14 +46,7 @@ fn a_synced_segment_missing_after_the_last_one_is_reported() {
 #[test]
 fn when_a_synced_segment_is_missing_nothing_of_the_one_before_is_cut() {
     let directory = tempfile::tempdir().unwrap();
-    {
-        let (engine, _) = common::open(directory.path(), Durability::Sync);
-        engine.create_topic("t", common::small_segments(1)).unwrap();
-        for i in 0..300 {
-            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
-        }
-    }
-    let partition = common::partition_directory(directory.path(), "t", 0);
+    let partition = common::filled_small_segments(directory.path(), 300);
     let logs = common::log_files(&partition);
     std::fs::remove_file(logs.last().unwrap()).unwrap();
     // The segment before it was sealed, so fully synced: losing its last bytes is damage.
@@ -76,14 +62,7 @@ fn when_a_synced_segment_is_missing_nothing_of_the_one_before_is_cut() {
 #[test]
 fn reading_into_a_lost_middle_segment_reports_it_instead_of_skipping() {
     let directory = tempfile::tempdir().unwrap();
-    {
-        let (engine, _) = common::open(directory.path(), Durability::Sync);
-        engine.create_topic("t", common::small_segments(1)).unwrap();
-        for i in 0..300 {
-            common::append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
-        }
-    }
-    let partition = common::partition_directory(directory.path(), "t", 0);
+    let partition = common::filled_small_segments(directory.path(), 300);
     let logs = common::log_files(&partition);
     assert!(logs.len() > 3);
     let lost = common::base_offset_of(&logs[1]);

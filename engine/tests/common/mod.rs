@@ -405,3 +405,14 @@ pub fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 pub fn base_offset_of(log: &Path) -> u64 {
     log.file_stem().unwrap().to_str().unwrap().parse().unwrap()
 }
+
+/// A closed data directory with topic `t` (one partition, small segments) holding `count`
+/// records `value-0000`, `value-0001`, ...; returns the partition's directory.
+pub fn filled_small_segments(root: &Path, count: usize) -> PathBuf {
+    let (engine, _) = open(root, Durability::Sync);
+    engine.create_topic("t", small_segments(1)).unwrap();
+    for i in 0..count {
+        append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
+    }
+    partition_directory(root, "t", 0)
+}
