@@ -1,0 +1,1067 @@
+//! The simulated disk: an in-memory, deterministic implementation of [`Io`] that can crash.
+//!
+//! # What is modelled
+//!
+//! The namespace is a tree of inodes. A directory inode holds two entry sets, name to inode:
+//! the *current* set, which every call sees, and the *durable* set, what a crash restores.
+//! [`Io::open`] with [`OpenMode::CreateNew`], [`Io::lock`] creating its file, [`Io::rename`],
+//! [`Io::remove_file`], [`Io::create_directory`] and [`Io::remove_directory`] change only the
+//! current set of the directories involved. An [`Operation::Fsync`] of a handle opened with
+//! [`OpenMode::Directory`] copies that directory's current set into its durable set; it does
+//! not make the directory's own entry in its parent durable (that needs the parent's fsync).
+//! A new directory starts with an empty durable set.
+//!
+//! A file inode holds its *current* bytes (what reads see; the length is the file size), a
+//! *durable* image, and the ordered list of *pending* changes since the last successful sync:
+//! writes (position and bytes) and size changes (a truncate, or an allocate that extended the
+//! file). [`Operation::Fdatasync`] and [`Operation::Fsync`] of a file apply the pending
+//! changes, in order, to the durable image and clear the list. They do not copy the current
+//! bytes: after a failed sync (below) the durable image deliberately lags behind them.
+//!
+//! [`SimDisk::crash`] models a power loss:
+//! - every handle is closed and every lock released; handle numbers are never reused, so a
+//!   leaked engine's stale handles fail instead of aliasing new ones;
+//! - every directory independently either loses all its entry changes since its last fsync
+//!   (created entries vanish, removed ones come back, renames revert) or, with probability
+//!   [`Faults::directory_kept_per_million`], keeps them all (the kernel may have written the
+//!   directory back on its own). Either way the result becomes its durable set;
+//! - every file is rebuilt from its durable image plus its pending changes: each pending write
+//!   is cut at 512-byte sector boundaries and each piece is independently kept, torn (a random
+//!   prefix of it is kept) or dropped; each pending size change is kept or lost; the surviving
+//!   pieces and size changes are applied in a random order. A piece landing past the end
+//!   extends the file with zeros before it. The result becomes the durable image;
+//! - inodes no longer reachable from the root are freed.
+//!
+//! # Faults
+//!
+//! [`Faults`] holds per-operation probabilities, drawn from the disk's own [`Rng`] stream:
+//! EIO on read and on write (nothing is transferred), sync failure with Linux semantics (the
+//! fsync fails and the file's pending changes are dropped from the pending list, so they stay
+//! visible in the current bytes until a crash but a retried fsync succeeds without making them
+//! durable), and disk full (a write or size change that would take the total current size of
+//! all files past `capacity_bytes` fails with `StorageFull`). [`SimDisk::fail_next_syncs`] and
+//! [`SimDisk::cut_power_after`] inject a fault at an exact point.
+//!
+//! Not modelled yet (the simulator issue): bit flips in synced data; slow I/O; writes that
+//! report an error after transferring some bytes; a crash keeping only a prefix of one
+//! directory's unsynced entry changes (a journaling file system commits them in order; here a
+//! directory keeps all or none); misdirected writes; timestamps. Disk full is implemented but
+//! the engine test does not switch it on yet.
+
+use crate::rng::Rng;
+use chronik_engine::io::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+/// The unit a crash keeps, tears or drops.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Largest file the simulated disk accepts, to keep a buggy size from exhausting memory.
+pub const FILE_BYTES_MAX: u64 = 1 << 32;
+
+/// Probabilities, in parts per million per operation, of the faults the disk injects, and
+/// the crash outcome weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Faults {
+    /// A read fails with EIO.
+    pub read_error_per_million: u32,
+    /// A write fails with EIO and transfers nothing.
+    pub write_error_per_million: u32,
+    /// A file or directory sync fails (Linux semantics, see the module documentation).
+    pub sync_error_per_million: u32,
+    /// Writes and size changes fail with `StorageFull` beyond this many bytes in all files.
+    pub capacity_bytes: Option<u64>,
+    /// At a crash, a sector piece of a pending write is kept whole.
+    pub sector_kept_per_million: u32,
+    /// At a crash, a sector piece is torn (a prefix kept); otherwise it is dropped.
+    pub sector_torn_per_million: u32,
+    /// At a crash, a pending size change is kept.
+    pub resize_kept_per_million: u32,
+    /// At a crash, a directory keeps its unsynced entry changes instead of reverting them.
+    pub directory_kept_per_million: u32,
+}
+
+impl Faults {
+    /// No I/O errors; crashes keep, tear and drop sectors evenly and revert directories.
+    pub const NONE: Faults = Faults {
+        read_error_per_million: 0,
+        write_error_per_million: 0,
+        sync_error_per_million: 0,
+        capacity_bytes: None,
+        sector_kept_per_million: 400_000,
+        sector_torn_per_million: 300_000,
+        resize_kept_per_million: 500_000,
+        directory_kept_per_million: 0,
+    };
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults::NONE
+    }
+}
+
+/// Counters of what the disk did, for tests and run summaries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub reads: u64,
+    pub writes: u64,
+    pub syncs: u64,
+    pub directory_syncs: u64,
+    pub failed_syncs: u64,
+    pub crashes: u64,
+}
+
+/// The simulated disk. Cheap to clone: clones share the same state, so a test keeps one
+/// while the engine owns another, and crashes the disk through its own.
+#[derive(Clone, Debug)]
+pub struct SimDisk {
+    state: Arc<Mutex<State>>,
+}
+
+type InodeId = u64;
+
+const ROOT: InodeId = 0;
+
+#[derive(Debug)]
+enum Inode {
+    File(FileNode),
+    Directory(DirectoryNode),
+}
+
+#[derive(Debug, Default)]
+struct FileNode {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<Pending>,
+}
+
+#[derive(Clone, Debug)]
+enum Pending {
+    Write { position: u64, bytes: Vec<u8> },
+    Resize { length: u64 },
+}
+
+#[derive(Debug, Default)]
+struct DirectoryNode {
+    current: BTreeMap<String, InodeId>,
+    durable: BTreeMap<String, InodeId>,
+}
+
+#[derive(Debug)]
+struct Handle {
+    inode: InodeId,
+    mode: OpenMode,
+    /// The path the handle was opened with, for locks and error messages.
+    path: PathBuf,
+    locked: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    inodes: BTreeMap<InodeId, Inode>,
+    next_inode: InodeId,
+    handles: BTreeMap<u64, Handle>,
+    next_handle: u64,
+    locks: BTreeSet<PathBuf>,
+    faults: Faults,
+    rng: Rng,
+    fail_next_syncs: u32,
+    /// Operations left before the power is cut; `None` when no cut is armed.
+    power_left: Option<u64>,
+    stats: Stats,
+    /// FNV-1a over every call and its outcome, to compare two runs of a seed cheaply.
+    trace: u64,
+}
+
+fn error(kind: io::ErrorKind, message: impl Into<String>) -> io::Error {
+    io::Error::new(kind, message.into())
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("simulated EIO on {what}"))
+}
+
+/// The normal components of an absolute path; `..` and relative paths are refused.
+fn components(path: &Path) -> io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    let mut absolute = false;
+    for component in path.components() {
+        match component {
+            Component::RootDir => absolute = true,
+            Component::CurDir => {}
+            Component::Normal(name) => names.push(
+                name.to_str()
+                    .ok_or_else(|| error(io::ErrorKind::InvalidInput, "non-UTF-8 name"))?
+                    .to_owned(),
+            ),
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(error(io::ErrorKind::InvalidInput, "unsupported path component"));
+            }
+        }
+    }
+    if !absolute {
+        return Err(error(io::ErrorKind::InvalidInput, "the simulated disk wants absolute paths"));
+    }
+    Ok(names)
+}
+
+/// Apply one change to a file image, extending it with zeros where a write lands past the end.
+fn apply(image: &mut Vec<u8>, change: &Pending) {
+    match change {
+        Pending::Write { position, bytes } => {
+            let position = usize::try_from(*position).expect("position fits in memory");
+            let end = position + bytes.len();
+            if image.len() < end {
+                image.resize(end, 0);
+            }
+            image[position..end].copy_from_slice(bytes);
+        }
+        Pending::Resize { length } => {
+            image.resize(usize::try_from(*length).expect("length fits in memory"), 0);
+        }
+    }
+}
+
+impl State {
+    fn new(rng: Rng) -> State {
+        let mut inodes = BTreeMap::new();
+        inodes.insert(ROOT, Inode::Directory(DirectoryNode::default()));
+        State {
+            inodes,
+            next_inode: ROOT + 1,
+            handles: BTreeMap::new(),
+            next_handle: 1,
+            locks: BTreeSet::new(),
+            faults: Faults::NONE,
+            rng,
+            fail_next_syncs: 0,
+            power_left: None,
+            stats: Stats::default(),
+            trace: 0xCBF2_9CE4_8422_2325,
+        }
+    }
+
+    fn record(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.trace ^= u64::from(byte);
+            self.trace = self.trace.wrapping_mul(0x0100_0000_01B3);
+        }
+    }
+
+    fn record_call(&mut self, name: &str, path: &Path, result: &io::Result<u64>) {
+        self.record(name.as_bytes());
+        self.record(path.as_os_str().as_encoded_bytes());
+        match result {
+            Ok(value) => self.record(&value.to_le_bytes()),
+            Err(e) => self.record(format!("{:?}", e.kind()).as_bytes()),
+        }
+    }
+
+    /// Counts one call against an armed power cut; once it is reached every call fails.
+    fn check_power(&mut self) -> io::Result<()> {
+        match &mut self.power_left {
+            None => Ok(()),
+            Some(0) => Err(error(io::ErrorKind::BrokenPipe, "simulated power cut")),
+            Some(left) => {
+                *left -= 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn directory(&self, inode: InodeId) -> io::Result<&DirectoryNode> {
+        match self.inodes.get(&inode).expect("a live inode id") {
+            Inode::Directory(directory) => Ok(directory),
+            Inode::File(_) => Err(error(io::ErrorKind::NotADirectory, "not a directory")),
+        }
+    }
+
+    fn directory_mut(&mut self, inode: InodeId) -> io::Result<&mut DirectoryNode> {
+        match self.inodes.get_mut(&inode).expect("a live inode id") {
+            Inode::Directory(directory) => Ok(directory),
+            Inode::File(_) => Err(error(io::ErrorKind::NotADirectory, "not a directory")),
+        }
+    }
+
+    fn file_mut(&mut self, inode: InodeId) -> io::Result<&mut FileNode> {
+        match self.inodes.get_mut(&inode).expect("a live inode id") {
+            Inode::File(file) => Ok(file),
+            Inode::Directory(_) => Err(error(io::ErrorKind::IsADirectory, "is a directory")),
+        }
+    }
+
+    /// The inode at `path` in the current namespace.
+    fn resolve(&self, path: &Path) -> io::Result<InodeId> {
+        let mut inode = ROOT;
+        for name in components(path)? {
+            inode = *self
+                .directory(inode)?
+                .current
+                .get(&name)
+                .ok_or_else(|| error(io::ErrorKind::NotFound, format!("{}", path.display())))?;
+        }
+        Ok(inode)
+    }
+
+    /// The parent directory's inode and the last name of `path`.
+    fn parent(&self, path: &Path) -> io::Result<(InodeId, String)> {
+        let mut names = components(path)?;
+        let name = names
+            .pop()
+            .ok_or_else(|| error(io::ErrorKind::InvalidInput, "the root has no parent"))?;
+        let mut inode = ROOT;
+        for part in names {
+            inode = *self
+                .directory(inode)?
+                .current
+                .get(&part)
+                .ok_or_else(|| error(io::ErrorKind::NotFound, format!("{}", path.display())))?;
+        }
+        self.directory(inode)?;
+        Ok((inode, name))
+    }
+
+    fn allocate_inode(&mut self, inode: Inode) -> InodeId {
+        let id = self.next_inode;
+        self.next_inode += 1;
+        let previous = self.inodes.insert(id, inode);
+        assert!(previous.is_none(), "inode id reused");
+        id
+    }
+
+    fn insert_handle(&mut self, inode: InodeId, mode: OpenMode, path: &Path, locked: bool) -> u64 {
+        let id = self.next_handle;
+        self.next_handle += 1;
+        let handle = Handle { inode, mode, path: path.to_path_buf(), locked };
+        assert!(self.handles.insert(id, handle).is_none(), "handle id reused");
+        id
+    }
+
+    fn handle(&self, file: FileHandle) -> io::Result<&Handle> {
+        self.handles
+            .get(&file.0)
+            .ok_or_else(|| error(io::ErrorKind::InvalidInput, format!("bad handle {}", file.0)))
+    }
+
+    fn open(&mut self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
+        let inode = match mode {
+            OpenMode::CreateNew => {
+                let (parent, name) = self.parent(path)?;
+                if self.directory(parent)?.current.contains_key(&name) {
+                    return Err(error(io::ErrorKind::AlreadyExists, format!("{}", path.display())));
+                }
+                let inode = self.allocate_inode(Inode::File(FileNode::default()));
+                self.directory_mut(parent)?.current.insert(name, inode);
+                inode
+            }
+            OpenMode::Read | OpenMode::ReadWrite => {
+                let inode = self.resolve(path)?;
+                self.file_mut(inode)?;
+                inode
+            }
+            OpenMode::Directory => {
+                let inode = self.resolve(path)?;
+                self.directory(inode)?;
+                inode
+            }
+        };
+        Ok(FileHandle(self.insert_handle(inode, mode, path, false)))
+    }
+
+    fn lock(&mut self, path: &Path) -> io::Result<FileHandle> {
+        let inode = match self.resolve(path) {
+            Ok(inode) => inode,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let (parent, name) = self.parent(path)?;
+                let inode = self.allocate_inode(Inode::File(FileNode::default()));
+                self.directory_mut(parent)?.current.insert(name, inode);
+                inode
+            }
+            Err(e) => return Err(e),
+        };
+        self.file_mut(inode)?;
+        if !self.locks.insert(path.to_path_buf()) {
+            return Err(error(io::ErrorKind::WouldBlock, "locked by another holder"));
+        }
+        Ok(FileHandle(self.insert_handle(inode, OpenMode::ReadWrite, path, true)))
+    }
+
+    fn close(&mut self, file: FileHandle) {
+        if let Some(handle) = self.handles.remove(&file.0)
+            && handle.locked
+        {
+            assert!(self.locks.remove(&handle.path), "a locked handle holds its lock");
+        }
+    }
+
+    fn total_bytes(&self) -> u64 {
+        self.inodes
+            .values()
+            .map(|inode| match inode {
+                Inode::File(file) => file.current.len() as u64,
+                Inode::Directory(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Fails with `StorageFull` when growing the files by `growth` bytes passes the capacity.
+    fn check_space(&self, growth: u64) -> io::Result<()> {
+        match self.faults.capacity_bytes {
+            Some(capacity) if growth > 0 && self.total_bytes() + growth > capacity => {
+                Err(error(io::ErrorKind::StorageFull, "simulated disk full"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A file handle for data operations, refusing directory handles and `write` on read-only.
+    fn data_handle(&self, file: FileHandle, writes: bool) -> io::Result<InodeId> {
+        let handle = self.handle(file)?;
+        match handle.mode {
+            OpenMode::Directory => Err(error(io::ErrorKind::IsADirectory, "directory handle")),
+            OpenMode::Read if writes => {
+                Err(error(io::ErrorKind::PermissionDenied, "handle opened read only"))
+            }
+            _ => Ok(handle.inode),
+        }
+    }
+
+    fn read(&mut self, file: FileHandle, position: u64, buffer: &mut Vec<u8>) -> io::Result<u64> {
+        let inode = self.data_handle(file, false)?;
+        if self.rng.chance(self.faults.read_error_per_million) {
+            return Err(eio("read"));
+        }
+        self.stats.reads += 1;
+        let current = &self.file_mut(inode)?.current;
+        let start = usize::try_from(position).unwrap_or(usize::MAX).min(current.len());
+        let end = start.saturating_add(buffer.len()).min(current.len());
+        buffer.truncate(end - start);
+        buffer.copy_from_slice(&current[start..end]);
+        Ok(buffer.len() as u64)
+    }
+
+    fn change(&mut self, file: FileHandle, change: &Pending) -> io::Result<u64> {
+        let inode = self.data_handle(file, true)?;
+        let (end, transferred) = match change {
+            Pending::Write { position, bytes } => (position + bytes.len() as u64, bytes.len()),
+            Pending::Resize { length } => (*length, 0),
+        };
+        if end > FILE_BYTES_MAX {
+            return Err(error(io::ErrorKind::FileTooLarge, "past the simulated file size limit"));
+        }
+        if matches!(change, Pending::Write { .. })
+            && self.rng.chance(self.faults.write_error_per_million)
+        {
+            return Err(eio("write"));
+        }
+        let length = self.file_mut(inode)?.current.len() as u64;
+        self.check_space(end.saturating_sub(length))?;
+        let node = self.file_mut(inode)?;
+        apply(&mut node.current, change);
+        node.pending.push(change.clone());
+        if transferred > 0 {
+            self.stats.writes += 1;
+        }
+        Ok(transferred as u64)
+    }
+
+    fn sync(&mut self, file: FileHandle, fdatasync: bool) -> io::Result<u64> {
+        let handle = self.handle(file)?;
+        let (inode, is_directory) = (handle.inode, handle.mode == OpenMode::Directory);
+        if fdatasync && is_directory {
+            return Err(error(io::ErrorKind::InvalidInput, "fdatasync of a directory handle"));
+        }
+        let injected = self.fail_next_syncs > 0;
+        if injected || self.rng.chance(self.faults.sync_error_per_million) {
+            self.fail_next_syncs = self.fail_next_syncs.saturating_sub(1);
+            self.stats.failed_syncs += 1;
+            if !is_directory {
+                // Linux: the dirty pages are dropped from the writeback set but stay cached.
+                self.file_mut(inode)?.pending.clear();
+            }
+            return Err(eio("fsync"));
+        }
+        if is_directory {
+            let directory = self.directory_mut(inode)?;
+            directory.durable = directory.current.clone();
+            self.stats.directory_syncs += 1;
+        } else {
+            let node = self.file_mut(inode)?;
+            for change in std::mem::take(&mut node.pending) {
+                apply(&mut node.durable, &change);
+            }
+            self.stats.syncs += 1;
+        }
+        Ok(0)
+    }
+
+    fn execute(&mut self, operation: Operation) -> Completion {
+        let name = operation.name();
+        let (buffer, result) = match self.check_power() {
+            Err(e) => (operation_buffer(operation), Err(e)),
+            Ok(()) => self.execute_powered(operation),
+        };
+        self.record(name.as_bytes());
+        match &result {
+            Ok(n) => self.record(&n.to_le_bytes()),
+            Err(e) => self.record(format!("{:?}", e.kind()).as_bytes()),
+        }
+        Completion { buffer, result: result.map(|n| usize::try_from(n).expect("fits")) }
+    }
+
+    fn execute_powered(&mut self, operation: Operation) -> (Vec<u8>, io::Result<u64>) {
+        match operation {
+            Operation::Read { file, position, mut buffer } => {
+                let result = self.read(file, position, &mut buffer);
+                (buffer, result)
+            }
+            Operation::Write { file, position, buffer } => {
+                let change = Pending::Write { position, bytes: buffer };
+                let result = self.change(file, &change);
+                let Pending::Write { bytes, .. } = change else { unreachable!("built above") };
+                (bytes, result)
+            }
+            Operation::Fsync { file } => (Vec::new(), self.sync(file, false)),
+            Operation::Fdatasync { file } => (Vec::new(), self.sync(file, true)),
+            Operation::Truncate { file, length } => {
+                (Vec::new(), self.change(file, &Pending::Resize { length }).map(|_| 0))
+            }
+            Operation::Allocate { file, position, length } => {
+                let result = self.allocate(file, position.saturating_add(length));
+                (Vec::new(), result)
+            }
+        }
+    }
+
+    fn allocate(&mut self, file: FileHandle, wanted: u64) -> io::Result<u64> {
+        let inode = self.data_handle(file, true)?;
+        if self.file_mut(inode)?.current.len() as u64 >= wanted {
+            return Ok(0);
+        }
+        self.change(file, &Pending::Resize { length: wanted }).map(|_| 0)
+    }
+}
+
+fn operation_buffer(operation: Operation) -> Vec<u8> {
+    match operation {
+        Operation::Read { buffer, .. } | Operation::Write { buffer, .. } => buffer,
+        _ => Vec::new(),
+    }
+}
+
+/// Namespace operations.
+impl State {
+    fn create_directory(&mut self, path: &Path) -> io::Result<u64> {
+        let (parent, name) = self.parent(path)?;
+        if self.directory(parent)?.current.contains_key(&name) {
+            return Err(error(io::ErrorKind::AlreadyExists, format!("{}", path.display())));
+        }
+        let inode = self.allocate_inode(Inode::Directory(DirectoryNode::default()));
+        self.directory_mut(parent)?.current.insert(name, inode);
+        Ok(0)
+    }
+
+    fn list(&self, path: &Path) -> io::Result<Vec<DirectoryEntry>> {
+        let directory = self.directory(self.resolve(path)?)?;
+        let entries: Vec<DirectoryEntry> = directory
+            .current
+            .iter()
+            .map(|(name, inode)| DirectoryEntry {
+                name: name.clone(),
+                is_directory: matches!(self.inodes[inode], Inode::Directory(_)),
+            })
+            .collect();
+        // BTreeMap iteration is by name already: the order the trait promises.
+        assert!(entries.windows(2).all(|pair| pair[0].name < pair[1].name));
+        Ok(entries)
+    }
+
+    fn rename(&mut self, from: &Path, to: &Path) -> io::Result<u64> {
+        let (from_parent, from_name) = self.parent(from)?;
+        let (to_parent, to_name) = self.parent(to)?;
+        let inode = *self
+            .directory(from_parent)?
+            .current
+            .get(&from_name)
+            .ok_or_else(|| error(io::ErrorKind::NotFound, format!("{}", from.display())))?;
+        let moving_directory = matches!(self.inodes[&inode], Inode::Directory(_));
+        if moving_directory && to.starts_with(from) && to != from {
+            return Err(error(io::ErrorKind::InvalidInput, "rename into its own subtree"));
+        }
+        if let Some(&target) = self.directory(to_parent)?.current.get(&to_name) {
+            match (&self.inodes[&target], moving_directory) {
+                (Inode::Directory(d), true) if !d.current.is_empty() => {
+                    return Err(error(io::ErrorKind::DirectoryNotEmpty, "rename target"));
+                }
+                (Inode::Directory(_), false) => {
+                    return Err(error(io::ErrorKind::IsADirectory, "rename target"));
+                }
+                (Inode::File(_), true) => {
+                    return Err(error(io::ErrorKind::NotADirectory, "rename target"));
+                }
+                _ => {}
+            }
+        }
+        self.directory_mut(from_parent)?.current.remove(&from_name);
+        self.directory_mut(to_parent)?.current.insert(to_name, inode);
+        Ok(0)
+    }
+
+    fn remove_file(&mut self, path: &Path) -> io::Result<u64> {
+        let (parent, name) = self.parent(path)?;
+        let inode = self.resolve(path)?;
+        self.file_mut(inode)?;
+        self.directory_mut(parent)?.current.remove(&name);
+        Ok(0)
+    }
+
+    fn remove_directory(&mut self, path: &Path) -> io::Result<u64> {
+        let (parent, name) = self.parent(path)?;
+        let inode = self.resolve(path)?;
+        if !self.directory(inode)?.current.is_empty() {
+            return Err(error(io::ErrorKind::DirectoryNotEmpty, format!("{}", path.display())));
+        }
+        self.directory_mut(parent)?.current.remove(&name);
+        Ok(0)
+    }
+}
+
+/// Crash and inspection.
+impl State {
+    fn crash(&mut self, rng: &mut Rng) {
+        self.handles.clear();
+        self.locks.clear();
+        self.power_left = None;
+        self.fail_next_syncs = 0;
+        self.stats.crashes += 1;
+        let faults = self.faults;
+        // BTreeMap order makes the draws, and so the outcome, a function of the seed.
+        for inode in self.inodes.values_mut() {
+            match inode {
+                Inode::Directory(directory) => {
+                    if rng.chance(faults.directory_kept_per_million) {
+                        directory.durable = directory.current.clone();
+                    } else {
+                        directory.current = directory.durable.clone();
+                    }
+                }
+                Inode::File(file) => crash_file(file, &faults, rng),
+            }
+        }
+        self.collect_garbage();
+        self.record(b"crash");
+    }
+
+    /// Free the inodes a crash left unreachable from the root.
+    fn collect_garbage(&mut self) {
+        let mut reachable = BTreeSet::from([ROOT]);
+        let mut stack = vec![ROOT];
+        while let Some(inode) = stack.pop() {
+            if let Inode::Directory(directory) = &self.inodes[&inode] {
+                // A crash can reattach a directory in two places; `insert` keeps the walk finite.
+                for &child in directory.current.values() {
+                    if reachable.insert(child) {
+                        stack.push(child);
+                    }
+                }
+            }
+        }
+        self.inodes.retain(|inode, _| reachable.contains(inode));
+        assert!(self.inodes.contains_key(&ROOT));
+    }
+
+    fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        let mut stack = vec![(PathBuf::from("/"), ROOT, 0_usize)];
+        while let Some((path, inode, depth)) = stack.pop() {
+            // Bounded: a crash may alias a directory, but never nests one in itself this deep.
+            assert!(depth < 64, "directory tree deeper than 64 at {}", path.display());
+            match &self.inodes[&inode] {
+                Inode::File(file) => {
+                    files.insert(path, file.current.clone());
+                }
+                Inode::Directory(directory) => {
+                    for (name, &child) in &directory.current {
+                        stack.push((path.join(name), child, depth + 1));
+                    }
+                }
+            }
+        }
+        files
+    }
+}
+
+/// Rebuild one file after a crash from its durable image and its pending changes.
+fn crash_file(file: &mut FileNode, faults: &Faults, rng: &mut Rng) {
+    let mut survivors = Vec::new();
+    for change in std::mem::take(&mut file.pending) {
+        match change {
+            Pending::Resize { .. } => {
+                if rng.chance(faults.resize_kept_per_million) {
+                    survivors.push(change);
+                }
+            }
+            Pending::Write { position, bytes } => {
+                survivors.extend(crash_write(position, &bytes, faults, rng));
+            }
+        }
+    }
+    rng.shuffle(&mut survivors);
+    for change in &survivors {
+        apply(&mut file.durable, change);
+    }
+    file.current = file.durable.clone();
+    assert!(file.pending.is_empty());
+}
+
+/// The pieces of one pending write that survive a crash: each sector piece kept, torn or
+/// dropped independently.
+fn crash_write(position: u64, bytes: &[u8], faults: &Faults, rng: &mut Rng) -> Vec<Pending> {
+    let mut pieces = Vec::new();
+    let mut start = 0_usize;
+    while start < bytes.len() {
+        let absolute = position + start as u64;
+        let sector_end = (absolute / SECTOR_BYTES + 1) * SECTOR_BYTES;
+        let end = bytes.len().min(start + (sector_end - absolute) as usize);
+        assert!(end > start && (end - start) as u64 <= SECTOR_BYTES);
+        let roll = rng.below(u64::from(crate::rng::PER_MILLION)) as u32;
+        let kept = if roll < faults.sector_kept_per_million {
+            end - start
+        } else if roll < faults.sector_kept_per_million + faults.sector_torn_per_million {
+            rng.index(end - start)
+        } else {
+            0
+        };
+        if kept > 0 {
+            let bytes = bytes[start..start + kept].to_vec();
+            pieces.push(Pending::Write { position: absolute, bytes });
+        }
+        start = end;
+    }
+    pieces
+}
+
+impl SimDisk {
+    /// An empty disk (only the root directory) whose faults draw from `rng`.
+    pub fn new(rng: Rng) -> SimDisk {
+        SimDisk { state: Arc::new(Mutex::new(State::new(rng))) }
+    }
+
+    /// Set the fault probabilities from now on.
+    pub fn set_faults(&self, faults: Faults) {
+        assert!(
+            faults.sector_kept_per_million + faults.sector_torn_per_million
+                <= crate::rng::PER_MILLION
+        );
+        self.state.lock().faults = faults;
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.state.lock().faults
+    }
+
+    /// Make the next `count` syncs (file or directory) fail, with Linux semantics.
+    pub fn fail_next_syncs(&self, count: u32) {
+        self.state.lock().fail_next_syncs = count;
+    }
+
+    /// Let `operations` more calls through, then fail every call as if the machine lost power
+    /// mid-run. Follow with [`SimDisk::crash`]: the cut ends at the crash.
+    pub fn cut_power_after(&self, operations: u64) {
+        self.state.lock().power_left = Some(operations);
+    }
+
+    /// Whether an armed power cut has been reached.
+    pub fn power_is_cut(&self) -> bool {
+        self.state.lock().power_left == Some(0)
+    }
+
+    /// Lose power: see the module documentation for exactly what survives.
+    pub fn crash(&self, rng: &mut Rng) {
+        self.state.lock().crash(rng);
+    }
+
+    /// Every file reachable in the current namespace, by path, with its current bytes.
+    pub fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        self.state.lock().snapshot()
+    }
+
+    /// A hash of every call made so far and its outcome: equal for two runs of one seed.
+    pub fn trace_hash(&self) -> u64 {
+        self.state.lock().trace
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.lock().stats
+    }
+
+    /// Handles currently open: zero after an engine closed cleanly.
+    pub fn open_handles(&self) -> usize {
+        self.state.lock().handles.len()
+    }
+
+    /// Run a namespace call: count it against a power cut and record it in the trace.
+    fn call<T>(
+        &self,
+        name: &str,
+        path: &Path,
+        body: impl FnOnce(&mut State) -> io::Result<T>,
+        trace_value: impl Fn(&T) -> u64,
+    ) -> io::Result<T> {
+        let mut state = self.state.lock();
+        let result = state.check_power().and_then(|()| body(&mut state));
+        let traced = result.as_ref().map(&trace_value).map_err(|e| error(e.kind(), ""));
+        state.record_call(name, path, &traced);
+        result
+    }
+}
+
+impl Io for SimDisk {
+    fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
+        // One lock for the batch: its operations run in order, like the pread backend's.
+        let mut state = self.state.lock();
+        operations.into_iter().map(|operation| state.execute(operation)).collect()
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
+        self.call("open", path, |state| state.open(path, mode), |handle| handle.0)
+    }
+
+    fn close(&self, file: FileHandle) {
+        // Closing never fails and flushes nothing, so a power cut does not stop it: the
+        // handle table is gone at the crash anyway.
+        let mut state = self.state.lock();
+        state.close(file);
+        state.record(b"close");
+        state.record(&file.0.to_le_bytes());
+    }
+
+    fn file_size(&self, file: FileHandle) -> io::Result<u64> {
+        self.call(
+            "file_size",
+            Path::new(""),
+            |state| {
+                let inode = state.data_handle(file, false)?;
+                Ok(state.file_mut(inode)?.current.len() as u64)
+            },
+            |size| *size,
+        )
+    }
+
+    fn create_directory(&self, path: &Path) -> io::Result<()> {
+        self.call("create_directory", path, |s| s.create_directory(path), |_| 0).map(|_| ())
+    }
+
+    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
+        self.call("list", directory, |state| state.list(directory), |e| e.len() as u64)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.state.lock();
+        state.record(to.as_os_str().as_encoded_bytes());
+        drop(state);
+        self.call("rename", from, |state| state.rename(from, to), |_| 0).map(|_| ())
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.call("remove_file", path, |state| state.remove_file(path), |_| 0).map(|_| ())
+    }
+
+    fn remove_directory(&self, path: &Path) -> io::Result<()> {
+        self.call("remove_directory", path, |s| s.remove_directory(path), |_| 0).map(|_| ())
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<FileHandle> {
+        self.call("lock", path, |state| state.lock(path), |handle| handle.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chronik_engine::io::{read_exact, run_plain, sync_directory, write_all};
+
+    fn disk(seed: u64) -> SimDisk {
+        SimDisk::new(Rng::new(seed))
+    }
+
+    fn create(disk: &SimDisk, path: &str, bytes: &[u8]) -> FileHandle {
+        let file = disk.open(Path::new(path), OpenMode::CreateNew).unwrap();
+        write_all(disk, file, 0, bytes.to_vec()).unwrap();
+        file
+    }
+
+    #[test]
+    fn synced_data_and_entries_survive_every_crash() {
+        for seed in 0..50 {
+            let disk = disk(seed);
+            disk.create_directory(Path::new("/d")).unwrap();
+            sync_directory(&disk, Path::new("/")).unwrap();
+            let file = create(&disk, "/d/f", &vec![7; 3000]);
+            run_plain(&disk, Operation::Fdatasync { file }).unwrap();
+            sync_directory(&disk, Path::new("/d")).unwrap();
+            disk.crash(&mut Rng::new(seed));
+            assert_eq!(disk.snapshot()[Path::new("/d/f")], vec![7; 3000]);
+            assert_eq!(disk.open_handles(), 0);
+        }
+    }
+
+    #[test]
+    fn unsynced_entries_vanish_and_removed_ones_come_back() {
+        let disk = disk(1);
+        let old = create(&disk, "/old", b"old");
+        run_plain(&disk, Operation::Fsync { file: old }).unwrap();
+        sync_directory(&disk, Path::new("/")).unwrap();
+        create(&disk, "/new", b"new");
+        disk.rename(Path::new("/old"), Path::new("/renamed")).unwrap();
+        disk.create_directory(Path::new("/dir")).unwrap();
+        assert_eq!(disk.list(Path::new("/")).unwrap().len(), 3);
+        disk.crash(&mut Rng::new(1));
+        let files: Vec<PathBuf> = disk.snapshot().into_keys().collect();
+        assert_eq!(files, [PathBuf::from("/old")]);
+        assert_eq!(disk.list(Path::new("/")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unsynced_writes_are_kept_torn_or_dropped_per_sector() {
+        let mut outcomes = BTreeSet::new();
+        for seed in 0..200 {
+            let disk = disk(seed);
+            let file = create(&disk, "/f", &[1; 1024]);
+            run_plain(&disk, Operation::Fsync { file }).unwrap();
+            sync_directory(&disk, Path::new("/")).unwrap();
+            write_all(&disk, file, 256, vec![2; 512]).unwrap();
+            disk.crash(&mut Rng::new(seed));
+            let bytes = &disk.snapshot()[Path::new("/f")];
+            assert_eq!(bytes.len(), 1024, "a write inside the file keeps the size");
+            assert!(bytes[..256].iter().chain(&bytes[768..]).all(|&b| b == 1));
+            // Each of the two sector pieces is a run of 2s followed by 1s (a torn prefix).
+            for piece in [&bytes[256..512], &bytes[512..768]] {
+                let twos = piece.iter().take_while(|&&b| b == 2).count();
+                assert!(piece[twos..].iter().all(|&b| b == 1));
+                outcomes.insert(twos);
+            }
+        }
+        assert!(outcomes.contains(&0) && outcomes.contains(&256) && outcomes.len() > 3);
+    }
+
+    #[test]
+    fn a_failed_fsync_drops_the_pending_writes_and_a_retry_lies() {
+        for seed in 0..20 {
+            let disk = disk(seed);
+            let file = create(&disk, "/f", b"durable");
+            run_plain(&disk, Operation::Fsync { file }).unwrap();
+            sync_directory(&disk, Path::new("/")).unwrap();
+            write_all(&disk, file, 7, b" lost".to_vec()).unwrap();
+            disk.fail_next_syncs(1);
+            assert!(run_plain(&disk, Operation::Fdatasync { file }).is_err());
+            assert_eq!(read_exact(&disk, file, 0, 12).unwrap(), b"durable lost", "still cached");
+            run_plain(&disk, Operation::Fdatasync { file }).unwrap();
+            disk.crash(&mut Rng::new(seed));
+            assert_eq!(disk.snapshot()[Path::new("/f")], b"durable");
+            assert_eq!(disk.stats().failed_syncs, 1);
+        }
+    }
+
+    #[test]
+    fn truncates_survive_only_after_a_sync() {
+        let mut sizes = BTreeSet::new();
+        for seed in 0..40 {
+            let disk = disk(seed);
+            let file = create(&disk, "/f", &[3; 100]);
+            run_plain(&disk, Operation::Fsync { file }).unwrap();
+            sync_directory(&disk, Path::new("/")).unwrap();
+            run_plain(&disk, Operation::Truncate { file, length: 10 }).unwrap();
+            assert_eq!(disk.file_size(file).unwrap(), 10);
+            disk.crash(&mut Rng::new(seed));
+            sizes.insert(disk.snapshot()[Path::new("/f")].len());
+        }
+        assert_eq!(sizes, BTreeSet::from([10, 100]));
+    }
+
+    #[test]
+    fn locks_are_exclusive_and_released_on_close_and_crash() {
+        let disk = disk(2);
+        let lock = disk.lock(Path::new("/lock")).unwrap();
+        assert_eq!(disk.lock(Path::new("/lock")).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        disk.close(lock);
+        let _lock = disk.lock(Path::new("/lock")).unwrap();
+        disk.crash(&mut Rng::new(2));
+        disk.lock(Path::new("/lock")).unwrap();
+    }
+
+    #[test]
+    fn stale_handles_fail_after_a_crash_and_power_cuts_stop_everything() {
+        let disk = disk(3);
+        let file = create(&disk, "/f", b"x");
+        disk.cut_power_after(1);
+        assert!(disk.list(Path::new("/")).is_ok());
+        assert!(disk.power_is_cut());
+        assert!(disk.list(Path::new("/")).is_err());
+        assert!(write_all(&disk, file, 0, b"y".to_vec()).is_err());
+        disk.crash(&mut Rng::new(3));
+        assert!(!disk.power_is_cut());
+        assert!(write_all(&disk, file, 0, b"y".to_vec()).is_err(), "the handle died");
+    }
+
+    #[test]
+    fn namespace_errors_match_posix() {
+        let disk = disk(4);
+        let kind = |r: io::Result<()>| r.unwrap_err().kind();
+        disk.create_directory(Path::new("/a")).unwrap();
+        create(&disk, "/a/f", b"");
+        assert_eq!(kind(disk.create_directory(Path::new("/a"))), io::ErrorKind::AlreadyExists);
+        assert_eq!(kind(disk.create_directory(Path::new("/b/c"))), io::ErrorKind::NotFound);
+        let error = disk.remove_directory(Path::new("/a"));
+        assert_eq!(kind(error), io::ErrorKind::DirectoryNotEmpty);
+        let error = disk.open(Path::new("/a/f"), OpenMode::CreateNew).map(|_| ());
+        assert_eq!(kind(error), io::ErrorKind::AlreadyExists);
+        assert_eq!(kind(disk.remove_file(Path::new("/a"))), io::ErrorKind::IsADirectory);
+        disk.remove_file(Path::new("/a/f")).unwrap();
+        disk.remove_directory(Path::new("/a")).unwrap();
+        assert!(disk.list(Path::new("/")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn injected_io_errors_transfer_nothing() {
+        let disk = disk(6);
+        let file = create(&disk, "/f", b"before");
+        let always = crate::rng::PER_MILLION;
+        disk.set_faults(Faults { read_error_per_million: always, ..Faults::NONE });
+        assert!(read_exact(&disk, file, 0, 6).is_err());
+        disk.set_faults(Faults { write_error_per_million: always, ..Faults::NONE });
+        assert!(write_all(&disk, file, 0, b"after!".to_vec()).is_err());
+        disk.set_faults(Faults::NONE);
+        assert_eq!(read_exact(&disk, file, 0, 6).unwrap(), b"before");
+    }
+
+    #[test]
+    fn a_full_disk_refuses_growth() {
+        let disk = disk(5);
+        disk.set_faults(Faults { capacity_bytes: Some(100), ..Faults::NONE });
+        let file = create(&disk, "/f", &[0; 100]);
+        let error = write_all(&disk, file, 100, vec![1]).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::StorageFull);
+        write_all(&disk, file, 0, vec![1; 100]).unwrap();
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_disk() {
+        let run = |seed| {
+            let disk = disk(seed);
+            disk.set_faults(Faults { write_error_per_million: 100_000, ..Faults::NONE });
+            let file = disk.open(Path::new("/f"), OpenMode::CreateNew).unwrap();
+            for i in 0..100_u64 {
+                let _ = write_all(&disk, file, i * 300, vec![i as u8; 300]);
+            }
+            disk.crash(&mut Rng::new(seed));
+            (disk.snapshot(), disk.trace_hash())
+        };
+        assert_eq!(run(9), run(9));
+        assert_ne!(run(9), run(10));
+    }
+}
