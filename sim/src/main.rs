@@ -1,0 +1,232 @@
+//! `chronik-sim`: run the deterministic simulator from the command line.
+//!
+//! ```text
+//! chronik-sim run --seed 42 [--ops 200] [--trace]
+//! chronik-sim swarm --seeds 1000 [--start 0] [--jobs 2]
+//! chronik-sim swarm --duration 60 [--jobs 2]
+//! chronik-sim check-determinism --seed 0 [--count 100]
+//! ```
+//!
+//! Every command exits with status 1 when it finds a violation or a difference, printing the
+//! exact command that replays the failing seed.
+
+use anyhow::{Context as _, bail};
+use chronik_sim::run::{OPS_DEFAULT, RunOptions, RunOutcome, run};
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Most worker threads `swarm` starts.
+const JOBS_MAX: usize = 256;
+
+#[derive(Debug, Parser)]
+#[command(name = "chronik-sim", about = "Deterministic simulator for the Chronik engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one seed and print its summary line.
+    Run {
+        #[arg(long)]
+        seed: u64,
+        /// Workload steps over the whole run.
+        #[arg(long, default_value_t = OPS_DEFAULT)]
+        ops: u64,
+        /// Print every trace event to stderr as it happens.
+        #[arg(long)]
+        trace: bool,
+    },
+    /// Run many seeds on worker threads and summarise.
+    Swarm {
+        /// Number of seeds to run.
+        #[arg(long, conflicts_with = "duration", required_unless_present = "duration")]
+        seeds: Option<u64>,
+        /// Keep starting seeds for this many seconds.
+        #[arg(long)]
+        duration: Option<u64>,
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+        /// Worker threads.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+        #[arg(long, default_value_t = OPS_DEFAULT)]
+        ops: u64,
+    },
+    /// Run each seed twice and compare the trace hash and every file's bytes.
+    CheckDeterminism {
+        #[arg(long)]
+        seed: u64,
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[arg(long, default_value_t = OPS_DEFAULT)]
+        ops: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    match execute(&Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Run a command; `Ok(false)` when it found a violation or a difference.
+fn execute(cli: &Cli) -> anyhow::Result<bool> {
+    match cli.command {
+        Command::Run { seed, ops, trace } => {
+            let options = RunOptions { ops, echo_trace: trace, ..RunOptions::default() };
+            let outcome = run(seed, &options);
+            if outcome.violation.is_some() {
+                report_violation(&outcome);
+            }
+            println!("{}", outcome.summary_line());
+            Ok(outcome.violation.is_none())
+        }
+        Command::Swarm { seeds, duration, start, jobs, ops } => {
+            if jobs == 0 || jobs > JOBS_MAX {
+                bail!("--jobs must be between 1 and {JOBS_MAX}");
+            }
+            let limit = match (seeds, duration) {
+                (Some(count), _) => {
+                    Limit::Seeds(start.checked_add(count).context("seed overflow")?)
+                }
+                (None, Some(seconds)) => {
+                    Limit::Until(Instant::now() + Duration::from_secs(seconds))
+                }
+                (None, None) => bail!("give --seeds or --duration"),
+            };
+            Ok(swarm(start, limit, jobs, ops))
+        }
+        Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
+    }
+}
+
+fn report_violation(outcome: &RunOutcome) {
+    let Some(violation) = &outcome.violation else { return };
+    eprintln!("VIOLATION in seed {}: {violation}", outcome.seed);
+    eprintln!("last trace events:");
+    for event in &outcome.trace {
+        eprintln!("  {event}");
+    }
+    eprintln!("replay: {}", outcome.replay_command());
+}
+
+/// When a swarm stops starting seeds.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    /// Before this seed.
+    Seeds(u64),
+    /// At this instant.
+    Until(Instant),
+}
+
+/// What the workers of a swarm collect.
+#[derive(Debug, Default)]
+struct Totals {
+    seeds: u64,
+    ops: u64,
+    sim_time_us: u64,
+    speedups: Vec<f64>,
+    /// The failing run with the lowest seed.
+    first_failure: Option<RunOutcome>,
+    failures: u64,
+}
+
+fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
+    let next = AtomicU64::new(start);
+    let totals = Mutex::new(Totals::default());
+    let began = Instant::now();
+    let options = RunOptions { ops, ..RunOptions::default() };
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    let more = match limit {
+                        Limit::Seeds(end) => seed < end,
+                        Limit::Until(deadline) => Instant::now() < deadline,
+                    };
+                    if !more {
+                        return;
+                    }
+                    let outcome = run(seed, &options);
+                    let mut totals = totals.lock().expect("no worker panics holding the lock");
+                    totals.seeds += 1;
+                    totals.ops += outcome.ops;
+                    totals.sim_time_us += outcome.sim_time_us;
+                    totals.speedups.push(outcome.speedup());
+                    if let Some(violation) = &outcome.violation {
+                        totals.failures += 1;
+                        eprintln!("seed {seed}: {violation}");
+                        if totals.first_failure.as_ref().is_none_or(|f| f.seed > seed) {
+                            totals.first_failure = Some(outcome);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let wall = began.elapsed().as_secs_f64().max(1e-9);
+    let mut totals = totals.into_inner().expect("workers finished");
+    totals.speedups.sort_by(f64::total_cmp);
+    let median = totals.speedups.get(totals.speedups.len() / 2).copied().unwrap_or(0.0);
+    println!(
+        "seeds={} seeds/s={:.1} ops/s={:.0} median_speedup={median:.0}x sim_time={}s \
+         wall={wall:.1}s jobs={jobs} failures={}",
+        totals.seeds,
+        totals.seeds as f64 / wall,
+        totals.ops as f64 / wall,
+        totals.sim_time_us / 1_000_000,
+        totals.failures
+    );
+    match &totals.first_failure {
+        None => true,
+        Some(outcome) => {
+            report_violation(outcome);
+            println!("first failing seed {}: {}", outcome.seed, outcome.replay_command());
+            false
+        }
+    }
+}
+
+fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
+    let options = RunOptions { ops, keep_snapshot: true, ..RunOptions::default() };
+    let end = first.checked_add(count).context("seed overflow")?;
+    let mut differences = 0;
+    for seed in first..end {
+        let a = run(seed, &options);
+        let b = run(seed, &options);
+        let mut problems = Vec::new();
+        if a.trace_hash != b.trace_hash {
+            problems.push(format!("trace hash {:016x} != {:016x}", a.trace_hash, b.trace_hash));
+        }
+        if a.violation != b.violation {
+            problems.push(format!("violations {:?} != {:?}", a.violation, b.violation));
+        }
+        let (files_a, files_b) = (a.snapshot.unwrap_or_default(), b.snapshot.unwrap_or_default());
+        for path in files_a.keys().chain(files_b.keys()) {
+            if files_a.get(path) != files_b.get(path) {
+                problems.push(format!("file {} differs", path.display()));
+            }
+        }
+        if problems.is_empty() {
+            continue;
+        }
+        differences += 1;
+        problems.dedup();
+        eprintln!("seed {seed} is not deterministic: {}", problems.join("; "));
+        eprintln!("replay: chronik-sim check-determinism --seed {seed} --ops {ops}");
+    }
+    println!("check-determinism: seeds {first}..{end}, {differences} not deterministic");
+    Ok(differences == 0)
+}

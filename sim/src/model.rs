@@ -1,0 +1,191 @@
+//! The reference model: what the workload was told, and from it what each partition may and
+//! must hold after a crash.
+//!
+//! Per partition the model keeps the acknowledged batches in order, how many of their records
+//! are known durable (they must survive any crash), and at most one *uncertain* batch: an
+//! append that failed, which recovery may keep whole or drop, never keep in part. An
+//! uncertain batch is always the last thing written to its partition, because a failed append
+//! poisons the engine and nothing is appended after it until the next open.
+
+use chronik_engine::Durability;
+
+/// One record as the workload wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelRecord {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    /// The timestamp the engine must store: the one given, or the clock at the append.
+    pub timestamp: i64,
+}
+
+/// One batch, appended at `appended_ms` of simulated time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelBatch {
+    pub records: Vec<ModelRecord>,
+    pub appended_ms: i64,
+}
+
+/// What one partition was told.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionModel {
+    /// Acknowledged batches, in offset order from offset zero.
+    pub batches: Vec<ModelBatch>,
+    /// Records, counted from offset zero, that must survive any crash.
+    pub durable_records: u64,
+    /// A failed append: after recovery it is there entirely or not at all.
+    pub uncertain: Option<ModelBatch>,
+}
+
+impl PartitionModel {
+    /// Number of acknowledged records: the next offset the engine must hand out.
+    pub fn acknowledged_records(&self) -> u64 {
+        self.batches.iter().map(|b| b.records.len() as u64).sum()
+    }
+
+    /// Every record recovery may find, in order: the acknowledged ones, then the uncertain.
+    pub fn possible_records(&self) -> impl Iterator<Item = &ModelRecord> {
+        self.batches.iter().chain(&self.uncertain).flat_map(|b| b.records.iter())
+    }
+
+    /// The record counts at which a batch ends, acknowledged then uncertain, from zero: a
+    /// recovered partition must end at one of them (batches are atomic).
+    pub fn batch_ends(&self) -> Vec<u64> {
+        let mut ends = vec![0];
+        let mut count = 0;
+        for batch in self.batches.iter().chain(&self.uncertain) {
+            count += batch.records.len() as u64;
+            ends.push(count);
+        }
+        ends
+    }
+}
+
+/// Whether the workload's topic exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopicState {
+    Absent,
+    /// Its creation failed midway: the next open tells.
+    Uncertain,
+    /// Created and acknowledged: it must survive every crash.
+    Present,
+}
+
+/// The whole reference model of one run.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub topic: TopicState,
+    pub partitions: Vec<PartitionModel>,
+    /// The durability of the engine open now (it may change at every open).
+    pub durability: Durability,
+}
+
+impl Model {
+    pub fn new(partitions: u32) -> Model {
+        assert!(partitions > 0);
+        Model {
+            topic: TopicState::Absent,
+            partitions: vec![PartitionModel::default(); partitions as usize],
+            durability: Durability::Sync,
+        }
+    }
+
+    /// The engine acknowledged `batch` on `partition`.
+    pub fn acknowledge(&mut self, partition: u32, batch: ModelBatch) {
+        let durability = self.durability;
+        let model = &mut self.partitions[partition as usize];
+        assert!(model.uncertain.is_none(), "nothing is appended after a failed append");
+        model.batches.push(batch);
+        if durability == Durability::Sync {
+            model.durable_records = model.acknowledged_records();
+        }
+    }
+
+    /// An append of `batch` failed after it may have reached the disk.
+    pub fn fail(&mut self, partition: u32, batch: ModelBatch) {
+        let model = &mut self.partitions[partition as usize];
+        assert!(model.uncertain.is_none(), "one failed append per partition between opens");
+        model.uncertain = Some(batch);
+    }
+
+    /// A flush (or a close) succeeded: everything acknowledged is durable.
+    pub fn all_synced(&mut self) {
+        for model in &mut self.partitions {
+            model.durable_records = model.acknowledged_records();
+        }
+    }
+
+    /// A tick succeeded at `now_ms` in interval mode: every record acknowledged at least
+    /// `interval_ms` before is durable (a partition not due was synced less than
+    /// `interval_ms` ago, after those records were written).
+    pub fn tick_succeeded(&mut self, now_ms: i64, interval_ms: u64) {
+        let horizon = now_ms.saturating_sub(i64::try_from(interval_ms).unwrap_or(i64::MAX));
+        for model in &mut self.partitions {
+            let mut count = 0;
+            for batch in model.batches.iter().take_while(|b| b.appended_ms <= horizon) {
+                count += batch.records.len() as u64;
+            }
+            model.durable_records = model.durable_records.max(count);
+        }
+    }
+
+    /// Records a reader of `partition` must see while the engine runs, and at most how many.
+    pub fn visible_bounds(&self, partition: u32) -> (u64, u64) {
+        let model = &self.partitions[partition as usize];
+        let acknowledged = model.acknowledged_records();
+        match self.durability {
+            Durability::Sync | Durability::Os => (acknowledged, acknowledged),
+            Durability::Interval { .. } => (model.durable_records, acknowledged),
+        }
+    }
+
+    /// After recovery found `count` records in `partition` (already checked against the
+    /// model), adopt them: they are on disk after the crash, so durable.
+    pub fn adopt(&mut self, partition: u32, count: u64) {
+        let model = &mut self.partitions[partition as usize];
+        let mut batches = std::mem::take(&mut model.batches);
+        batches.extend(model.uncertain.take());
+        let mut kept = 0;
+        let mut total = 0;
+        for batch in &batches {
+            if total == count {
+                break;
+            }
+            total += batch.records.len() as u64;
+            kept += 1;
+        }
+        assert_eq!(total, count, "adopt only a recovery the oracles accepted");
+        batches.truncate(kept);
+        model.batches = batches;
+        model.durable_records = count;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(count: usize, appended_ms: i64) -> ModelBatch {
+        let record = ModelRecord { key: None, value: vec![1], timestamp: appended_ms };
+        ModelBatch { records: vec![record; count], appended_ms }
+    }
+
+    #[test]
+    fn durability_modes_move_the_floor_as_documented() {
+        let mut model = Model::new(1);
+        model.acknowledge(0, batch(2, 0));
+        assert_eq!(model.partitions[0].durable_records, 2);
+        model.durability = Durability::Interval { ms: 10 };
+        model.acknowledge(0, batch(3, 5));
+        model.acknowledge(0, batch(1, 20));
+        model.tick_succeeded(16, 10);
+        assert_eq!(model.partitions[0].durable_records, 5);
+        assert_eq!(model.visible_bounds(0), (5, 6));
+        model.fail(0, batch(4, 30));
+        assert_eq!(model.partitions[0].batch_ends(), [0, 2, 5, 6, 10]);
+        model.adopt(0, 10);
+        assert_eq!(model.partitions[0].acknowledged_records(), 10);
+        assert!(model.partitions[0].uncertain.is_none());
+        model.adopt(0, 5);
+        assert_eq!(model.partitions[0].batches.len(), 2);
+    }
+}

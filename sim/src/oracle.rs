@@ -1,0 +1,354 @@
+//! The oracles: checks of the engine against the reference model, run after every recovery
+//! and at the end of a run.
+//!
+//! Each oracle is a small type implementing [`Oracle`]; [`standard`] lists them in the order
+//! they run. Later work (compaction, changelogs, liveness) adds its oracles to that list. An
+//! oracle never panics on a wrong engine: it returns a [`Violation`] naming itself.
+//!
+//! Every oracle reads the same [`Scan`]: each partition read from offset zero to the high
+//! watermark. Building the scan is itself checked (oracle `offsets_contiguous`): offsets start
+//! at zero, strictly increase without holes, each fetch moves forward, and the scan ends at
+//! the high watermark.
+
+use crate::disk::SimDisk;
+use crate::model::{Model, ModelRecord, TopicState};
+use crate::rng::Rng;
+use crate::workload::TOPIC;
+use chronik_engine::{Engine, Offset};
+use std::fmt;
+
+/// The engine as the simulator runs it.
+pub type SimEngine = Engine<SimDisk>;
+
+/// Largest fetch the scan asks for: small, so scans cross segments and batches often.
+const SCAN_FETCH_BYTES_MAX: u64 = 16 * 1024;
+/// Fetches in one scan before it is called stuck: a liveness bound, not a size limit.
+const SCAN_FETCHES_MAX: u64 = 1 << 20;
+/// Random offsets each `reads_exact` and `timestamp_lookup` check tries per partition.
+const PROBES_PER_PARTITION: u64 = 8;
+
+/// An oracle found the engine wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The oracle's name, stable across versions: tests and reports key on it.
+    pub oracle: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn new(oracle: &'static str, detail: impl Into<String>) -> Violation {
+        Violation { oracle, detail: detail.into() }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "oracle {} violated: {}", self.oracle, self.detail)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// One record as a read returned it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScannedRecord {
+    pub offset: Offset,
+    pub record: ModelRecord,
+}
+
+/// Every visible record of every partition, read front to back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Per partition; empty when the topic does not exist.
+    pub partitions: Vec<Vec<ScannedRecord>>,
+}
+
+/// What every oracle sees.
+#[derive(Debug)]
+pub struct Context<'a> {
+    pub model: &'a Model,
+    pub engine: &'a SimEngine,
+    pub scan: &'a Scan,
+    /// Whether the topic exists in the engine.
+    pub topic_exists: bool,
+}
+
+/// A check of the engine against the model.
+pub trait Oracle: fmt::Debug + Send + Sync {
+    /// A stable name: `Violation::oracle` of what this check reports.
+    fn name(&self) -> &'static str;
+    /// Check; `rng` chooses what to probe when checking everything would cost too much.
+    fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation>;
+}
+
+/// The oracles every run checks, in order.
+pub fn standard() -> Vec<Box<dyn Oracle>> {
+    vec![
+        Box::new(TopicSurvives),
+        Box::new(AcknowledgedSurvive),
+        Box::new(PrefixOfWritten),
+        Box::new(ReadsExact),
+        Box::new(TimestampLookup),
+    ]
+}
+
+/// Run `oracles` in order and return the first violation.
+pub fn check_all(
+    oracles: &[Box<dyn Oracle>],
+    context: &Context<'_>,
+    rng: &mut Rng,
+) -> Result<(), Violation> {
+    for oracle in oracles {
+        oracle.check(context, rng)?;
+    }
+    Ok(())
+}
+
+fn owned(record: &chronik_engine::RecordView<'_>) -> ScannedRecord {
+    ScannedRecord {
+        offset: record.offset(),
+        record: ModelRecord {
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.value().to_vec(),
+            timestamp: record.timestamp(),
+        },
+    }
+}
+
+/// Read one partition from `from` to the high watermark, checking offsets as it goes.
+pub fn scan_partition(
+    engine: &SimEngine,
+    partition: u32,
+    from: Offset,
+    rng: &mut Rng,
+) -> Result<Vec<ScannedRecord>, Violation> {
+    const ORACLE: &str = "offsets_contiguous";
+    let read_error = |e| Violation::new("reads_succeed", format!("partition {partition}: {e}"));
+    let high_watermark = engine.high_watermark(TOPIC, partition).map_err(read_error)?;
+    let mut records: Vec<ScannedRecord> = Vec::new();
+    let mut next = from;
+    for _ in 0..SCAN_FETCHES_MAX {
+        let max_bytes = rng.between(1, SCAN_FETCH_BYTES_MAX) as usize;
+        let fetch = engine.read(TOPIC, partition, next, max_bytes).map_err(read_error)?;
+        if fetch.is_empty() {
+            if next != high_watermark {
+                let detail = format!(
+                    "partition {partition}: empty fetch at {next}, high watermark {high_watermark}"
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            return Ok(records);
+        }
+        for record in fetch.records() {
+            if record.offset() != next {
+                let detail = format!(
+                    "partition {partition}: expected offset {next}, read {}",
+                    record.offset()
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            records.push(owned(&record));
+            next = next.plus(1);
+        }
+        if fetch.next_offset() != next {
+            let detail = format!(
+                "partition {partition}: fetch says next {} after reading up to {next}",
+                fetch.next_offset()
+            );
+            return Err(Violation::new(ORACLE, detail));
+        }
+    }
+    Err(Violation::new("liveness", format!("partition {partition}: scan never ended")))
+}
+
+/// Scan every partition of the workload's topic.
+pub fn scan(engine: &SimEngine, model: &Model, rng: &mut Rng) -> Result<Scan, Violation> {
+    if engine.partition_count(TOPIC).is_none() {
+        return Ok(Scan::default());
+    }
+    let mut partitions = Vec::with_capacity(model.partitions.len());
+    for partition in 0..model.partitions.len() as u32 {
+        partitions.push(scan_partition(engine, partition, Offset::ZERO, rng)?);
+    }
+    Ok(Scan { partitions })
+}
+
+/// An acknowledged topic is there after every crash; one whose creation failed is there
+/// whole (with every partition) or not at all.
+#[derive(Debug)]
+pub struct TopicSurvives;
+
+impl Oracle for TopicSurvives {
+    fn name(&self) -> &'static str {
+        "topic_survives"
+    }
+
+    fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
+        let topics = context.engine.list_topics();
+        let expected_partitions = context.model.partitions.len() as u32;
+        if context.topic_exists {
+            let count = context.engine.partition_count(TOPIC);
+            if topics != [TOPIC] || count != Some(expected_partitions) {
+                let detail = format!("topics {topics:?}, partitions {count:?}");
+                return Err(Violation::new(self.name(), detail));
+            }
+        } else if context.model.topic == TopicState::Present || !topics.is_empty() {
+            let detail = format!("model {:?}, engine topics {topics:?}", context.model.topic);
+            return Err(Violation::new(self.name(), detail));
+        }
+        Ok(())
+    }
+}
+
+/// Every record known durable (per the durability mode in force when it was acknowledged)
+/// is still there.
+#[derive(Debug)]
+pub struct AcknowledgedSurvive;
+
+impl Oracle for AcknowledgedSurvive {
+    fn name(&self) -> &'static str {
+        "acknowledged_survive"
+    }
+
+    fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
+        for (partition, model) in context.model.partitions.iter().enumerate() {
+            let found = context.scan.partitions.get(partition).map_or(0, Vec::len) as u64;
+            if found < model.durable_records {
+                let detail = format!(
+                    "partition {partition}: {} durable records acknowledged, {found} recovered",
+                    model.durable_records
+                );
+                return Err(Violation::new(self.name(), detail));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each partition is a prefix of what was written, ending at a batch boundary: no holes, no
+/// duplicates, no invented records, no part of a batch, and every byte as written.
+#[derive(Debug)]
+pub struct PrefixOfWritten;
+
+impl Oracle for PrefixOfWritten {
+    fn name(&self) -> &'static str {
+        "prefix_of_written"
+    }
+
+    fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
+        for (partition, scanned) in context.scan.partitions.iter().enumerate() {
+            let model = &context.model.partitions[partition];
+            let mut possible = model.possible_records();
+            for found in scanned {
+                let Some(expected) = possible.next() else {
+                    let detail =
+                        format!("partition {partition}: invented record at {}", found.offset);
+                    return Err(Violation::new(self.name(), detail));
+                };
+                if *expected != found.record {
+                    let detail = format!(
+                        "partition {partition} offset {}: expected {}, found {}",
+                        found.offset,
+                        describe(expected),
+                        describe(&found.record)
+                    );
+                    return Err(Violation::new(self.name(), detail));
+                }
+            }
+            let count = scanned.len() as u64;
+            if !model.batch_ends().contains(&count) {
+                let detail =
+                    format!("partition {partition}: recovery ends inside a batch at {count}");
+                return Err(Violation::new(self.name(), detail));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Short description of a record for a violation message.
+pub fn describe(record: &ModelRecord) -> String {
+    let hash = crate::trace::fnv1a(0, &record.value);
+    format!(
+        "key={:?} value={}B#{hash:016x} ts={}",
+        record.key.as_deref().map(String::from_utf8_lossy),
+        record.value.len(),
+        record.timestamp
+    )
+}
+
+/// Reads from offsets in the middle (found through the offset index) return exactly what the
+/// full scan returned from there.
+#[derive(Debug)]
+pub struct ReadsExact;
+
+impl Oracle for ReadsExact {
+    fn name(&self) -> &'static str {
+        "reads_exact"
+    }
+
+    fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation> {
+        for (partition, scanned) in context.scan.partitions.iter().enumerate() {
+            if scanned.is_empty() {
+                continue;
+            }
+            for _ in 0..PROBES_PER_PARTITION {
+                let start = rng.index(scanned.len());
+                let from = scanned[start].offset;
+                let max_bytes = rng.between(1, SCAN_FETCH_BYTES_MAX) as usize;
+                let fetch = context
+                    .engine
+                    .read(TOPIC, partition as u32, from, max_bytes)
+                    .map_err(|e| Violation::new("reads_succeed", e.to_string()))?;
+                let read: Vec<ScannedRecord> = fetch.records().map(|r| owned(&r)).collect();
+                let expected = &scanned[start..(start + read.len()).min(scanned.len())];
+                if read.is_empty() || read != expected {
+                    let detail = format!(
+                        "partition {partition}: read from {from} returned {} records that \
+                         differ from the scan",
+                        read.len()
+                    );
+                    return Err(Violation::new(self.name(), detail));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `offset_for_timestamp` (through the time index) agrees with the first record of the full
+/// scan at or after the timestamp.
+#[derive(Debug)]
+pub struct TimestampLookup;
+
+impl Oracle for TimestampLookup {
+    fn name(&self) -> &'static str {
+        "timestamp_lookup"
+    }
+
+    fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation> {
+        for (partition, scanned) in context.scan.partitions.iter().enumerate() {
+            let mut probes = vec![i64::MIN, i64::MAX];
+            for _ in 0..PROBES_PER_PARTITION.min(scanned.len() as u64) {
+                let timestamp = scanned[rng.index(scanned.len())].record.timestamp;
+                probes.extend([timestamp - 1, timestamp, timestamp + 1]);
+            }
+            for timestamp in probes {
+                let expected =
+                    scanned.iter().find(|r| r.record.timestamp >= timestamp).map(|r| r.offset);
+                let found = context
+                    .engine
+                    .offset_for_timestamp(TOPIC, partition as u32, timestamp)
+                    .map_err(|e| Violation::new("reads_succeed", e.to_string()))?;
+                if found != expected {
+                    let detail = format!(
+                        "partition {partition}: timestamp {timestamp}: index says {found:?}, \
+                         scan says {expected:?}"
+                    );
+                    return Err(Violation::new(self.name(), detail));
+                }
+            }
+        }
+        Ok(())
+    }
+}

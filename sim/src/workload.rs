@@ -1,0 +1,201 @@
+//! The seeded workload: per-seed (swarm) parameters, and the steps of a round drawn from them.
+//!
+//! Swarm testing: instead of one fixed mix, every seed draws its own shape (partition count,
+//! record sizes, key space, step weights, fault probabilities, latencies), so some seeds hammer
+//! one corner with everything else switched off.
+
+use crate::disk::Faults;
+use crate::model::ModelRecord;
+use crate::rng::{PER_MILLION, Rng};
+use chronik_engine::{Durability, TopicConfig};
+
+/// The one topic the workload writes.
+pub const TOPIC: &str = "events";
+/// Most partitions a seed may use.
+pub const PARTITIONS_MAX: u32 = 4;
+/// Most records per batch.
+pub const BATCH_RECORDS_MAX: u64 = 8;
+/// Largest value.
+pub const VALUE_BYTES_MAX: u64 = 2000;
+/// Distinct keys: small, so that later compaction workloads see overwrites.
+pub const KEYS_MAX: u64 = 16;
+
+/// Simulated cost of each kind of disk call, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Latency {
+    pub read_us: u64,
+    pub write_us: u64,
+    pub sync_us: u64,
+    /// Chance that one call is slow (a hundred times its cost): slow I/O.
+    pub slow_per_million: u32,
+}
+
+/// Everything about a seed's run that is drawn once, before the first step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Swarm {
+    pub topic: TopicConfig,
+    pub value_bytes_max: u64,
+    pub batch_records_max: u64,
+    pub key_per_million: u32,
+    /// Records given an explicit timestamp (possibly in the past) instead of the clock's.
+    pub explicit_timestamp_per_million: u32,
+    /// Step weights: append, read, tick, flush, idle.
+    pub weights: [u64; 5],
+    /// Most steps in a round before it ends in a crash or a restart.
+    pub round_steps_max: u64,
+    /// Crash outcome weights, used at every crash.
+    pub crash_faults: Faults,
+    /// I/O faults switched on in rounds that have faults.
+    pub io_faults: Faults,
+    /// Chance that a round runs with `io_faults`.
+    pub faulty_round_per_million: u32,
+    /// Chance that a round arms a power cut.
+    pub power_cut_per_million: u32,
+    pub latency: Latency,
+    /// Durability modes the rounds pick from.
+    pub durabilities: Vec<Durability>,
+}
+
+fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
+    if rng.chance(PER_MILLION / 2) { rng.between(low, high) as u32 } else { 0 }
+}
+
+impl Swarm {
+    pub fn draw(rng: &mut Rng) -> Swarm {
+        let topic = TopicConfig {
+            partitions: rng.between(1, u64::from(PARTITIONS_MAX)) as u32,
+            segment_bytes: rng.between(4096, 32 * 1024),
+            segment_ms: rng.between(50, 60_000).cast_signed(),
+            index_interval_bytes: rng.between(64, 2048) as u32,
+        };
+        let kept = rng.below(u64::from(PER_MILLION) + 1) as u32;
+        let crash_faults = Faults {
+            sector_kept_per_million: kept,
+            sector_torn_per_million: rng.below(u64::from(PER_MILLION - kept) + 1) as u32,
+            resize_kept_per_million: rng.below(u64::from(PER_MILLION) + 1) as u32,
+            directory_kept_per_million: if rng.chance(PER_MILLION / 2) { 500_000 } else { 0 },
+            ..Faults::NONE
+        };
+        let io_faults = Faults {
+            read_error_per_million: maybe(rng, 500, 10_000),
+            write_error_per_million: maybe(rng, 500, 10_000),
+            sync_error_per_million: maybe(rng, 500, 10_000),
+            capacity_bytes: rng.chance(200_000).then(|| rng.between(16 * 1024, 256 * 1024)),
+            ..crash_faults
+        };
+        let interval = Durability::Interval { ms: rng.between(1, 200) };
+        let mut durabilities = vec![Durability::Sync, Durability::Os, interval];
+        // Some seeds stay in one mode the whole run.
+        if rng.chance(PER_MILLION / 3) {
+            let only = durabilities[rng.index(durabilities.len())];
+            durabilities = vec![only];
+        }
+        Swarm {
+            topic,
+            value_bytes_max: rng.between(0, VALUE_BYTES_MAX),
+            batch_records_max: rng.between(1, BATCH_RECORDS_MAX),
+            key_per_million: rng.below(u64::from(PER_MILLION) + 1) as u32,
+            explicit_timestamp_per_million: maybe(rng, 10_000, 300_000),
+            weights: [
+                rng.between(20, 100),
+                rng.between(0, 30),
+                rng.between(0, 30),
+                rng.between(0, 10),
+                rng.between(0, 20),
+            ],
+            round_steps_max: rng.between(5, 80),
+            crash_faults,
+            io_faults,
+            faulty_round_per_million: rng.below(u64::from(PER_MILLION) + 1) as u32,
+            power_cut_per_million: rng.below(u64::from(PER_MILLION) + 1) as u32,
+            latency: Latency {
+                read_us: rng.between(5, 200),
+                write_us: rng.between(5, 200),
+                sync_us: rng.between(50, 20_000),
+                slow_per_million: maybe(rng, 1_000, 50_000),
+            },
+            durabilities,
+        }
+    }
+}
+
+/// One step of a round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Append one batch to a partition.
+    Append { partition: u32, records: Vec<ModelRecord> },
+    /// Read a partition from an offset (taken modulo what is visible) with a size limit.
+    Read { partition: u32, from_per_million: u32, max_bytes: usize },
+    /// One call of `Engine::tick`.
+    Tick,
+    /// One call of `Engine::flush`.
+    Flush,
+    /// Let simulated time pass with nothing happening.
+    Idle { us: u64 },
+}
+
+impl Swarm {
+    /// Draw the next step. `now_ms` is the timestamp records get from the clock.
+    pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
+        let total: u64 = self.weights.iter().sum();
+        let mut roll = rng.below(total.max(1));
+        let mut kind = 0;
+        for (i, &weight) in self.weights.iter().enumerate() {
+            if roll < weight {
+                kind = i;
+                break;
+            }
+            roll -= weight;
+        }
+        let partition = rng.below(u64::from(self.topic.partitions)) as u32;
+        match kind {
+            0 => Step::Append { partition, records: self.batch(rng, now_ms) },
+            1 => Step::Read {
+                partition,
+                from_per_million: rng.below(u64::from(PER_MILLION)) as u32,
+                max_bytes: rng.between(1, 64 * 1024) as usize,
+            },
+            2 => Step::Tick,
+            3 => Step::Flush,
+            _ => Step::Idle { us: rng.between(1_000, 500_000) },
+        }
+    }
+
+    fn batch(&self, rng: &mut Rng, now_ms: i64) -> Vec<ModelRecord> {
+        let count = rng.between(1, self.batch_records_max);
+        (0..count)
+            .map(|_| {
+                let key = rng
+                    .chance(self.key_per_million)
+                    .then(|| format!("key-{}", rng.below(KEYS_MAX)).into_bytes());
+                let length = rng.between(0, self.value_bytes_max) as usize;
+                let timestamp = if rng.chance(self.explicit_timestamp_per_million) {
+                    now_ms - rng.below(10_000).cast_signed() + 500
+                } else {
+                    now_ms
+                };
+                ModelRecord { key, value: rng.bytes(length), timestamp }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_are_deterministic_and_valid() {
+        for seed in 0..100 {
+            let swarm = Swarm::draw(&mut Rng::new(seed));
+            assert_eq!(swarm, Swarm::draw(&mut Rng::new(seed)));
+            swarm.topic.validate().unwrap();
+            let mut rng = Rng::new(seed);
+            for _ in 0..20 {
+                if let Step::Append { partition, records } = swarm.step(&mut rng, 1000) {
+                    assert!(partition < swarm.topic.partitions && !records.is_empty());
+                }
+            }
+        }
+    }
+}
