@@ -20,7 +20,7 @@ use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
-use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
+use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
 };
@@ -380,17 +380,39 @@ fn recover_active<I: Io>(
         report.damage.push(corruption.clone());
         damaged = Some((segment.next_offset, corruption));
     }
-    // Whatever survived is made durable now, so a process that was killed (not a machine that
-    // lost power) does not leave acknowledged-looking data that a later crash could still take.
     if let Some(corruption) = missing {
         report.damage.push(corruption.clone());
         damaged = damaged.or(Some((segment.next_offset, corruption)));
     }
+    // Whatever survived is made durable now, so a process that was killed (not a machine that
+    // lost power) does not leave acknowledged-looking data that a later crash could still take.
+    // An fdatasync alone is not enough: after a failed fsync Linux drops the dirty pages from
+    // the write-back queue but keeps them readable, so the bytes past the checkpoint may read
+    // fine, be clean in the page cache, and never reach the disk. Writing them again re-dirties
+    // them, so the fdatasync below really makes them durable.
     if !active.read_only {
+        let kept = segment.size;
+        rewrite(&segment.file, checkpointed.min(kept), kept)?;
         let file = &segment.file;
         file.run(Operation::Fdatasync { file: file.handle })?;
     }
     Ok((segment, damaged))
+}
+
+/// Write bytes `from..to` of a file again, in bounded chunks, with what it reads back.
+fn rewrite<I: Io>(file: &SegmentFile<I>, from: u64, to: u64) -> Result<(), IoError> {
+    let mut position = from;
+    while position < to {
+        let length = (to - position).min(SCAN_CHUNK_BYTES as u64) as usize;
+        let bytes = file.read(position, length)?;
+        if bytes.is_empty() {
+            break;
+        }
+        let written = bytes.len() as u64;
+        file.run(Operation::Write { file: file.handle, position, buffer: bytes })?;
+        position += written;
+    }
+    Ok(())
 }
 
 /// Build a segment's in-memory state by scanning its batches from the start.
