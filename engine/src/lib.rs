@@ -25,6 +25,7 @@
 // Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod canary;
 pub mod checkpoint;
 pub mod error;
 pub mod fetch;

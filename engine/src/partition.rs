@@ -5,6 +5,7 @@
 //! offset order; the group commit's fdatasync runs under no lock, so appenders keep writing
 //! while it is in flight (a roll's fsyncs run under `state`).
 
+use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
@@ -275,6 +276,9 @@ impl<I: Io> Partition<I> {
             info
         };
         match self.durability {
+            Durability::Sync if canary::active(Canary::AckBeforeFsync) => {
+                self.publish(written.next_offset);
+            }
             Durability::Sync => self.sync_to(written.next_offset)?,
             Durability::Os => self.publish(written.next_offset),
             Durability::Interval { .. } => {}
@@ -331,8 +335,10 @@ impl<I: Io> Partition<I> {
         let base = active.next_offset;
         let path = self.directory.join(segment::file_name(base, LOG_SUFFIX));
         let file = SegmentFile::open(&self.io, path, OpenMode::CreateNew)?;
-        io::sync_directory(&*self.io, &self.directory)
-            .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+        if !canary::active(Canary::SkipDirectoryFsyncOnRoll) {
+            io::sync_directory(&*self.io, &self.directory)
+                .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+        }
         state.segments.push(Segment::empty(base, file, self.config.index_interval_bytes, now));
         self.mark_synced(&mut self.sync.lock(), base);
         Ok(())
@@ -379,7 +385,12 @@ impl<I: Io> Partition<I> {
         // Held until the outcome is recorded; see `roll`.
         let file_sync = self.file_sync.lock();
         let result = self.poison.check().map_err(AppendError::from).and_then(|()| {
-            file.run(Operation::Fdatasync { file: file.handle }).map_err(|error| {
+            let fdatasync = || file.run(Operation::Fdatasync { file: file.handle });
+            let mut result = fdatasync();
+            if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
+                result = fdatasync();
+            }
+            result.map_err(|error| {
                 // Never retry: after a failed fsync the dirty pages may be gone.
                 self.poison_with(&error);
                 AppendError::from(error)

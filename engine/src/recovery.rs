@@ -15,6 +15,7 @@
 //! derived files (indexes), so running it again finds a clean log and changes nothing.
 
 use crate::Offset;
+use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
@@ -338,7 +339,11 @@ fn recover_active<I: Io>(
     let path = directory.join(segment::file_name(active.base, LOG_SUFFIX));
     let mode = if active.read_only { OpenMode::Read } else { OpenMode::ReadWrite };
     let file = SegmentFile::open(io, path, mode)?;
-    let size = file.size()?;
+    let mut size = file.size()?;
+    if canary::active(Canary::RecoveryCutsPastSynced) && !active.read_only {
+        size = last_batch_start(&file, size)?;
+        file.run(Operation::Truncate { file: file.handle, length: size })?;
+    }
     let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
     // Bytes of this segment that a checkpoint proves were fsynced.
     // A checkpoint naming a later segment than the last one here: a synced segment is gone,
@@ -397,6 +402,17 @@ fn recover_active<I: Io>(
         file.run(Operation::Fdatasync { file: file.handle })?;
     }
     Ok((segment, damaged))
+}
+
+/// Where the last valid batch of `file` starts (`size` if there is none): only the
+/// `RecoveryCutsPastSynced` mutation canary uses it.
+fn last_batch_start<I: Io>(file: &SegmentFile<I>, size: u64) -> Result<u64, IoError> {
+    let mut last = size;
+    segment::scan(file, 0, size, |position, _| {
+        last = position;
+        true
+    })?;
+    Ok(last)
 }
 
 /// Write bytes `from..to` of a file again, in bounded chunks, with what it reads back.

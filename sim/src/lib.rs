@@ -19,12 +19,16 @@
 //!   trait; [`oracle::standard`] is the list every run uses.
 //! - [`run`]: [`run::run`], one seed from start to finish, returning a [`run::RunOutcome`].
 //! - [`trace`]: a bounded ring of the last events and a hash of all of them.
-//! - `src/main.rs`: the `chronik-sim` binary (`run`, `swarm`, `check-determinism`).
+//! - [`canaries`]: the mutation canaries of [`chronik_engine::canary`], each hunted by seeds
+//!   until an oracle catches it.
+//! - `src/main.rs`: the `chronik-sim` binary (`run`, `swarm`, `check-determinism`,
+//!   `canaries`).
 //!
 //! Still to come (the simulator issue): bit flips and slow-call errors on the disk; seeded
 //! workloads over processors and compaction with their oracles; liveness once faults stop;
-//! mutation canaries compiled only into the simulator build; shrinking of a failing seed.
+//! a skip-checksum canary (it needs bit flips); shrinking of a failing seed.
 
+pub mod canaries;
 pub mod clock;
 pub mod disk;
 pub mod model;

@@ -5,12 +5,14 @@
 //! chronik-sim swarm --seeds 1000 [--start 0] [--jobs 2]
 //! chronik-sim swarm --duration 60 [--jobs 2]
 //! chronik-sim check-determinism --seed 0 [--count 100]
+//! chronik-sim canaries [--max-seeds 2000]
 //! ```
 //!
 //! Every command exits with status 1 when it finds a violation or a difference, printing the
 //! exact command that replays the failing seed.
 
 use anyhow::{Context as _, bail};
+use chronik_sim::canaries::{self, MAX_SEEDS_DEFAULT};
 use chronik_sim::run::{OPS_DEFAULT, RunOptions, RunOutcome, run};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -67,6 +69,14 @@ enum Command {
         #[arg(long, default_value_t = OPS_DEFAULT)]
         ops: u64,
     },
+    /// Switch each mutation canary on in turn and count the seeds until one is caught.
+    Canaries {
+        /// Seeds tried per canary before it counts as not caught.
+        #[arg(long, default_value_t = MAX_SEEDS_DEFAULT)]
+        max_seeds: u64,
+        #[arg(long, default_value_t = OPS_DEFAULT)]
+        ops: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -108,6 +118,7 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
             Ok(swarm(start, limit, jobs, ops))
         }
         Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
+        Command::Canaries { max_seeds, ops } => Ok(run_canaries(max_seeds, ops)),
     }
 }
 
@@ -229,4 +240,25 @@ fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
     }
     println!("check-determinism: seeds {first}..{end}, {differences} not deterministic");
     Ok(differences == 0)
+}
+
+/// Hunt every canary (single-threaded: the active canary is process-global) and print a table.
+fn run_canaries(max_seeds: u64, ops: u64) -> bool {
+    let options = RunOptions { ops, ..RunOptions::default() };
+    println!("{:<26} | {:<15} | oracle", "canary", "seeds to catch");
+    println!("{:-<26}-|-{:-<15}-|-{:-<24}", "", "", "");
+    let mut all_caught = true;
+    for caught in canaries::hunt_all(max_seeds, &options) {
+        let (seeds, oracle) = if let Some((seed, oracle)) = caught.by {
+            (format!("{} (seed {seed})", caught.seeds), oracle)
+        } else {
+            all_caught = false;
+            (format!("> {max_seeds}"), "NOT CAUGHT")
+        };
+        println!("{:<26} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
+        if !caught.detail.is_empty() {
+            eprintln!("  {:?}: {}", caught.canary, caught.detail);
+        }
+    }
+    all_caught
 }

@@ -1,0 +1,52 @@
+//! Mutation canaries: each deliberate bug of [`chronik_engine::canary`] switched on in turn,
+//! with seeds run from zero until one reports a violation. A canary no seed catches is a hole
+//! in the oracles (or in the workload and faults that reach the bug).
+//!
+//! The active canary is process-global, so the hunt runs seeds one after another on the
+//! calling thread, and nothing else may run the engine in the process meanwhile.
+
+use crate::run::{RunOptions, run};
+use chronik_engine::canary::{self, Canary};
+
+/// Seeds tried per canary unless told otherwise.
+pub const MAX_SEEDS_DEFAULT: u64 = 2000;
+
+/// How one canary fared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caught {
+    pub canary: Canary,
+    /// The first seed that failed, and the oracle that caught it; `None` if none did.
+    pub by: Option<(u64, &'static str)>,
+    /// What the oracle said.
+    pub detail: String,
+    /// Seeds run (the catching one included).
+    pub seeds: u64,
+}
+
+/// Switches the canary off again when dropped, even if a run panics through.
+struct Armed;
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        canary::set(None);
+    }
+}
+
+/// Run seeds `0..max_seeds` with `canary` on until one fails.
+pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
+    canary::set(Some(canary));
+    let _armed = Armed;
+    for seed in 0..max_seeds {
+        let outcome = run(seed, options);
+        if let Some(violation) = outcome.violation {
+            let by = Some((seed, violation.oracle));
+            return Caught { canary, by, detail: violation.detail, seeds: seed + 1 };
+        }
+    }
+    Caught { canary, by: None, detail: String::new(), seeds: max_seeds }
+}
+
+/// Hunt every canary of the catalogue.
+pub fn hunt_all(max_seeds: u64, options: &RunOptions) -> Vec<Caught> {
+    Canary::ALL.iter().map(|&canary| hunt(canary, max_seeds, options)).collect()
+}
