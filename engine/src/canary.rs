@@ -22,15 +22,22 @@ pub enum Canary {
     SkipDirectoryFsyncOnRoll = 3,
     /// Recovery of the active segment cuts its last batch even when the scan is clean.
     RecoveryCutsPastSynced = 4,
+    /// Reads parse batches without comparing their checksums, so rotted bytes are served.
+    SkipChecksumOnRead = 5,
+    /// A roll makes the sealed segment's index files durable and takes that for the data's:
+    /// the segment itself is never fdatasynced before the next one is created.
+    IndexBeforeData = 6,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 4] = [
+    pub const ALL: [Canary; 6] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
         Canary::RecoveryCutsPastSynced,
+        Canary::SkipChecksumOnRead,
+        Canary::IndexBeforeData,
     ];
 }
 

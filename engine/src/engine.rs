@@ -205,6 +205,9 @@ impl<I: Io> Engine<I> {
             create_directory_if_missing(io, &topics_directory)?;
             // Unconditionally: entries an earlier process created but was killed before
             // fsyncing (a topic renamed into place, say) must be durable before new appends.
+            // The parent too: an earlier open may have created the data directory itself and
+            // failed before that fsync (found by the simulator's faulty opens).
+            sync(io, parent_of(root))?;
             sync(io, root)?;
             sync(io, &topics_directory)?;
         }
@@ -531,9 +534,18 @@ fn create_directory_if_missing<I: Io + ?Sized>(io: &I, path: &Path) -> Result<bo
     }
 }
 
+/// The directory holding `path`'s entry (`.` for a bare relative name, `/` for the root).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => Path::new("."),
+        Some(parent) => parent,
+        None => path,
+    }
+}
+
 /// Create `path` and any missing parent, fsyncing each parent whose entries changed.
 fn create_directories<I: Io + ?Sized>(io: &I, path: &Path) -> Result<(), IoError> {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = parent_of(path);
     match io.create_directory(path) {
         Ok(()) => sync(io, parent),
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),

@@ -42,7 +42,12 @@
 //! all files past `capacity_bytes` fails with `StorageFull`). [`SimDisk::fail_next_syncs`] and
 //! [`SimDisk::cut_power_after`] inject a fault at an exact point.
 //!
-//! Not modelled yet (the simulator issue): bit flips in synced data; slow I/O; writes that
+//! [`SimDisk::flip_bit`] rots one bit of synced data (the durable image, and the current
+//! bytes where no pending write has changed that byte since), as a medium error the drive's
+//! own checks missed. The operations of one [`Io::submit`] batch run in a seeded random order
+//! (the trait allows them to run concurrently); their completions come back in order.
+//!
+//! Not modelled yet: writes that
 //! report an error after transferring some bytes; a crash keeping only a prefix of one
 //! directory's unsynced entry changes (a journaling file system commits them in order; here a
 //! directory keeps all or none); misdirected writes; timestamps. Disk full is implemented but
@@ -113,6 +118,14 @@ pub struct Stats {
     pub directory_syncs: u64,
     pub failed_syncs: u64,
     pub crashes: u64,
+}
+
+/// Where [`SimDisk::flip_bit`] rotted a bit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BitFlip {
+    pub path: PathBuf,
+    pub position: u64,
+    pub bit: u8,
 }
 
 /// The simulated disk. Cheap to clone: clones share the same state, so a test keeps one
@@ -674,6 +687,67 @@ impl State {
         assert!(self.inodes.contains_key(&ROOT));
     }
 
+    /// Every file reachable in the current namespace, by path, with its inode.
+    fn files(&self) -> BTreeMap<PathBuf, InodeId> {
+        let mut files = BTreeMap::new();
+        let mut stack = vec![(PathBuf::from("/"), ROOT, 0_usize)];
+        while let Some((path, inode, depth)) = stack.pop() {
+            assert!(depth < 64, "directory tree deeper than 64 at {}", path.display());
+            match &self.inodes[&inode] {
+                Inode::File(_) => {
+                    files.insert(path, inode);
+                }
+                Inode::Directory(directory) => {
+                    for (name, &child) in &directory.current {
+                        stack.push((path.join(name), child, depth + 1));
+                    }
+                }
+            }
+        }
+        files
+    }
+
+    /// Flip one bit of synced data: a byte of some file's durable image, the file chosen with
+    /// a weight of its durable length. The current bytes flip too unless a pending write has
+    /// changed that byte since (then the rot surfaces only if a crash drops the write).
+    fn flip_bit(&mut self, rng: &mut Rng) -> Option<BitFlip> {
+        let candidates: Vec<(PathBuf, InodeId, u64)> = self
+            .files()
+            .into_iter()
+            .filter_map(|(path, inode)| match &self.inodes[&inode] {
+                Inode::File(file) if !file.durable.is_empty() => {
+                    Some((path, inode, file.durable.len() as u64))
+                }
+                _ => None,
+            })
+            .collect();
+        let total: u64 = candidates.iter().map(|c| c.2).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut pick = rng.below(total);
+        let (path, inode, length) = candidates.into_iter().find(|c| {
+            pick < c.2 || {
+                pick -= c.2;
+                false
+            }
+        })?;
+        assert!(pick < length);
+        let bit = rng.below(8) as u8;
+        let position = usize::try_from(pick).expect("a durable image fits in memory");
+        let Inode::File(file) = self.inodes.get_mut(&inode).expect("a listed inode") else {
+            unreachable!("only files are listed")
+        };
+        let old = file.durable[position];
+        file.durable[position] ^= 1 << bit;
+        if file.current.get(position) == Some(&old) {
+            file.current[position] ^= 1 << bit;
+        }
+        self.record(b"flip");
+        self.record(&pick.to_le_bytes());
+        Some(BitFlip { path, position: pick, bit })
+    }
+
     fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
         let mut files = BTreeMap::new();
         let mut stack = vec![(PathBuf::from("/"), ROOT, 0_usize)];
@@ -775,9 +849,22 @@ impl SimDisk {
         self.state.lock().power_left = Some(operations);
     }
 
+    /// Disarm a power cut that has not been reached.
+    pub fn restore_power(&self) {
+        let mut state = self.state.lock();
+        assert!(state.power_left != Some(0), "the power is already cut: crash first");
+        state.power_left = None;
+    }
+
     /// Whether an armed power cut has been reached.
     pub fn power_is_cut(&self) -> bool {
         self.state.lock().power_left == Some(0)
+    }
+
+    /// Rot one bit of synced data, chosen by `rng` (see `State::flip_bit`); `None` when no
+    /// file holds synced bytes.
+    pub fn flip_bit(&self, rng: &mut Rng) -> Option<BitFlip> {
+        self.state.lock().flip_bit(rng)
     }
 
     /// Lose power: see the module documentation for exactly what survives.
@@ -822,9 +909,21 @@ impl SimDisk {
 
 impl Io for SimDisk {
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
-        // One lock for the batch: its operations run in order, like the pread backend's.
+        // One lock for the batch. The trait lets the operations of a batch run concurrently,
+        // so they run here in a seeded random order (as io_uring may complete them); the
+        // completions still come back in the order of `operations`.
         let mut state = self.state.lock();
-        operations.into_iter().map(|operation| state.execute(operation)).collect()
+        let mut order: Vec<usize> = (0..operations.len()).collect();
+        if order.len() > 1 {
+            state.rng.shuffle(&mut order);
+        }
+        let mut slots: Vec<Option<Operation>> = operations.into_iter().map(Some).collect();
+        let mut completions: Vec<Option<Completion>> = (0..slots.len()).map(|_| None).collect();
+        for index in order {
+            let operation = slots[index].take().expect("each operation runs once");
+            completions[index] = Some(state.execute(operation));
+        }
+        completions.into_iter().map(|c| c.expect("every operation completed")).collect()
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {

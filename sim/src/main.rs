@@ -13,7 +13,7 @@
 
 use anyhow::{Context as _, bail};
 use chronik_sim::canaries::{self, MAX_SEEDS_DEFAULT};
-use chronik_sim::run::{OPS_DEFAULT, RunOptions, RunOutcome, run};
+use chronik_sim::run::{Counters, OPS_DEFAULT, RunOptions, RunOutcome, run};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -151,6 +151,8 @@ struct Totals {
     /// The failing run with the lowest seed.
     first_failure: Option<RunOutcome>,
     failures: u64,
+    counters: Counters,
+    crashes: u64,
 }
 
 fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
@@ -176,6 +178,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
                     totals.ops += outcome.ops;
                     totals.sim_time_us += outcome.sim_time_us;
                     totals.speedups.push(outcome.speedup());
+                    totals.counters.add(&outcome.counters);
+                    totals.crashes += outcome.crashes;
                     if let Some(violation) = &outcome.violation {
                         totals.failures += 1;
                         eprintln!("seed {seed}: {violation}");
@@ -199,6 +203,23 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         totals.ops as f64 / wall,
         totals.sim_time_us / 1_000_000,
         totals.failures
+    );
+    let c = &totals.counters;
+    println!(
+        "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
+         faulty_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
+         liveness_checks={} oracle_checks={}",
+        totals.crashes,
+        c.power_cuts_reached,
+        c.acknowledged_batches,
+        c.failed_appends,
+        c.faulty_opens,
+        c.failed_opens,
+        c.bit_flips,
+        c.rot_reported,
+        c.tail_reads,
+        c.liveness_checks,
+        c.oracle_checks
     );
     match &totals.first_failure {
         None => true,

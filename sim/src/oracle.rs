@@ -21,9 +21,9 @@ use std::fmt;
 pub type SimEngine = Engine<SimDisk>;
 
 /// Largest fetch the scan asks for: small, so scans cross segments and batches often.
-const SCAN_FETCH_BYTES_MAX: u64 = 16 * 1024;
+pub const SCAN_FETCH_BYTES_MAX: u64 = 16 * 1024;
 /// Fetches in one scan before it is called stuck: a liveness bound, not a size limit.
-const SCAN_FETCHES_MAX: u64 = 1 << 20;
+pub const SCAN_FETCHES_MAX: u64 = 1 << 20;
 /// Random offsets each `reads_exact` and `timestamp_lookup` check tries per partition.
 const PROBES_PER_PARTITION: u64 = 8;
 
@@ -104,7 +104,8 @@ pub fn check_all(
     Ok(())
 }
 
-fn owned(record: &chronik_engine::RecordView<'_>) -> ScannedRecord {
+/// A record as read, owned.
+pub fn owned(record: &chronik_engine::RecordView<'_>) -> ScannedRecord {
     ScannedRecord {
         offset: record.offset(),
         record: ModelRecord {

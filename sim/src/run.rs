@@ -23,16 +23,16 @@
 //! leaking the engine (and the whole simulated disk it holds) as `mem::forget` would.
 
 use crate::clock::{EPOCH_MS, SimClock};
-use crate::disk::{SimDisk, Stats};
+use crate::disk::{BitFlip, SimDisk, Stats};
 use crate::model::{Model, ModelBatch, ModelRecord, TopicState};
 use crate::oracle::{self, Context, Oracle, Scan, SimEngine, Violation};
 use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
 use crate::workload::{Step, Swarm, TOPIC};
 use chronik_engine::{
-    AppendError, Durability, Engine, Offset, Options, ReadError, Record, RecoveryReport,
+    AppendError, Durability, Engine, Offset, OpenError, Options, ReadError, Record, RecoveryReport,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,6 +45,57 @@ pub const OPS_MAX: u64 = 10_000_000;
 const POWER_CUT_CALLS_MAX: u64 = 400;
 /// Chance (per million) that an open is followed by a close and a second open.
 const DOUBLE_OPEN_PER_MILLION: u32 = 200_000;
+/// Largest power-cut delay of a faulty open, in disk calls: recovery makes few.
+const OPEN_POWER_CUT_CALLS_MAX: u64 = 60;
+/// Batches each partition takes in the liveness phase at the end of a run.
+const LIVENESS_BATCHES: u64 = 3;
+/// Random reads of every partition after a bit flip, besides the full scan.
+const ROT_READS_PER_PARTITION: u64 = 4;
+
+/// A kind of fault or event a run can leave out, for shrinking: the run still draws it (so
+/// every later draw keeps its value) but does not act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Feature {
+    /// Power cuts armed during a round.
+    PowerCuts,
+    /// Rounds with I/O errors and a full disk.
+    IoFaults,
+    /// Opens run under I/O faults or a power cut before the real open.
+    FaultyOpens,
+    /// Bit rot in synced data.
+    BitFlips,
+    /// A close and a second open right after an open.
+    DoubleOpens,
+    /// Rounds that end in a crash under the live engine (they end in a clean close instead).
+    LiveCrashes,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 6] = [
+        Feature::PowerCuts,
+        Feature::IoFaults,
+        Feature::FaultyOpens,
+        Feature::BitFlips,
+        Feature::DoubleOpens,
+        Feature::LiveCrashes,
+    ];
+
+    /// The name on the command line (`--without power-cuts,io-faults`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::PowerCuts => "power-cuts",
+            Feature::IoFaults => "io-faults",
+            Feature::FaultyOpens => "faulty-opens",
+            Feature::BitFlips => "bit-flips",
+            Feature::DoubleOpens => "double-opens",
+            Feature::LiveCrashes => "live-crashes",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Feature> {
+        Feature::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
 
 /// A deliberate lie told to the model, to prove the oracles can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +116,54 @@ pub struct RunOptions {
     pub keep_snapshot: bool,
     pub trace_events_max: usize,
     pub sabotage: Option<Sabotage>,
+    /// Faults and events drawn but not acted on (shrinking).
+    pub without: BTreeSet<Feature>,
+    /// Workload steps drawn but not run, as half-open ranges of step numbers (shrinking).
+    pub skip: Vec<(u64, u64)>,
+}
+
+impl RunOptions {
+    /// The arguments of `chronik-sim run` that reproduce these options.
+    pub fn arguments(&self) -> String {
+        let mut arguments = vec![format!("--ops {}", self.ops)];
+        if !self.without.is_empty() {
+            let names: Vec<&str> = self.without.iter().map(|f| f.name()).collect();
+            arguments.push(format!("--without {}", names.join(",")));
+        }
+        if !self.skip.is_empty() {
+            arguments.push(format!("--skip {}", format_ranges(&self.skip)));
+        }
+        arguments.join(" ")
+    }
+}
+
+/// `3-7,9` for the half-open ranges `[3, 8)` and `[9, 10)`.
+pub fn format_ranges(ranges: &[(u64, u64)]) -> String {
+    let parts: Vec<String> = ranges
+        .iter()
+        .map(
+            |&(start, end)| {
+                if end == start + 1 { start.to_string() } else { format!("{start}-{}", end - 1) }
+            },
+        )
+        .collect();
+    parts.join(",")
+}
+
+/// Parse what [`format_ranges`] prints.
+pub fn parse_ranges(text: &str) -> Result<Vec<(u64, u64)>, String> {
+    let mut ranges = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let bad = || format!("bad step range {part:?}: want N or N-M");
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        let (start, last): (u64, u64) =
+            (first.parse().map_err(|_| bad())?, last.parse().map_err(|_| bad())?);
+        if last < start || last == u64::MAX {
+            return Err(bad());
+        }
+        ranges.push((start, last + 1));
+    }
+    Ok(ranges)
 }
 
 impl Default for RunOptions {
@@ -75,6 +174,8 @@ impl Default for RunOptions {
             keep_snapshot: false,
             trace_events_max: TRACE_EVENTS_MAX,
             sabotage: None,
+            without: BTreeSet::new(),
+            skip: Vec::new(),
         }
     }
 }
@@ -95,6 +196,13 @@ pub struct Counters {
     pub power_cuts_reached: u64,
     pub poison_probes: u64,
     pub oracle_checks: u64,
+    pub faulty_opens: u64,
+    pub failed_opens: u64,
+    pub bit_flips: u64,
+    /// Partitions whose rot was reported (a read's `Corruption`, damage or a cut at recovery).
+    pub rot_reported: u64,
+    pub tail_reads: u64,
+    pub liveness_checks: u64,
 }
 
 impl Counters {
@@ -112,6 +220,12 @@ impl Counters {
         self.power_cuts_reached += other.power_cuts_reached;
         self.poison_probes += other.poison_probes;
         self.oracle_checks += other.oracle_checks;
+        self.faulty_opens += other.faulty_opens;
+        self.failed_opens += other.failed_opens;
+        self.bit_flips += other.bit_flips;
+        self.rot_reported += other.rot_reported;
+        self.tail_reads += other.tail_reads;
+        self.liveness_checks += other.liveness_checks;
     }
 }
 
@@ -119,8 +233,8 @@ impl Counters {
 #[derive(Clone, Debug)]
 pub struct RunOutcome {
     pub seed: u64,
-    /// The operation budget asked for (part of the replay command).
-    pub ops_budget: u64,
+    /// The options' replay arguments (`--ops`, and any `--without` and `--skip`).
+    pub arguments: String,
     /// Workload steps run.
     pub ops: u64,
     pub rounds: u64,
@@ -147,7 +261,7 @@ impl RunOutcome {
 
     /// The command that runs this seed again, exactly.
     pub fn replay_command(&self) -> String {
-        format!("chronik-sim run --seed {} --ops {}", self.seed, self.ops_budget)
+        format!("chronik-sim run --seed {} {}", self.seed, self.arguments)
     }
 
     /// The one-line summary every run ends with.
@@ -192,7 +306,7 @@ pub fn run(seed: u64, options: &RunOptions) -> RunOutcome {
     let stats = sim.disk.stats();
     RunOutcome {
         seed,
-        ops_budget: options.ops,
+        arguments: options.arguments(),
         ops: sim.ops_done,
         rounds: sim.rounds,
         crashes: stats.crashes,
@@ -228,6 +342,15 @@ enum Flow {
 struct Sim {
     ops_budget: u64,
     sabotage: Option<Sabotage>,
+    /// What shrinking left out.
+    without: BTreeSet<Feature>,
+    skip: Vec<(u64, u64)>,
+    /// Faulty opens and bit flips: where, when and how.
+    fault_rng: Rng,
+    /// Per partition, where its tailing consumer reads next.
+    tails: Vec<Offset>,
+    /// A bit flip ended the run early (after its own checks).
+    ended: bool,
     /// The workload's stream: steps and round shapes.
     rng: Rng,
     /// What the oracles probe; separate so that a new probe does not shift the workload.
@@ -262,9 +385,14 @@ impl Sim {
         Sim {
             ops_budget: options.ops,
             sabotage: options.sabotage,
+            without: options.without.clone(),
+            skip: options.skip.clone(),
             check_rng: rng.fork(),
             crash_rng: rng.fork(),
             time_rng: rng.fork(),
+            fault_rng: rng.fork(),
+            tails: vec![Offset::ZERO; swarm.topic.partitions as usize],
+            ended: false,
             rng,
             disk,
             clock: SimClock::new(EPOCH_MS),
@@ -284,8 +412,16 @@ impl Sim {
     fn run_all(&mut self) -> Result<(), Violation> {
         while self.ops_done < self.ops_budget {
             self.round()?;
+            if self.ended {
+                return Ok(());
+            }
         }
         self.finish()
+    }
+
+    /// Whether a drawn `feature` is acted on (shrinking may leave it out).
+    fn has(&self, feature: Feature) -> bool {
+        !self.without.contains(&feature)
     }
 
     /// Let `us` of simulated time pass; the engine's clock moves by whole milliseconds.
@@ -317,6 +453,11 @@ impl Sim {
     }
 
     fn open(&mut self) -> Result<(SimEngine, RecoveryReport), Violation> {
+        if self.fault_rng.chance(self.swarm.faulty_open_per_million)
+            && self.has(Feature::FaultyOpens)
+        {
+            self.faulty_open()?;
+        }
         self.disk.set_faults(self.swarm.crash_faults);
         let durabilities = &self.swarm.durabilities;
         let durability = durabilities[self.rng.index(durabilities.len())];
@@ -336,6 +477,56 @@ impl Sim {
         self.counters.truncated_bytes += report.truncated_bytes();
         self.model.durability = durability;
         Ok((engine, report))
+    }
+
+    /// An open under the seed's I/O faults or a power cut: recovery itself meets the faults.
+    /// It may fail, but only with an I/O error, never reporting damage or a lock it holds
+    /// itself, and it must release every handle. A power cut then crashes the disk; either
+    /// way the caller opens again without faults, and the oracles judge what that finds.
+    fn faulty_open(&mut self) -> Result<(), Violation> {
+        const ORACLE: &str = "open_errors";
+        self.counters.faulty_opens += 1;
+        let power_cut = self.fault_rng.chance(crate::rng::PER_MILLION / 2);
+        if power_cut {
+            let calls = self.fault_rng.below(OPEN_POWER_CUT_CALLS_MAX);
+            self.trace.event(format!("faulty open: power cut after {calls} calls"));
+            self.disk.cut_power_after(calls);
+        } else {
+            self.trace.event("faulty open: I/O faults on".to_owned());
+            self.disk.set_faults(self.swarm.io_faults);
+        }
+        let options = Options { durability: Durability::Sync, ..Options::default() };
+        let before = self.disk.stats();
+        let opened =
+            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
+        self.spend_io(before);
+        self.disk.set_faults(self.swarm.crash_faults);
+        match opened {
+            Ok((engine, report)) => {
+                self.trace.event(format!("faulty open succeeded: {:?}", report.lines()));
+                self.counters.truncated_bytes += report.truncated_bytes();
+                Self::check_no_damage(&report)?;
+                drop(engine);
+            }
+            Err(OpenError::Io(error)) => {
+                self.trace.event(format!("faulty open failed: {error}"));
+                self.counters.failed_opens += 1;
+                self.faults_seen += 1;
+                if self.disk.open_handles() != 0 {
+                    let detail =
+                        format!("{} handles open after a failed open", self.disk.open_handles());
+                    return Err(Violation::new("close_releases_handles", detail));
+                }
+            }
+            Err(other) => {
+                return Err(Violation::new(ORACLE, format!("open under faults: {other}")));
+            }
+        }
+        if power_cut {
+            self.disk.cut_power_after(0);
+            self.crash();
+        }
+        Ok(())
     }
 
     /// The disk flips no bits yet, so recovery must never find damaged synced data. Checked
@@ -384,31 +575,54 @@ impl Sim {
         let (mut engine, report) = self.open()?;
         let scan = self.check(&engine)?;
         Self::check_no_damage(&report)?;
-        if self.rng.chance(DOUBLE_OPEN_PER_MILLION) {
+        self.tails.fill(Offset::ZERO);
+        if self.rng.chance(DOUBLE_OPEN_PER_MILLION) && self.has(Feature::DoubleOpens) {
             engine = self.reopen_idempotent(engine, &scan)?;
         }
         let power_cut = self.rng.chance(self.swarm.power_cut_per_million);
+        let calls = self.rng.below(POWER_CUT_CALLS_MAX);
+        let power_cut = power_cut && self.has(Feature::PowerCuts);
         if power_cut {
-            let calls = self.rng.below(POWER_CUT_CALLS_MAX);
             self.trace.event(format!("power cut armed after {calls} calls"));
             self.disk.cut_power_after(calls);
         }
         if self.model.topic == TopicState::Absent {
             self.create_topic(&engine)?;
         }
-        if self.rng.chance(self.swarm.faulty_round_per_million) {
+        if self.rng.chance(self.swarm.faulty_round_per_million) && self.has(Feature::IoFaults) {
             self.trace.event("I/O faults on".to_owned());
             self.disk.set_faults(self.swarm.io_faults);
         }
         let steps = self.rng.between(1, self.swarm.round_steps_max);
+        let flip_after = self
+            .fault_rng
+            .chance(self.swarm.bit_flip_per_million)
+            .then(|| self.fault_rng.below(steps + 1))
+            .filter(|_| self.has(Feature::BitFlips));
         let mut done = 0;
         while done < steps && self.ops_done < self.ops_budget {
+            if flip_after == Some(done) && !self.disk.power_is_cut() {
+                self.disk.restore_power();
+                self.disk.set_faults(self.swarm.crash_faults);
+                if let Some(flip) = self.disk.flip_bit(&mut self.fault_rng) {
+                    return self.rot(engine, &flip);
+                }
+            }
             done += 1;
             self.ops_done += 1;
             if self.model.topic != TopicState::Present || self.disk.power_is_cut() {
                 break;
             }
-            if self.step(&engine)? == Flow::Stop {
+            let number = self.ops_done - 1;
+            let flow = if self.skip.iter().any(|&(a, b)| (a..b).contains(&number)) {
+                let now = self.now_ms();
+                let step = self.swarm.step(&mut self.rng, now);
+                self.trace.event(format!("skipped step {number}: {step:?}"));
+                Flow::Continue
+            } else {
+                self.step(&engine)?
+            };
+            if flow == Flow::Stop {
                 break;
             }
         }
@@ -418,12 +632,154 @@ impl Sim {
         }
         self.disk.set_faults(self.swarm.crash_faults);
         self.counters.power_cuts_reached += u64::from(self.disk.power_is_cut());
-        let ending = if power_cut {
+        let mut ending = if power_cut {
             Ending::CrashLive
         } else {
             [Ending::CleanClose, Ending::CrashLive, Ending::Restart][self.rng.index(3)]
         };
+        if ending == Ending::CrashLive && !self.has(Feature::LiveCrashes) {
+            ending = Ending::CleanClose;
+        }
         self.end_round(engine, ending)
+    }
+
+    /// One bit of synced data rots under the live engine. Every read, before and after a
+    /// crash and a recovery, serves exactly the bytes written or reports `Corruption`; records
+    /// known durable may go missing only where the damage was reported (a read's corruption,
+    /// damage or a cut tail at recovery, or an open refused as corrupt). Ends the run: what
+    /// comes next on a damaged partition is the operator's call.
+    fn rot(&mut self, engine: SimEngine, flip: &BitFlip) -> Result<(), Violation> {
+        self.ended = true;
+        self.counters.bit_flips += 1;
+        self.trace.event(format!(
+            "bit flip: {} byte {} bit {}",
+            flip.path.display(),
+            flip.position,
+            flip.bit
+        ));
+        self.check_rot(&engine, None)?;
+        drop(engine);
+        self.crash();
+        let options = Options { durability: Durability::Sync, ..Options::default() };
+        let before = self.disk.stats();
+        let opened =
+            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
+        self.spend_io(before);
+        match opened {
+            Ok((engine, report)) => {
+                self.trace.event(format!("open after the flip: {:?}", report.lines()));
+                self.check_rot(&engine, Some(&report))
+            }
+            Err(OpenError::Corruption(corruption)) => {
+                self.trace.event(format!("open after the flip refused: {corruption}"));
+                self.counters.rot_reported += 1;
+                Ok(())
+            }
+            Err(other) => Err(Violation::new(
+                "recovery_succeeds",
+                format!("open after a bit flip failed with {other}"),
+            )),
+        }
+    }
+
+    /// The checks of [`Sim::rot`] on one engine; `report` is its recovery's, if just opened.
+    fn check_rot(
+        &mut self,
+        engine: &SimEngine,
+        report: Option<&RecoveryReport>,
+    ) -> Result<(), Violation> {
+        if engine.partition_count(TOPIC).is_none() {
+            if self.model.topic == TopicState::Present {
+                let lines = report.map(RecoveryReport::lines);
+                let detail = format!("the topic is gone after a bit flip; recovery: {lines:?}");
+                return Err(Violation::new("topic_survives", detail));
+            }
+            return Ok(());
+        }
+        for partition in 0..self.swarm.topic.partitions {
+            let model = &self.model.partitions[partition as usize];
+            let possible: Vec<ModelRecord> = model.possible_records().cloned().collect();
+            let durable = model.durable_records;
+            let reported_at_open = report.is_some_and(|report| {
+                report.partitions.iter().any(|p| {
+                    p.topic == TOPIC
+                        && p.partition == partition
+                        && (!p.damage.is_empty() || p.truncated_bytes > 0)
+                })
+            });
+            let (end, mut reported) =
+                self.rot_read(engine, partition, Offset::ZERO, &possible, None)?;
+            for _ in 0..ROT_READS_PER_PARTITION {
+                let from = Offset::new(self.check_rng.below(end.get() + 1));
+                reported |= self.rot_read(engine, partition, from, &possible, Some(1))?.1;
+            }
+            if reported || reported_at_open {
+                self.counters.rot_reported += 1;
+            } else if end.get() < durable {
+                let detail = format!(
+                    "partition {partition}: {durable} durable records, {end} served after a bit                      flip, and no damage reported"
+                );
+                return Err(Violation::new("acknowledged_survive", detail));
+            }
+        }
+        self.trace.event("bit flip: nothing served but the bytes written".to_owned());
+        Ok(())
+    }
+
+    /// Read `partition` from `from` (at most `fetches` fetches, or to the end), checking every
+    /// record against what was written. Returns where it stopped, and whether it stopped at a
+    /// reported `Corruption`.
+    fn rot_read(
+        &mut self,
+        engine: &SimEngine,
+        partition: u32,
+        from: Offset,
+        possible: &[ModelRecord],
+        fetches: Option<u64>,
+    ) -> Result<(Offset, bool), Violation> {
+        const ORACLE: &str = "corruption_never_served";
+        let high_watermark = engine
+            .high_watermark(TOPIC, partition)
+            .map_err(|e| Violation::new("reads_succeed", e.to_string()))?;
+        let mut next = from;
+        for _ in 0..fetches.unwrap_or(u64::MAX).min(oracle::SCAN_FETCHES_MAX) {
+            let max_bytes = self.check_rng.between(1, oracle::SCAN_FETCH_BYTES_MAX) as usize;
+            let fetch = match engine.read(TOPIC, partition, next, max_bytes) {
+                Ok(fetch) => fetch,
+                Err(ReadError::Corruption(_)) => return Ok((next, true)),
+                Err(error) => {
+                    let detail = format!("partition {partition} from {next}: {error}");
+                    return Err(Violation::new("reads_succeed", detail));
+                }
+            };
+            if fetch.is_empty() {
+                if next < high_watermark {
+                    let detail = format!(
+                        "partition {partition}: empty fetch at {next} below the high watermark                          {high_watermark}, after a bit flip"
+                    );
+                    return Err(Violation::new("offsets_contiguous", detail));
+                }
+                return Ok((next, false));
+            }
+            for record in fetch.records() {
+                let found = oracle::owned(&record);
+                let expected = usize::try_from(next.get()).ok().and_then(|i| possible.get(i));
+                if found.offset != next || expected != Some(&found.record) {
+                    let detail = format!(
+                        "partition {partition} offset {}: served {} after a bit flip",
+                        found.offset,
+                        oracle::describe(&found.record)
+                    );
+                    return Err(Violation::new(ORACLE, detail));
+                }
+                next = next.plus(1);
+            }
+        }
+        if fetches.is_none() {
+            let detail = format!("partition {partition}: scan after a bit flip never ended");
+            return Err(Violation::new("liveness", detail));
+        }
+        Ok((next, false))
     }
 
     /// Close and open again without a crash: nothing to repair, the same records.
@@ -501,27 +857,72 @@ impl Sim {
         self.trace.event("crash".to_owned());
     }
 
-    /// The last recovery check, then one append per partition: offsets continue where the
-    /// acknowledged records end, never reusing one.
+    /// The last recovery check, then the liveness phase: with every fault off (no I/O errors,
+    /// no power cut), the topic is created if it is missing, and every partition takes
+    /// [`LIVENESS_BATCHES`] appends at the offsets after the acknowledged records (none
+    /// reused), a flush, and a read that returns exactly them: the engine makes progress
+    /// again after whatever the run did to it.
     fn finish(&mut self) -> Result<(), Violation> {
+        const ORACLE: &str = "liveness";
         let (engine, report) = self.open()?;
         self.check(&engine)?;
         Self::check_no_damage(&report)?;
-        if self.model.topic == TopicState::Present {
-            for partition in 0..self.swarm.topic.partitions {
-                let next = self.model.partitions[partition as usize].acknowledged_records();
-                let appended = engine.append(TOPIC, partition, &[Record::new(None, b"after")]);
+        if self.model.topic != TopicState::Present {
+            self.create_topic(&engine)?;
+        }
+        for partition in 0..self.swarm.topic.partitions {
+            let first = self.model.partitions[partition as usize].acknowledged_records();
+            let mut next = first;
+            let mut written = Vec::new();
+            for batch in 0..LIVENESS_BATCHES {
+                let now = self.now_ms();
+                let records: Vec<ModelRecord> = (0..=batch)
+                    .map(|i| ModelRecord {
+                        key: Some(format!("live-{i}").into_bytes()),
+                        value: format!("liveness {partition}/{batch}/{i}").into_bytes(),
+                        timestamp: now,
+                    })
+                    .collect();
+                let views: Vec<Record<'_>> =
+                    records.iter().map(|r| Record::new(r.key.as_deref(), &r.value)).collect();
+                let appended = engine.append(TOPIC, partition, &views);
+                let count = records.len() as u64;
                 match appended {
-                    Ok(a) if a.base_offset == Offset::new(next) => {}
+                    Ok(a)
+                        if (a.base_offset, a.last_offset)
+                            == (Offset::new(next), Offset::new(next + count - 1)) => {}
                     other => {
                         let detail = format!("partition {partition}: expected {next}, {other:?}");
                         return Err(Violation::new("offsets_never_reused", detail));
                     }
                 }
+                next += count;
+                written.extend(records);
+                let pause = self.time_rng.between(1, 2_000);
+                self.spend(pause);
             }
+            if let Err(error) = engine.flush() {
+                return Err(Violation::new(ORACLE, format!("flush without faults: {error}")));
+            }
+            let read = oracle::scan_partition(
+                &engine,
+                partition,
+                Offset::new(first),
+                &mut self.check_rng,
+            )?;
+            let read: Vec<ModelRecord> = read.into_iter().map(|r| r.record).collect();
+            if read != written {
+                let detail = format!(
+                    "partition {partition}: wrote {} records from {first}, read {} back",
+                    written.len(),
+                    read.len()
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            self.counters.liveness_checks += 1;
         }
         drop(engine);
-        self.trace.event("finished".to_owned());
+        self.trace.event("liveness: every partition took appends again; finished".to_owned());
         Ok(())
     }
 
@@ -532,7 +933,19 @@ impl Sim {
         let flow = match step {
             Step::Append { partition, records } => self.append(engine, partition, records)?,
             Step::Read { partition, from_per_million, max_bytes } => {
-                self.read(engine, partition, from_per_million, max_bytes)?
+                self.counters.reads += 1;
+                let from = |watermark: u64| watermark * u64::from(from_per_million) / 1_000_000;
+                self.read(engine, partition, from, max_bytes)?.0
+            }
+            Step::Tail { partition, max_bytes } => {
+                self.counters.tail_reads += 1;
+                let position = self.tails[partition as usize].get();
+                let (flow, next) =
+                    self.read(engine, partition, |watermark| position.min(watermark), max_bytes)?;
+                if let Some(next) = next {
+                    self.tails[partition as usize] = next;
+                }
+                flow
             }
             Step::Tick => {
                 self.counters.ticks += 1;
@@ -609,15 +1022,16 @@ impl Sim {
         }
     }
 
+    /// Read `partition` from `from(high watermark)` and check the records against the model;
+    /// returns the offset after the last record read, unless the read failed.
     fn read(
         &mut self,
         engine: &SimEngine,
         partition: u32,
-        from_per_million: u32,
+        from: impl FnOnce(u64) -> u64,
         max_bytes: usize,
-    ) -> Result<Flow, Violation> {
+    ) -> Result<(Flow, Option<Offset>), Violation> {
         const ORACLE: &str = "reads_exact";
-        self.counters.reads += 1;
         let (low, high) = self.model.visible_bounds(partition);
         let watermark = match engine.high_watermark(TOPIC, partition) {
             Ok(watermark) => watermark.get(),
@@ -628,13 +1042,13 @@ impl Sim {
                 format!("partition {partition}: high watermark {watermark}, model {low}..={high}");
             return Err(Violation::new("visibility", detail));
         }
-        let from = Offset::new(watermark * u64::from(from_per_million) / 1_000_000);
+        let from = Offset::new(from(watermark));
         let result = engine.read(TOPIC, partition, from, max_bytes);
         let fetch = match result {
             Ok(fetch) => fetch,
             Err(error) => {
                 self.trace.event(format!("read p{partition} from {from} -> {error}"));
-                return self.after_read_error(engine, &error);
+                return Ok((self.after_read_error(engine, &error)?, None));
             }
         };
         let read: Vec<_> = fetch
@@ -650,17 +1064,19 @@ impl Sim {
         }
         let mut expected =
             self.model.partitions[partition as usize].possible_records().skip(from.get() as usize);
+        let mut next = from;
         for (offset, key, value, timestamp) in read {
             let found = ModelRecord { key, value, timestamp };
-            if offset.get() >= watermark || expected.next() != Some(&found) {
+            if offset != next || offset.get() >= watermark || expected.next() != Some(&found) {
                 let detail = format!(
                     "partition {partition} offset {offset}: read {}",
                     oracle::describe(&found)
                 );
                 return Err(Violation::new(ORACLE, detail));
             }
+            next = next.plus(1);
         }
-        Ok(Flow::Continue)
+        Ok((Flow::Continue, Some(next)))
     }
 
     fn after_read_error(

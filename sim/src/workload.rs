@@ -54,6 +54,13 @@ pub struct Swarm {
     pub latency: Latency,
     /// Durability modes the rounds pick from.
     pub durabilities: Vec<Durability>,
+    /// Chance that a round rots one bit of synced data; the run then checks that the damage
+    /// is reported and never served, and ends.
+    pub bit_flip_per_million: u32,
+    /// Chance that an open first runs under I/O faults or a power cut (faults in recovery).
+    pub faulty_open_per_million: u32,
+    /// Weight of tailing-consumer steps (beside the five of `weights`).
+    pub tail_weight: u64,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -115,6 +122,14 @@ impl Swarm {
                 slow_per_million: maybe(rng, 1_000, 50_000),
             },
             durabilities,
+            // Drawn last, so the draws above stay what they were before these existed.
+            bit_flip_per_million: if rng.chance(PER_MILLION / 4) {
+                rng.between(20_000, 300_000) as u32
+            } else {
+                0
+            },
+            faulty_open_per_million: maybe(rng, 50_000, 500_000),
+            tail_weight: rng.between(0, 30),
         }
     }
 }
@@ -132,15 +147,18 @@ pub enum Step {
     Flush,
     /// Let simulated time pass with nothing happening.
     Idle { us: u64 },
+    /// The partition's tailing consumer reads on from where it stopped.
+    Tail { partition: u32, max_bytes: usize },
 }
 
 impl Swarm {
     /// Draw the next step. `now_ms` is the timestamp records get from the clock.
     pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
-        let total: u64 = self.weights.iter().sum();
+        let weights = [self.weights.as_slice(), &[self.tail_weight]].concat();
+        let total: u64 = weights.iter().sum();
         let mut roll = rng.below(total.max(1));
         let mut kind = 0;
-        for (i, &weight) in self.weights.iter().enumerate() {
+        for (i, &weight) in weights.iter().enumerate() {
             if roll < weight {
                 kind = i;
                 break;
@@ -157,7 +175,8 @@ impl Swarm {
             },
             2 => Step::Tick,
             3 => Step::Flush,
-            _ => Step::Idle { us: rng.between(1_000, 500_000) },
+            4 => Step::Idle { us: rng.between(1_000, 500_000) },
+            _ => Step::Tail { partition, max_bytes: rng.between(1, 16 * 1024) as usize },
         }
     }
 
