@@ -23,8 +23,33 @@ pub struct Caught {
     pub seeds: u64,
 }
 
+/// The canary's name on the command line (`--canary skip-checksum-on-read`).
+pub fn name(canary: Canary) -> &'static str {
+    match canary {
+        Canary::AckBeforeFsync => "ack-before-fsync",
+        Canary::RetryFsyncAfterFailure => "retry-fsync-after-failure",
+        Canary::SkipDirectoryFsyncOnRoll => "skip-directory-fsync-on-roll",
+        Canary::RecoveryCutsPastSynced => "recovery-cuts-past-synced",
+        Canary::SkipChecksumOnRead => "skip-checksum-on-read",
+        Canary::IndexBeforeData => "index-before-data",
+    }
+}
+
+/// The canary named `name`, as [`name`] spells it.
+pub fn from_name(name: &str) -> Option<Canary> {
+    Canary::ALL.into_iter().find(|&c| self::name(c) == name)
+}
+
+/// Switch `canary` on (or every canary off) until the guard is dropped. Process-global: runs
+/// in other threads see it too.
+pub fn arm(canary: Option<Canary>) -> Armed {
+    canary::set(canary);
+    Armed
+}
+
 /// Switches the canary off again when dropped, even if a run panics through.
-struct Armed;
+#[derive(Debug)]
+pub struct Armed;
 
 impl Drop for Armed {
     fn drop(&mut self) {
@@ -34,8 +59,7 @@ impl Drop for Armed {
 
 /// Run seeds `0..max_seeds` with `canary` on until one fails.
 pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
-    canary::set(Some(canary));
-    let _armed = Armed;
+    let _armed = arm(Some(canary));
     for seed in 0..max_seeds {
         let outcome = run(seed, options);
         if let Some(violation) = outcome.violation {

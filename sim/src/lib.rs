@@ -21,12 +21,12 @@
 //! - [`trace`]: a bounded ring of the last events and a hash of all of them.
 //! - [`canaries`]: the mutation canaries of [`chronik_engine::canary`], each hunted by seeds
 //!   until an oracle catches it.
+//! - [`shrink`]: reduce a failing run to fewer steps and fewer kinds of faults.
 //! - `src/main.rs`: the `chronik-sim` binary (`run`, `swarm`, `check-determinism`,
-//!   `canaries`).
+//!   `shrink`, `canaries`).
 //!
-//! Still to come (the simulator issue): bit flips and slow-call errors on the disk; seeded
-//! workloads over processors and compaction with their oracles; liveness once faults stop;
-//! a skip-checksum canary (it needs bit flips); shrinking of a failing seed.
+//! Still to come (later issues): seeded workloads over processors and compaction, with their
+//! oracles added to [`oracle::standard`].
 
 pub mod canaries;
 pub mod clock;
@@ -35,6 +35,7 @@ pub mod model;
 pub mod oracle;
 pub mod rng;
 pub mod run;
+pub mod shrink;
 pub mod trace;
 pub mod workload;
 

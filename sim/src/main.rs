@@ -1,19 +1,26 @@
 //! `chronik-sim`: run the deterministic simulator from the command line.
 //!
 //! ```text
-//! chronik-sim run --seed 42 [--ops 200] [--trace]
+//! chronik-sim run --seed 42 [--ops 200] [--trace] [--without power-cuts,...] [--skip 3-7,9]
+//! chronik-sim shrink --seed 42 [--ops 200] [--max-runs 2000]
 //! chronik-sim swarm --seeds 1000 [--start 0] [--jobs 2]
 //! chronik-sim swarm --duration 60 [--jobs 2]
 //! chronik-sim check-determinism --seed 0 [--count 100]
 //! chronik-sim canaries [--max-seeds 2000]
 //! ```
 //!
+//! `run` and `shrink` also take `--canary NAME` to switch on one mutation canary (a deliberate
+//! engine bug), which is how to see a failure, its replay and its shrinking without a real bug.
 //! Every command exits with status 1 when it finds a violation or a difference, printing the
-//! exact command that replays the failing seed.
+//! exact command that replays the failing seed, and 2 on a usage error.
 
 use anyhow::{Context as _, bail};
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::{self, MAX_SEEDS_DEFAULT};
-use chronik_sim::run::{Counters, OPS_DEFAULT, RunOptions, RunOutcome, run};
+use chronik_sim::run::{
+    Counters, Feature, OPS_DEFAULT, OPS_MAX, RunOptions, RunOutcome, parse_ranges, run,
+};
+use chronik_sim::shrink::{self, RUNS_MAX_DEFAULT};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -42,6 +49,21 @@ enum Command {
         /// Print every trace event to stderr as it happens.
         #[arg(long)]
         trace: bool,
+        #[command(flatten)]
+        reduction: Reduction,
+    },
+    /// Reduce a failing seed to fewer steps and fewer kinds of faults that still fail the same
+    /// oracle, and print the command that replays the reduced case.
+    Shrink {
+        #[arg(long)]
+        seed: u64,
+        #[arg(long, default_value_t = OPS_DEFAULT)]
+        ops: u64,
+        /// Runs the search may spend.
+        #[arg(long, default_value_t = RUNS_MAX_DEFAULT)]
+        max_runs: u64,
+        #[command(flatten)]
+        reduction: Reduction,
     },
     /// Run many seeds on worker threads and summarise.
     Swarm {
@@ -79,6 +101,57 @@ enum Command {
     },
 }
 
+/// What a replay leaves out, and an optional canary.
+#[derive(Debug, clap::Args)]
+struct Reduction {
+    /// Faults and events drawn but not acted on, comma-separated: power-cuts, io-faults,
+    /// faulty-opens, bit-flips, double-opens, live-crashes.
+    #[arg(long, value_delimiter = ',', value_parser = parse_feature)]
+    without: Vec<Feature>,
+    /// Workload steps drawn but not run, such as `3-7,9`.
+    #[arg(long, value_parser = parse_skip)]
+    skip: Option<StepRanges>,
+    /// Switch on one mutation canary: ack-before-fsync, retry-fsync-after-failure,
+    /// skip-directory-fsync-on-roll, recovery-cuts-past-synced, skip-checksum-on-read,
+    /// index-before-data.
+    #[arg(long, value_parser = parse_canary)]
+    canary: Option<Canary>,
+}
+
+impl Reduction {
+    fn options(&self, ops: u64, trace: bool) -> RunOptions {
+        RunOptions {
+            ops,
+            echo_trace: trace,
+            without: self.without.iter().copied().collect(),
+            skip: self.skip.clone().map(|s| s.0).unwrap_or_default(),
+            ..RunOptions::default()
+        }
+    }
+}
+
+/// The value of `--skip`: half-open ranges of step numbers.
+#[derive(Clone, Debug)]
+struct StepRanges(Vec<(u64, u64)>);
+
+fn parse_skip(text: &str) -> Result<StepRanges, String> {
+    parse_ranges(text).map(StepRanges)
+}
+
+fn parse_feature(name: &str) -> Result<Feature, String> {
+    Feature::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Feature::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown feature {name:?}; one of {}", names.join(", "))
+    })
+}
+
+fn parse_canary(name: &str) -> Result<Canary, String> {
+    canaries::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = Canary::ALL.iter().map(|&c| canaries::name(c)).collect();
+        format!("unknown canary {name:?}; one of {}", names.join(", "))
+    })
+}
+
 fn main() -> ExitCode {
     match execute(&Cli::parse()) {
         Ok(true) => ExitCode::SUCCESS,
@@ -93,14 +166,22 @@ fn main() -> ExitCode {
 /// Run a command; `Ok(false)` when it found a violation or a difference.
 fn execute(cli: &Cli) -> anyhow::Result<bool> {
     match cli.command {
-        Command::Run { seed, ops, trace } => {
-            let options = RunOptions { ops, echo_trace: trace, ..RunOptions::default() };
+        Command::Run { seed, ops, trace, ref reduction } => {
+            check_ops(ops)?;
+            let options = reduction.options(ops, trace);
+            let _armed = canaries::arm(reduction.canary);
             let outcome = run(seed, &options);
             if outcome.violation.is_some() {
-                report_violation(&outcome);
+                report_violation(&outcome, reduction.canary);
             }
             println!("{}", outcome.summary_line());
             Ok(outcome.violation.is_none())
+        }
+        Command::Shrink { seed, ops, max_runs, ref reduction } => {
+            check_ops(ops)?;
+            let options = reduction.options(ops, false);
+            let _armed = canaries::arm(reduction.canary);
+            Ok(run_shrink(seed, &options, max_runs, reduction.canary))
         }
         Command::Swarm { seeds, duration, start, jobs, ops } => {
             if jobs == 0 || jobs > JOBS_MAX {
@@ -122,14 +203,51 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
     }
 }
 
-fn report_violation(outcome: &RunOutcome) {
+fn check_ops(ops: u64) -> anyhow::Result<()> {
+    if ops == 0 || ops > OPS_MAX {
+        bail!("--ops must be between 1 and {OPS_MAX}");
+    }
+    Ok(())
+}
+
+/// The replay command, with the canary that was on.
+fn replay(outcome: &RunOutcome, canary: Option<Canary>) -> String {
+    match canary {
+        None => outcome.replay_command(),
+        Some(c) => format!("{} --canary {}", outcome.replay_command(), canaries::name(c)),
+    }
+}
+
+fn report_violation(outcome: &RunOutcome, canary: Option<Canary>) {
     let Some(violation) = &outcome.violation else { return };
     eprintln!("VIOLATION in seed {}: {violation}", outcome.seed);
     eprintln!("last trace events:");
     for event in &outcome.trace {
         eprintln!("  {event}");
     }
-    eprintln!("replay: {}", outcome.replay_command());
+    eprintln!("replay: {}", replay(outcome, canary));
+}
+
+fn run_shrink(seed: u64, options: &RunOptions, max_runs: u64, canary: Option<Canary>) -> bool {
+    let Some(shrunk) = shrink::shrink(seed, options, max_runs) else {
+        println!("seed {seed} passes with {}: nothing to shrink", options.arguments());
+        return true;
+    };
+    let violation = shrunk.outcome.violation.as_ref().expect("a shrunk run fails");
+    println!("seed {seed} fails oracle {}", violation.oracle);
+    println!(
+        "before: {} steps, after: {} steps run of a budget of {}",
+        shrunk.original.ops,
+        shrunk.steps_run(),
+        shrunk.options.ops
+    );
+    let without: Vec<&str> = shrunk.options.without.iter().map(|f| f.name()).collect();
+    println!("left out: {}", if without.is_empty() { "-".to_owned() } else { without.join(", ") });
+    println!("runs: {}", shrunk.runs);
+    report_violation(&shrunk.outcome, canary);
+    println!("reduced: {}", shrunk.outcome.summary_line());
+    println!("replay the reduced case: {}", replay(&shrunk.outcome, canary));
+    false
 }
 
 /// When a swarm stops starting seeds.
@@ -224,7 +342,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
     match &totals.first_failure {
         None => true,
         Some(outcome) => {
-            report_violation(outcome);
+            report_violation(outcome, None);
             println!("first failing seed {}: {}", outcome.seed, outcome.replay_command());
             false
         }
