@@ -27,17 +27,38 @@ pub enum Canary {
     /// A roll makes the sealed segment's index files durable and takes that for the data's:
     /// the segment itself is never fdatasynced before the next one is created.
     IndexBeforeData = 6,
+    /// An offset index lookup answers with the entry after the right one, when there is one.
+    IndexLookupOverruns = 7,
+    /// A timestamp lookup answers with the first offset of the batch instead of the record's.
+    TimestampLookupTakesBatchStart = 8,
+    /// Recovery rebuilds every sealed segment's index files, even valid ones: not idempotent.
+    RecoveryRebuildsIndexes = 9,
+    /// `Durability::Os` appends are not published to readers until a sync.
+    OsAppendsNotPublished = 10,
+    /// `Engine::flush` reports success on a poisoned engine.
+    FlushIgnoresPoison = 11,
+    /// A failed write is returned without poisoning the engine.
+    WriteErrorNotPoisoned = 12,
+    /// The recovery scan parses batches without comparing checksums, so torn tails are kept.
+    RecoveryTrustsTornTail = 13,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 6] = [
+    pub const ALL: [Canary; 13] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
         Canary::RecoveryCutsPastSynced,
         Canary::SkipChecksumOnRead,
         Canary::IndexBeforeData,
+        Canary::IndexLookupOverruns,
+        Canary::TimestampLookupTakesBatchStart,
+        Canary::RecoveryRebuildsIndexes,
+        Canary::OsAppendsNotPublished,
+        Canary::FlushIgnoresPoison,
+        Canary::WriteErrorNotPoisoned,
+        Canary::RecoveryTrustsTornTail,
     ];
 }
 

@@ -271,7 +271,11 @@ impl<I: Io> Partition<I> {
             let (file, position) = (Arc::clone(&active.file), active.size);
             io::write_all(&*self.io, file.handle, position, batch)
                 .map_err(|e| IoError::new("write", &file.path, e))
-                .inspect_err(|e| self.poison_with(e))?;
+                .inspect_err(|e| {
+                    if !canary::active(Canary::WriteErrorNotPoisoned) {
+                        self.poison_with(e);
+                    }
+                })?;
             active.on_batch(info);
             info
         };
@@ -280,6 +284,7 @@ impl<I: Io> Partition<I> {
                 self.publish(written.next_offset);
             }
             Durability::Sync => self.sync_to(written.next_offset)?,
+            Durability::Os if canary::active(Canary::OsAppendsNotPublished) => {}
             Durability::Os => self.publish(written.next_offset),
             Durability::Interval { .. } => {}
         }
@@ -619,6 +624,9 @@ impl<I: Io> Partition<I> {
                 if batch.max_timestamp() >= timestamp {
                     found =
                         batch.records().find(|r| r.timestamp() >= timestamp).map(|r| r.offset());
+                    if canary::active(Canary::TimestampLookupTakesBatchStart) {
+                        found = Some(batch.base_offset());
+                    }
                 }
                 found.is_none()
             })?;

@@ -253,6 +253,7 @@ fn recover_sealed<I: Io>(
         &**io,
         &directory.join(segment::file_name(base, TIME_INDEX_SUFFIX)),
     )?;
+    let offsets = offsets.filter(|_| !canary::active(Canary::RecoveryRebuildsIndexes));
     if let (Some(offsets), Some(times)) = (offsets, times) {
         let interval = config.index_interval_bytes;
         let decoded = SegmentIndex::decode(&offsets, &times, base, size, interval);

@@ -187,6 +187,15 @@ pub struct ScanEnd {
 
 /// Visit the valid batches of `file` from `start` to `end` in order, reading in bounded
 /// chunks. `visit` returns `false` to stop early.
+/// [`parse_batch`], or under the `RecoveryTrustsTornTail` canary the same without the checksum.
+fn parse_for_scan(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
+    #[cfg(feature = "canaries")]
+    if crate::canary::active(crate::canary::Canary::RecoveryTrustsTornTail) {
+        return crate::format::parse_batch_skipping_checksum(bytes);
+    }
+    parse_batch(bytes)
+}
+
 pub fn scan<I: Io>(
     file: &SegmentFile<I>,
     start: u64,
@@ -201,7 +210,7 @@ pub fn scan<I: Io>(
         if position >= end {
             return Ok(ScanEnd { position, damage: None });
         }
-        match parse_batch(&buffer[cursor..]) {
+        match parse_for_scan(&buffer[cursor..]) {
             Ok(batch) => {
                 if !visit(position, &batch) {
                     return Ok(ScanEnd { position, damage: None });

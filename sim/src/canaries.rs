@@ -32,6 +32,13 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::RecoveryCutsPastSynced => "recovery-cuts-past-synced",
         Canary::SkipChecksumOnRead => "skip-checksum-on-read",
         Canary::IndexBeforeData => "index-before-data",
+        Canary::IndexLookupOverruns => "index-lookup-overruns",
+        Canary::TimestampLookupTakesBatchStart => "timestamp-lookup-takes-batch-start",
+        Canary::RecoveryRebuildsIndexes => "recovery-rebuilds-indexes",
+        Canary::OsAppendsNotPublished => "os-appends-not-published",
+        Canary::FlushIgnoresPoison => "flush-ignores-poison",
+        Canary::WriteErrorNotPoisoned => "write-error-not-poisoned",
+        Canary::RecoveryTrustsTornTail => "recovery-trusts-torn-tail",
     }
 }
 

@@ -384,8 +384,8 @@ fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
 /// Hunt every canary (single-threaded: the active canary is process-global) and print a table.
 fn run_canaries(max_seeds: u64, ops: u64) -> bool {
     let options = RunOptions { ops, ..RunOptions::default() };
-    println!("{:<26} | {:<15} | oracle", "canary", "seeds to catch");
-    println!("{:-<26}-|-{:-<15}-|-{:-<24}", "", "", "");
+    println!("{:<31} | {:<15} | oracle", "canary", "seeds to catch");
+    println!("{:-<31}-|-{:-<15}-|-{:-<24}", "", "", "");
     let mut all_caught = true;
     for caught in canaries::hunt_all(max_seeds, &options) {
         let (seeds, oracle) = if let Some((seed, oracle)) = caught.by {
@@ -394,7 +394,7 @@ fn run_canaries(max_seeds: u64, ops: u64) -> bool {
             all_caught = false;
             (format!("> {max_seeds}"), "NOT CAUGHT")
         };
-        println!("{:<26} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
+        println!("{:<31} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
         if !caught.detail.is_empty() {
             eprintln!("  {:?}: {}", caught.canary, caught.detail);
         }
