@@ -370,11 +370,7 @@ fn recover_active<I: Io>(
             damaged = Some((segment.next_offset, corruption));
             segment.size = size;
         } else {
-            let file = &segment.file;
-            if !active.read_only {
-                file.run(Operation::Truncate { file: file.handle, length: damage.position })?;
-                file.run(Operation::Fsync { file: file.handle })?;
-            }
+            // The cut itself is made below, with the rest of the tail's durability.
             report.truncated_bytes += size - damage.position;
             report.truncated_records += evidence.records;
             assert_eq!(segment.size, damage.position, "the scan stops at the damaged batch");
@@ -396,11 +392,20 @@ fn recover_active<I: Io>(
     // the write-back queue but keeps them readable, so the bytes past the checkpoint may read
     // fine, be clean in the page cache, and never reach the disk. Writing them again re-dirties
     // them, so the fdatasync below really makes them durable.
+    //
+    // The length likewise: a truncate is a pending change like a write, and a failed fsync of
+    // an earlier open may have dropped the cut of a torn tail from write-back while the page
+    // cache shows the file already short. Nothing here would then redo it, the disk would keep
+    // the old tail past the new end, and batches appended over part of it would leave the rest,
+    // with its synced-offset hints, looking like evidence of synced data after the next crash
+    // (found by the simulator: a faulty open's fsync failed after its cut). So the length is
+    // set again on every writable open, and an fsync (not an fdatasync) makes it durable.
     if !active.read_only {
         let kept = segment.size;
         rewrite(&segment.file, checkpointed.min(kept), kept)?;
         let file = &segment.file;
-        file.run(Operation::Fdatasync { file: file.handle })?;
+        file.run(Operation::Truncate { file: file.handle, length: kept })?;
+        file.run(Operation::Fsync { file: file.handle })?;
     }
     Ok((segment, damaged))
 }

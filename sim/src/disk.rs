@@ -183,6 +183,7 @@ struct State {
     faults: Faults,
     rng: Rng,
     fail_next_syncs: u32,
+    fail_next_file_syncs: u32,
     /// Operations left before the power is cut; `None` when no cut is armed.
     power_left: Option<u64>,
     stats: Stats,
@@ -252,6 +253,7 @@ impl State {
             faults: Faults::NONE,
             rng,
             fail_next_syncs: 0,
+            fail_next_file_syncs: 0,
             power_left: None,
             stats: Stats::default(),
             trace: 0xCBF2_9CE4_8422_2325,
@@ -488,9 +490,13 @@ impl State {
         if fdatasync && is_directory {
             return Err(error(io::ErrorKind::InvalidInput, "fdatasync of a directory handle"));
         }
-        let injected = self.fail_next_syncs > 0;
+        let injected_file = self.fail_next_file_syncs > 0 && !is_directory;
+        let injected = self.fail_next_syncs > 0 || injected_file;
         if injected || self.rng.chance(self.faults.sync_error_per_million) {
             self.fail_next_syncs = self.fail_next_syncs.saturating_sub(1);
+            if injected_file {
+                self.fail_next_file_syncs -= 1;
+            }
             self.stats.failed_syncs += 1;
             if !is_directory {
                 // Linux: the dirty pages are dropped from the writeback set but stay cached.
@@ -650,6 +656,7 @@ impl State {
         self.locks.clear();
         self.power_left = None;
         self.fail_next_syncs = 0;
+        self.fail_next_file_syncs = 0;
         self.stats.crashes += 1;
         let faults = self.faults;
         // BTreeMap order makes the draws, and so the outcome, a function of the seed.
@@ -841,6 +848,11 @@ impl SimDisk {
     /// Make the next `count` syncs (file or directory) fail, with Linux semantics.
     pub fn fail_next_syncs(&self, count: u32) {
         self.state.lock().fail_next_syncs = count;
+    }
+
+    /// Make the next `count` syncs of files (not directories) fail, with Linux semantics.
+    pub fn fail_next_file_syncs(&self, count: u32) {
+        self.state.lock().fail_next_file_syncs = count;
     }
 
     /// Let `operations` more calls through, then fail every call as if the machine lost power
