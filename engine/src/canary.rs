@@ -41,11 +41,13 @@ pub enum Canary {
     WriteErrorNotPoisoned = 12,
     /// The recovery scan parses batches without comparing checksums, so torn tails are kept.
     RecoveryTrustsTornTail = 13,
+    /// A topic create returns before the rename of its directory into place is fsynced.
+    TopicCreateNotDurable = 14,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 13] = [
+    pub const ALL: [Canary; 14] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -59,6 +61,7 @@ impl Canary {
         Canary::FlushIgnoresPoison,
         Canary::WriteErrorNotPoisoned,
         Canary::RecoveryTrustsTornTail,
+        Canary::TopicCreateNotDurable,
     ];
 }
 

@@ -39,6 +39,7 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::FlushIgnoresPoison => "flush-ignores-poison",
         Canary::WriteErrorNotPoisoned => "write-error-not-poisoned",
         Canary::RecoveryTrustsTornTail => "recovery-trusts-torn-tail",
+        Canary::TopicCreateNotDurable => "topic-create-not-durable",
     }
 }
 

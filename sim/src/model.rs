@@ -77,6 +77,10 @@ pub struct Model {
     pub partitions: Vec<PartitionModel>,
     /// The durability of the engine open now (it may change at every open).
     pub durability: Durability,
+    /// The second topic, created and deleted again and again (it holds no records).
+    pub scratch: TopicState,
+    /// Its partition count whenever it exists.
+    pub scratch_partitions: u32,
 }
 
 impl Model {
@@ -86,6 +90,8 @@ impl Model {
             topic: TopicState::Absent,
             partitions: vec![PartitionModel::default(); partitions as usize],
             durability: Durability::Sync,
+            scratch: TopicState::Absent,
+            scratch_partitions: 1,
         }
     }
 

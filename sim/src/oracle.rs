@@ -13,7 +13,7 @@
 use crate::disk::SimDisk;
 use crate::model::{Model, ModelRecord, TopicState};
 use crate::rng::Rng;
-use crate::workload::TOPIC;
+use crate::workload::{SCRATCH, TOPIC};
 use chronik_engine::{Engine, Offset};
 use std::fmt;
 
@@ -174,8 +174,9 @@ pub fn scan(engine: &SimEngine, model: &Model, rng: &mut Rng) -> Result<Scan, Vi
     Ok(Scan { partitions })
 }
 
-/// An acknowledged topic is there after every crash; one whose creation failed is there
-/// whole (with every partition) or not at all.
+/// An acknowledged topic is there after every crash with all its partitions, an acknowledged
+/// delete stays deleted, and a topic whose creation or deletion failed is there whole or not
+/// at all. No other topic appears.
 #[derive(Debug)]
 pub struct TopicSurvives;
 
@@ -186,16 +187,28 @@ impl Oracle for TopicSurvives {
 
     fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
         let topics = context.engine.list_topics();
-        let expected_partitions = context.model.partitions.len() as u32;
-        if context.topic_exists {
-            let count = context.engine.partition_count(TOPIC);
-            if topics != [TOPIC] || count != Some(expected_partitions) {
-                let detail = format!("topics {topics:?}, partitions {count:?}");
+        let model = context.model;
+        let expected = [
+            (TOPIC, model.topic, model.partitions.len() as u32),
+            (SCRATCH, model.scratch, model.scratch_partitions),
+        ];
+        if let Some(stranger) = topics.iter().find(|t| !expected.iter().any(|e| e.0 == *t)) {
+            let detail = format!("unexpected topic {stranger:?} in {topics:?}");
+            return Err(Violation::new(self.name(), detail));
+        }
+        for (name, state, partitions) in expected {
+            let listed = topics.iter().any(|t| t == name);
+            let wrong = match state {
+                TopicState::Present => !listed,
+                TopicState::Absent => listed,
+                TopicState::Uncertain => false,
+            };
+            let count = context.engine.partition_count(name);
+            if wrong || (listed && count != Some(partitions)) {
+                let detail =
+                    format!("{name}: model {state:?}, engine topics {topics:?}, {count:?}");
                 return Err(Violation::new(self.name(), detail));
             }
-        } else if context.model.topic == TopicState::Present || !topics.is_empty() {
-            let detail = format!("model {:?}, engine topics {topics:?}", context.model.topic);
-            return Err(Violation::new(self.name(), detail));
         }
         Ok(())
     }

@@ -28,9 +28,10 @@ use crate::model::{Model, ModelBatch, ModelRecord, TopicState};
 use crate::oracle::{self, Context, Oracle, Scan, SimEngine, Violation};
 use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
-use crate::workload::{Step, Swarm, TOPIC};
+use crate::workload::{SCRATCH, Step, Swarm, TOPIC};
 use chronik_engine::{
     AppendError, Durability, Engine, Offset, OpenError, Options, ReadError, Record, RecoveryReport,
+    TopicError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -203,6 +204,8 @@ pub struct Counters {
     pub rot_reported: u64,
     pub tail_reads: u64,
     pub liveness_checks: u64,
+    /// Creates and deletes of the scratch topic tried.
+    pub topic_changes: u64,
 }
 
 impl Counters {
@@ -226,6 +229,7 @@ impl Counters {
         self.rot_reported += other.rot_reported;
         self.tail_reads += other.tail_reads;
         self.liveness_checks += other.liveness_checks;
+        self.topic_changes += other.topic_changes;
     }
 }
 
@@ -396,7 +400,10 @@ impl Sim {
             rng,
             disk,
             clock: SimClock::new(EPOCH_MS),
-            model: Model::new(swarm.topic.partitions),
+            model: Model {
+                scratch_partitions: swarm.scratch.partitions,
+                ..Model::new(swarm.topic.partitions)
+            },
             swarm,
             trace,
             oracles: oracle::standard(),
@@ -555,6 +562,11 @@ impl Sim {
         oracle::check_all(&self.oracles, &context, &mut self.check_rng)?;
         self.counters.oracle_checks += 1;
         self.model.topic = if topic_exists { TopicState::Present } else { TopicState::Absent };
+        self.model.scratch = if engine.partition_count(SCRATCH).is_some() {
+            TopicState::Present
+        } else {
+            TopicState::Absent
+        };
         for (partition, records) in scan.partitions.iter().enumerate() {
             let count = records.len() as u64;
             let durable = self.model.partitions[partition].durable_records;
@@ -967,6 +979,7 @@ impl Sim {
                 }
                 self.after_error(engine, result.err())?
             }
+            Step::Scratch => self.scratch(engine)?,
             Step::Idle { us } => {
                 self.trace.event(format!("idle {us}us"));
                 self.spend(us);
@@ -975,6 +988,38 @@ impl Sim {
         };
         self.spend_io(before);
         Ok(flow)
+    }
+
+    /// Create the scratch topic, or delete it if it exists. An acknowledged create or delete
+    /// must survive any crash; a failed one poisons the engine and leaves the topic whole or
+    /// gone.
+    fn scratch(&mut self, engine: &SimEngine) -> Result<Flow, Violation> {
+        self.counters.topic_changes += 1;
+        let exists = engine.partition_count(SCRATCH).is_some();
+        let result = if exists {
+            engine.delete_topic(SCRATCH)
+        } else {
+            engine.create_topic(SCRATCH, self.swarm.scratch)
+        };
+        let verb = if exists { "delete" } else { "create" };
+        self.trace.event(format!("{verb} topic {SCRATCH} -> {result:?}"));
+        match result {
+            Ok(()) => {
+                self.model.scratch = if exists { TopicState::Absent } else { TopicState::Present };
+                Ok(Flow::Continue)
+            }
+            Err(TopicError::Io(error)) => {
+                self.model.scratch = TopicState::Uncertain;
+                self.faults_seen += 1;
+                if engine.poisoned().is_none() {
+                    let detail = format!("a failed {verb} did not poison: {error}");
+                    return Err(Violation::new("fail_stop", detail));
+                }
+                self.after_error(engine, None)
+            }
+            Err(TopicError::Poisoned(_)) => self.after_error(engine, None),
+            Err(error) => Err(Violation::new("topic_errors", format!("{verb} {SCRATCH}: {error}"))),
+        }
     }
 
     fn append(

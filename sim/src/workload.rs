@@ -9,8 +9,10 @@ use crate::model::ModelRecord;
 use crate::rng::{PER_MILLION, Rng};
 use chronik_engine::{Durability, TopicConfig};
 
-/// The one topic the workload writes.
+/// The topic the workload writes.
 pub const TOPIC: &str = "events";
+/// The topic the workload creates and deletes, again and again.
+pub const SCRATCH: &str = "scratch";
 /// Most partitions a seed may use.
 pub const PARTITIONS_MAX: u32 = 4;
 /// Most records per batch.
@@ -61,6 +63,9 @@ pub struct Swarm {
     pub faulty_open_per_million: u32,
     /// Weight of tailing-consumer steps (beside the five of `weights`).
     pub tail_weight: u64,
+    /// Weight of steps that create the scratch topic, or delete it when it exists.
+    pub scratch_weight: u64,
+    pub scratch: TopicConfig,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -130,6 +135,12 @@ impl Swarm {
             },
             faulty_open_per_million: maybe(rng, 50_000, 500_000),
             tail_weight: rng.between(0, 30),
+            scratch_weight: rng.between(0, 8),
+            scratch: TopicConfig {
+                partitions: rng.between(1, 3) as u32,
+                segment_bytes: 4096,
+                ..TopicConfig::default()
+            },
         }
     }
 }
@@ -149,12 +160,14 @@ pub enum Step {
     Idle { us: u64 },
     /// The partition's tailing consumer reads on from where it stopped.
     Tail { partition: u32, max_bytes: usize },
+    /// Create the scratch topic, or delete it if it exists.
+    Scratch,
 }
 
 impl Swarm {
     /// Draw the next step. `now_ms` is the timestamp records get from the clock.
     pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
-        let weights = [self.weights.as_slice(), &[self.tail_weight]].concat();
+        let weights = [self.weights.as_slice(), &[self.tail_weight, self.scratch_weight]].concat();
         let total: u64 = weights.iter().sum();
         let mut roll = rng.below(total.max(1));
         let mut kind = 0;
@@ -176,7 +189,8 @@ impl Swarm {
             2 => Step::Tick,
             3 => Step::Flush,
             4 => Step::Idle { us: rng.between(1_000, 500_000) },
-            _ => Step::Tail { partition, max_bytes: rng.between(1, 16 * 1024) as usize },
+            5 => Step::Tail { partition, max_bytes: rng.between(1, 16 * 1024) as usize },
+            _ => Step::Scratch,
         }
     }
 
