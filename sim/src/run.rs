@@ -549,7 +549,10 @@ impl Sim {
     /// Run the oracles on a freshly opened engine, then adopt what recovery kept.
     fn check(&mut self, engine: &SimEngine) -> Result<Scan, Violation> {
         let topic_exists = engine.partition_count(TOPIC).is_some();
-        if self.sabotage == Some(Sabotage::PhantomAcknowledgement) && topic_exists {
+        if self.sabotage == Some(Sabotage::PhantomAcknowledgement)
+            && topic_exists
+            && self.model.partitions[0].uncertain.is_none()
+        {
             self.sabotage = None;
             let phantom = ModelRecord { key: None, value: b"phantom".to_vec(), timestamp: 0 };
             let batch = ModelBatch { records: vec![phantom], appended_ms: 0 };
