@@ -43,11 +43,19 @@ pub enum Canary {
     RecoveryTrustsTornTail = 13,
     /// A topic create returns before the rename of its directory into place is fsynced.
     TopicCreateNotDurable = 14,
+    /// Closing the engine leaves the data directory's lock handle open.
+    CloseLeaksLockHandle = 15,
+    /// An append panics on a record with an empty value.
+    AppendPanicsOnEmptyValue = 16,
+    /// An append acknowledges its records one offset too low.
+    AppendReportsWrongOffset = 17,
+    /// A fetch says the next offset is one past where it really is.
+    FetchNextOffsetOverruns = 18,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 14] = [
+    pub const ALL: [Canary; 18] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -62,6 +70,10 @@ impl Canary {
         Canary::WriteErrorNotPoisoned,
         Canary::RecoveryTrustsTornTail,
         Canary::TopicCreateNotDurable,
+        Canary::CloseLeaksLockHandle,
+        Canary::AppendPanicsOnEmptyValue,
+        Canary::AppendReportsWrongOffset,
+        Canary::FetchNextOffsetOverruns,
     ];
 }
 

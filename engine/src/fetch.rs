@@ -17,6 +17,11 @@ impl Fetch {
     /// `buffer` must hold only whole batches that passed [`parse_batch`].
     pub(crate) fn new(buffer: Vec<u8>, from: Offset, next_offset: Offset) -> Self {
         debug_assert!(parse_batch(&buffer).is_ok(), "a fetch starts with a valid batch");
+        let next_offset = if crate::canary::active(crate::canary::Canary::FetchNextOffsetOverruns) {
+            next_offset.plus(1)
+        } else {
+            next_offset
+        };
         Fetch { buffer, from, next_offset }
     }
 

@@ -248,6 +248,9 @@ impl<I: Io> Partition<I> {
 
     pub fn append(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
         self.poison.check()?;
+        if canary::active(Canary::AppendPanicsOnEmptyValue) {
+            assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
+        }
         let now = self.clock.now_ms();
         // Encode outside the lock; only the offsets and the checksum are patched under it.
         let mut batch = Vec::new();
@@ -289,6 +292,10 @@ impl<I: Io> Partition<I> {
             Durability::Interval { .. } => {}
         }
         let last_offset = Offset::new(written.next_offset.get() - 1);
+        if canary::active(Canary::AppendReportsWrongOffset) && written.base_offset.get() > 0 {
+            let base_offset = Offset::new(written.base_offset.get() - 1);
+            return Ok(Appended { base_offset, last_offset: Offset::new(last_offset.get() - 1) });
+        }
         Ok(Appended { base_offset: written.base_offset, last_offset })
     }
 

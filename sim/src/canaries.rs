@@ -40,6 +40,10 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::WriteErrorNotPoisoned => "write-error-not-poisoned",
         Canary::RecoveryTrustsTornTail => "recovery-trusts-torn-tail",
         Canary::TopicCreateNotDurable => "topic-create-not-durable",
+        Canary::CloseLeaksLockHandle => "close-leaks-lock-handle",
+        Canary::AppendPanicsOnEmptyValue => "append-panics-on-empty-value",
+        Canary::AppendReportsWrongOffset => "append-reports-wrong-offset",
+        Canary::FetchNextOffsetOverruns => "fetch-next-offset-overruns",
     }
 }
 
