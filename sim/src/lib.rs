@@ -17,7 +17,7 @@
 //! - [`model`]: the reference model, what each partition may and must hold.
 //! - [`oracle`]: the checks of the engine against the model, behind the [`oracle::Oracle`]
 //!   trait; [`oracle::standard`] is the list every run uses.
-//! - [`run`]: [`run::run`], one seed from start to finish, returning a [`run::RunOutcome`].
+//! - [`run`](mod@run): [`run::run`], one seed from start to finish, returning a [`run::RunOutcome`].
 //! - [`trace`]: a bounded ring of the last events and a hash of all of them.
 //! - [`canaries`]: the mutation canaries of [`chronik_engine::canary`], each hunted by seeds
 //!   until an oracle catches it.

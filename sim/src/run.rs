@@ -7,16 +7,25 @@
 //!
 //! # A round
 //!
-//! 1. Open the engine (the durability mode is drawn per round) and run the oracles on what
-//!    recovery kept; sometimes close and open again at once, which must find nothing to
-//!    repair and the same records (recovery is idempotent).
+//! 1. Open the engine (the durability mode is drawn per round), sometimes after an open tried
+//!    under I/O faults or a power cut (faults inside recovery: it may fail, only with an I/O
+//!    error), and run the oracles on what recovery kept; sometimes close and open again at
+//!    once, which must find nothing to repair and the same records (recovery is idempotent).
 //! 2. Maybe arm a power cut after a random number of disk calls; maybe switch on the seed's
 //!    I/O faults.
-//! 3. Run a random number of workload steps: appends, reads checked against the model, ticks,
-//!    flushes, idle time. A poisoned engine is probed (everything refused until reopen) and
-//!    ends the round.
+//! 3. Run a random number of workload steps: appends, reads and tailing reads checked against
+//!    the model, ticks, flushes, idle time, creates and deletes of the scratch topic. A
+//!    poisoned engine is probed (everything refused until reopen) and ends the round. Some
+//!    rounds flip a bit of synced data at a random step instead; the checks after the flip
+//!    (corruption reported, never served) end the run.
 //! 4. End with a clean close and a crash, a crash under the live engine, or a restart
 //!    without a crash.
+//!
+//! After the last round: a final open and its checks, then the liveness phase (no faults;
+//! every partition takes appends, a flush and a read back).
+//!
+//! Shrinking reruns a seed with [`RunOptions::without`] and [`RunOptions::skip`]: those
+//! faults and steps are still drawn, so every other draw keeps its value, but not acted on.
 //!
 //! A crash under a live engine cuts the power first and then drops the engine, so its
 //! destructor's calls all fail: the same as a process that died without running it, without
