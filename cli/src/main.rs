@@ -19,6 +19,9 @@ struct Cli {
     /// The data directory (created if missing).
     #[arg(long, global = true, env = "CHRONIK_DATA", value_name = "DIR")]
     data: Option<PathBuf>,
+    /// The I/O backend: auto (io_uring where the kernel allows it), io_uring or pread.
+    #[arg(long, global = true, env = "CHRONIK_IO", default_value = "auto", value_name = "BACKEND")]
+    io: chronik::Backend,
     #[command(subcommand)]
     command: Command,
 }
@@ -57,19 +60,19 @@ pub fn parse_durability(text: &str) -> Result<Durability, String> {
 
 /// Open the data directory, reporting on standard error what recovery did.
 pub fn open(data: &std::path::Path, durability: Durability) -> anyhow::Result<Chronik> {
-    open_with(data, Options { durability, read_only: false })
+    open_with(data, Options { durability, ..default_options() })
 }
 
 /// Open the data directory to read it. If another process holds it (a producer is running),
 /// read it beside that process without the lock and without changing any file.
 pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
-    match Chronik::open(data, Options::default()) {
+    match Chronik::open(data, default_options()) {
         Err(chronik::Error::Open(chronik::OpenError::Locked { .. })) => {
             eprintln!(
                 "chronik: {} is open in another process; reading beside it, without recovery",
                 data.display()
             );
-            open_with(data, Options { read_only: true, ..Options::default() })
+            open_with(data, Options { read_only: true, ..default_options() })
         }
         opened => report(opened, data),
     }
@@ -77,6 +80,14 @@ pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
 
 fn open_with(data: &std::path::Path, options: Options) -> anyhow::Result<Chronik> {
     report(Chronik::open(data, options), data)
+}
+
+/// The I/O backend every open of this process uses (`--io`, or `CHRONIK_IO`).
+static IO_BACKEND: std::sync::OnceLock<chronik::Backend> = std::sync::OnceLock::new();
+
+/// [`Options::default`] with the backend chosen on the command line.
+pub fn default_options() -> Options {
+    Options { io_backend: IO_BACKEND.get().copied().unwrap_or_default(), ..Options::default() }
 }
 
 fn report(
@@ -167,6 +178,7 @@ fn restore_default_sigpipe() {
 fn main() -> ExitCode {
     restore_default_sigpipe();
     let cli = Cli::parse();
+    IO_BACKEND.set(cli.io).expect("set once, before any open");
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`chronik consume ... | head`) is not a failure.

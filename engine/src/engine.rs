@@ -61,6 +61,10 @@ pub struct Options {
     /// fail with `ReadOnly`, and [`Engine::refresh`] picks up what the writer appended.
     /// Readers then see what the writer has written, synced or not.
     pub read_only: bool,
+    /// The backend [`SystemIo`](crate::io::SystemIo) sets up for callers that open real files
+    /// through it (the `chronik` crate and CLI): io_uring where available by default.
+    /// `Engine::open` itself runs on whatever backend it is given.
+    pub io_backend: crate::io::Backend,
 }
 
 /// The fail-stop flag: set by the first failed write or fsync, checked by every operation.

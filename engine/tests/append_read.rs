@@ -30,11 +30,7 @@ fn batch_records(partition: u32, batch: u32) -> Vec<Owned> {
         .collect()
 }
 
-fn append_batch(
-    engine: &chronik_engine::Engine<chronik_engine::io::PreadIo>,
-    partition: u32,
-    owned: &mut [Owned],
-) -> (u64, u64) {
+fn append_batch(engine: &common::Engine, partition: u32, owned: &mut [Owned]) -> (u64, u64) {
     let headers: Vec<Vec<Header<'_>>> = owned
         .iter()
         .map(|r| r.headers.iter().map(|(k, v)| Header { key: k, value: v }).collect())
@@ -55,10 +51,7 @@ fn append_batch(
     (base, last)
 }
 
-fn check_reads(
-    engine: &chronik_engine::Engine<chronik_engine::io::PreadIo>,
-    expected: &BTreeMap<u32, Vec<Owned>>,
-) {
+fn check_reads(engine: &common::Engine, expected: &BTreeMap<u32, Vec<Owned>>) {
     for (&partition, records) in expected {
         let end = records.len() as u64;
         assert_eq!(engine.high_watermark(TOPIC, partition).unwrap().get(), end);
@@ -141,7 +134,7 @@ fn append_and_read_back_across_partitions_and_a_reopen() {
     assert_eq!(common::append_value(&engine, TOPIC, 0, b"after reopen"), next);
 }
 
-fn check_errors(engine: &chronik_engine::Engine<chronik_engine::io::PreadIo>) {
+fn check_errors(engine: &common::Engine) {
     let record = [Record::new(None, b"v")];
     assert!(matches!(
         engine.append("missing", 0, &record),

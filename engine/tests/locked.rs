@@ -3,7 +3,6 @@
 
 mod common;
 
-use chronik_engine::io::PreadIo;
 use chronik_engine::{Durability, Engine, OpenError, Options, TopicConfig};
 
 #[test]
@@ -16,7 +15,7 @@ fn a_second_open_of_the_same_directory_is_refused_while_the_first_is_open() {
     let clock = common::ManualClock::new(common::EPOCH_MS);
     for _ in 0..2 {
         let error =
-            Engine::open(PreadIo::new(), clock.clone(), directory.path(), Options::default())
+            Engine::open(common::test_io(), clock.clone(), directory.path(), Options::default())
                 .unwrap_err();
         match error {
             OpenError::Locked { path } => assert_eq!(path, directory.path()),
@@ -30,7 +29,7 @@ fn a_second_open_of_the_same_directory_is_refused_while_the_first_is_open() {
     let clone = engine.clone();
     drop(engine);
     assert!(matches!(
-        Engine::open(PreadIo::new(), clock.clone(), directory.path(), Options::default()),
+        Engine::open(common::test_io(), clock.clone(), directory.path(), Options::default()),
         Err(OpenError::Locked { .. })
     ));
     drop(clone);

@@ -3,14 +3,13 @@
 
 mod common;
 
-use chronik_engine::io::PreadIo;
 use chronik_engine::{AppendError, Durability, Options, Record, TopicConfig, TopicError};
 use std::sync::Arc;
 
 fn open_read_only(root: &std::path::Path) -> (common::Engine, chronik_engine::RecoveryReport) {
     let options = Options { read_only: true, ..Options::default() };
     let clock = common::ManualClock::new(common::EPOCH_MS);
-    chronik_engine::Engine::open(PreadIo::new(), clock as Arc<_>, root, options).unwrap()
+    chronik_engine::Engine::open(common::test_io(), clock as Arc<_>, root, options).unwrap()
 }
 
 fn values(records: &[common::Owned]) -> Vec<Vec<u8>> {
@@ -97,7 +96,8 @@ fn a_reader_needs_an_existing_data_directory() {
     let missing = directory.path().join("nothing-here");
     let options = Options { read_only: true, ..Options::default() };
     let clock = common::ManualClock::new(common::EPOCH_MS);
-    let result = chronik_engine::Engine::open(PreadIo::new(), clock as Arc<_>, &missing, options);
+    let result =
+        chronik_engine::Engine::open(common::test_io(), clock as Arc<_>, &missing, options);
     assert!(result.is_err());
     assert!(!missing.exists(), "a reader created the directory");
 }

@@ -4,15 +4,16 @@
 //! the sync checkpoint proves the cut bytes had been fsynced, the cut is reported as damage,
 //! never silently accepted.
 
-use chronik_engine::io::PreadIo;
+mod common;
+
 use chronik_engine::runtime::SystemClock;
 use chronik_engine::{Durability, Engine, Offset, Options, Record, RecoveryReport, TopicConfig};
 use quickcheck::{QuickCheck, TestResult};
 use std::sync::Arc;
 
-fn open(path: &std::path::Path) -> (Engine<PreadIo>, RecoveryReport) {
+fn open(path: &std::path::Path) -> (Engine<chronik_engine::io::SystemIo>, RecoveryReport) {
     let options = Options { durability: Durability::Os, ..Options::default() };
-    Engine::open(PreadIo::new(), Arc::new(SystemClock), path, options).unwrap()
+    Engine::open(common::test_io(), Arc::new(SystemClock), path, options).unwrap()
 }
 
 fn value(batch: usize, record: usize, size: u8) -> Vec<u8> {
@@ -21,7 +22,7 @@ fn value(batch: usize, record: usize, size: u8) -> Vec<u8> {
     value
 }
 
-fn read_all(engine: &Engine<PreadIo>) -> Vec<(u64, Vec<u8>)> {
+fn read_all(engine: &Engine<chronik_engine::io::SystemIo>) -> Vec<(u64, Vec<u8>)> {
     let mut records = Vec::new();
     let mut from = Offset::ZERO;
     loop {

@@ -21,7 +21,7 @@
 // Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub use chronik_engine::io::{Io, PreadIo};
+pub use chronik_engine::io::{Backend, Io, PreadIo, SystemIo};
 pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
@@ -39,27 +39,41 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The engine type behind [`Chronik`]: the portable I/O backend.
-pub type DefaultEngine = chronik_engine::Engine<PreadIo>;
+/// The engine type behind [`Chronik`]: io_uring on Linux where available, pread/pwrite
+/// otherwise (see [`Options::io_backend`]).
+pub type DefaultEngine = chronik_engine::Engine<SystemIo>;
 
 /// An open data directory with its background runtime.
 #[derive(Debug)]
 pub struct Chronik {
     engine: DefaultEngine,
     recovery: RecoveryReport,
+    /// The I/O backend in use: `io_uring` or `pread`.
+    backend: &'static str,
     /// Holds its own engine clone; stopped and joined when this is dropped.
     _runtime: Runtime,
 }
 
 impl Chronik {
     /// Open (creating if needed) a data directory, recovering it after a crash.
+    ///
+    /// The I/O backend is `options.io_backend`: by default io_uring where the kernel allows it;
+    /// where it does not, pread/pwrite, with one line on standard error saying why.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Chronik, Error> {
-        let (engine, recovery) = chronik_engine::Engine::open(
-            PreadIo::new(),
-            Arc::new(SystemClock),
-            path.as_ref(),
-            options,
-        )?;
+        let io = SystemIo::new(options.io_backend).map_err(|source| {
+            let path = path.as_ref().to_path_buf();
+            OpenError::Io(chronik_engine::io::IoError {
+                operation: "set up io_uring",
+                path,
+                source,
+            })
+        })?;
+        if let Some(reason) = io.fallback() {
+            eprintln!("chronik: {reason}");
+        }
+        let backend = io.name();
+        let (engine, recovery) =
+            chronik_engine::Engine::open(io, Arc::new(SystemClock), path.as_ref(), options)?;
         let runtime = Runtime::start(&engine).map_err(|error| {
             let path = path.as_ref().to_path_buf();
             OpenError::Io(chronik_engine::io::IoError {
@@ -68,7 +82,12 @@ impl Chronik {
                 source: error,
             })
         })?;
-        Ok(Chronik { engine, recovery, _runtime: runtime })
+        Ok(Chronik { engine, recovery, backend, _runtime: runtime })
+    }
+
+    /// The I/O backend in use: `io_uring` or `pread`.
+    pub fn io_backend(&self) -> &'static str {
+        self.backend
     }
 
     /// What recovery did when this directory was opened.

@@ -30,8 +30,14 @@
 //!   the process.
 
 mod pread;
+mod system;
+#[cfg(target_os = "linux")]
+mod uring;
 
 pub use pread::PreadIo;
+pub use system::{Backend, SystemIo};
+#[cfg(target_os = "linux")]
+pub use uring::UringIo;
 
 use std::io;
 use std::path::{Path, PathBuf};

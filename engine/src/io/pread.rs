@@ -25,7 +25,7 @@ impl PreadIo {
         Self::default()
     }
 
-    fn file(&self, handle: FileHandle) -> io::Result<Arc<File>> {
+    pub(super) fn file(&self, handle: FileHandle) -> io::Result<Arc<File>> {
         self.files.read().get(&handle.0).cloned().ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("unknown file handle {}", handle.0))
         })
@@ -38,7 +38,7 @@ impl PreadIo {
         FileHandle(handle)
     }
 
-    fn execute(&self, operation: Operation) -> Completion {
+    pub(super) fn execute(&self, operation: Operation) -> Completion {
         match operation {
             Operation::Read { file, position, mut buffer } => {
                 let result = self.file(file).and_then(|f| read_at_most(&f, position, &mut buffer));

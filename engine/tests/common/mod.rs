@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use chronik_engine::io::{
-    Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo,
+    Backend, Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, SystemIo,
 };
 use chronik_engine::{
     Clock, Durability, Fetch, Offset, Options, Record, RecoveryReport, TopicConfig,
@@ -119,18 +119,27 @@ impl Faults {
     }
 }
 
-/// [`PreadIo`] with fault injection: fails writes and fsyncs on command, counts them, and can
+/// The backend the tests run on: `CHRONIK_TEST_IO=pread` or `io_uring` (the test script runs
+/// the engine's tests once with each), `auto` by default.
+pub fn test_io() -> SystemIo {
+    let backend = std::env::var("CHRONIK_TEST_IO").map_or(Backend::Auto, |name| {
+        name.parse().unwrap_or_else(|error| panic!("CHRONIK_TEST_IO: {error}"))
+    });
+    SystemIo::new(backend).expect("the test backend can be set up")
+}
+
+/// [`test_io`] with fault injection: fails writes and fsyncs on command, counts them, and can
 /// hold an fdatasync back. Every other call is delegated unchanged.
 #[derive(Debug)]
 pub struct FaultyIo {
-    inner: PreadIo,
+    inner: SystemIo,
     faults: Arc<Faults>,
 }
 
 impl FaultyIo {
     pub fn new() -> (FaultyIo, Arc<Faults>) {
         let faults = Arc::new(Faults::default());
-        (FaultyIo { inner: PreadIo::new(), faults: Arc::clone(&faults) }, faults)
+        (FaultyIo { inner: test_io(), faults: Arc::clone(&faults) }, faults)
     }
 
     fn injected(what: &str) -> io::Error {
@@ -223,14 +232,14 @@ pub fn open(root: &Path, durability: Durability) -> (Engine, RecoveryReport) {
     open_with_clock(root, durability, ManualClock::new(EPOCH_MS))
 }
 
-/// Open an engine with the pread backend and the given clock.
+/// Open an engine on the test backend with the given clock.
 pub fn open_with_clock(
     root: &Path,
     durability: Durability,
     clock: Arc<ManualClock>,
 ) -> (Engine, RecoveryReport) {
     chronik_engine::Engine::open(
-        PreadIo::new(),
+        test_io(),
         clock,
         root,
         Options { durability, ..Options::default() },
@@ -386,8 +395,8 @@ pub fn batch_positions_of(bytes: &[u8]) -> Vec<(u64, u64)> {
     out
 }
 
-/// The engine over the pread backend, as most tests open it.
-pub type Engine = chronik_engine::Engine<PreadIo>;
+/// The engine over the test backend, as most tests open it.
+pub type Engine = chronik_engine::Engine<SystemIo>;
 
 /// The bytes of every file under `root` except the lock file, by relative path.
 pub fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {

@@ -1,0 +1,347 @@
+//! The io_uring backend (Linux): reads, writes, fsyncs and fdatasyncs go through an io_uring
+//! submission queue; namespace calls (open, rename, list, lock, ...), truncate and allocate
+//! stay ordinary system calls through [`PreadIo`], which also owns the handle table.
+//!
+//! # How a batch runs
+//!
+//! A batch runs in *rounds* on one ring taken from a small pool (so threads never queue behind
+//! each other's fsyncs; each thread in flight has its own ring). A round is the longest run of
+//! pending operations, at most [`QUEUE_DEPTH`], in which a sync may only come last. A round
+//! that ends in a sync is submitted as one linked chain, so the kernel starts the sync only after
+//! every write before it completed: a write followed by its fdatasync costs one system call. A
+//! round without a sync is submitted unlinked and its operations run concurrently. Every round
+//! is waited for in full before the next, so operations keep the batch's order across rounds.
+//!
+//! A short read or write is resumed in the next round from where it stopped (a read that returns
+//! zero bytes is at the end of the file); in a chain, the kernel cancels what follows a short
+//! transfer (`ECANCELED`), and the cancelled operations simply run again in the next round. Each
+//! round makes progress (its first operation completes, fails, or moves forward), so a batch
+//! always ends. `EINTR` and `EAGAIN` are retried the same way.
+//!
+//! Buffers stay owned by their operations: the kernel gets a pointer into a `Vec` that is
+//! neither moved nor resized until its round has completed, and the file (an `Arc<File>`) is
+//! held for the round as well, so a concurrent `close` cannot recycle the descriptor under it.
+
+use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo};
+use io_uring::{IoUring, opcode, squeue, types};
+use parking_lot::{Condvar, Mutex};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Entries per ring and most operations in one round.
+pub const QUEUE_DEPTH: u32 = 64;
+/// Most rings the pool creates: one per thread with a batch in flight, up to this bound.
+pub const RINGS_MAX: usize = 64;
+/// Largest transfer of one entry: the kernel takes a `u32` length.
+const TRANSFER_MAX: usize = 1 << 30;
+
+/// The io_uring backend of [`Io`].
+pub struct UringIo {
+    files: PreadIo,
+    pool: Mutex<Pool>,
+    ring_free: Condvar,
+}
+
+struct Pool {
+    idle: Vec<IoUring>,
+    created: usize,
+}
+
+impl std::fmt::Debug for UringIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let pool = self.pool.lock();
+        f.debug_struct("UringIo")
+            .field("rings_created", &pool.created)
+            .field("rings_idle", &pool.idle.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringIo {
+    /// Set up the first ring; fails where io_uring is unavailable (an old kernel, a seccomp
+    /// filter, `kernel.io_uring_disabled`), so the caller can fall back to [`PreadIo`].
+    pub fn new() -> io::Result<UringIo> {
+        let ring = IoUring::new(QUEUE_DEPTH)?;
+        Ok(UringIo {
+            files: PreadIo::new(),
+            pool: Mutex::new(Pool { idle: vec![ring], created: 1 }),
+            ring_free: Condvar::new(),
+        })
+    }
+
+    fn take_ring(&self) -> io::Result<IoUring> {
+        let mut pool = self.pool.lock();
+        loop {
+            if let Some(ring) = pool.idle.pop() {
+                return Ok(ring);
+            }
+            if pool.created < RINGS_MAX {
+                pool.created += 1;
+                drop(pool);
+                return IoUring::new(QUEUE_DEPTH).inspect_err(|_| self.pool.lock().created -= 1);
+            }
+            self.ring_free.wait(&mut pool);
+        }
+    }
+
+    fn put_ring(&self, ring: IoUring) {
+        self.pool.lock().idle.push(ring);
+        self.ring_free.notify_one();
+    }
+}
+
+/// What one operation of a batch is, while it runs.
+enum Kind {
+    Read,
+    Write,
+    Sync { data_only: bool },
+}
+
+/// One operation of a batch that goes through the ring.
+struct Slot {
+    kind: Kind,
+    file: Arc<File>,
+    position: u64,
+    buffer: Vec<u8>,
+    /// Bytes transferred so far.
+    done: usize,
+    /// The outcome, once there is one.
+    result: Option<io::Result<usize>>,
+}
+
+impl Slot {
+    fn is_sync(&self) -> bool {
+        matches!(self.kind, Kind::Sync { .. })
+    }
+
+    /// The submission entry for what is left of this operation.
+    fn entry(&mut self, index: usize) -> squeue::Entry {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let entry = match self.kind {
+            Kind::Read | Kind::Write => {
+                let left = (self.buffer.len() - self.done).min(TRANSFER_MAX);
+                let position = self.position + self.done as u64;
+                // In bounds: `done <= buffer.len()`, and `left` bytes from there fit.
+                let pointer = self.buffer[self.done..].as_mut_ptr();
+                match self.kind {
+                    Kind::Read => {
+                        opcode::Read::new(fd, pointer, left as u32).offset(position).build()
+                    }
+                    _ => opcode::Write::new(fd, pointer, left as u32).offset(position).build(),
+                }
+            }
+            Kind::Sync { data_only } => {
+                let flags = if data_only {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                opcode::Fsync::new(fd).flags(flags).build()
+            }
+        };
+        entry.user_data(index as u64)
+    }
+
+    /// Take in one completion result (bytes transferred, or a negative errno).
+    fn complete(&mut self, result: i32) {
+        if result < 0 {
+            let errno = -result;
+            if errno == libc::ECANCELED || errno == libc::EINTR || errno == libc::EAGAIN {
+                return; // Runs again in the next round.
+            }
+            self.result = Some(Err(io::Error::from_raw_os_error(errno)));
+            return;
+        }
+        let transferred = result.unsigned_abs() as usize;
+        match self.kind {
+            Kind::Sync { .. } => self.result = Some(Ok(0)),
+            Kind::Read => {
+                self.done += transferred;
+                if transferred == 0 || self.done == self.buffer.len() {
+                    self.result = Some(Ok(self.done));
+                }
+            }
+            Kind::Write => {
+                self.done += transferred;
+                if transferred == 0 && self.done < self.buffer.len() {
+                    let error = io::Error::new(io::ErrorKind::WriteZero, "write returned zero");
+                    self.result = Some(Err(error));
+                } else if self.done == self.buffer.len() {
+                    self.result = Some(Ok(self.done));
+                }
+            }
+        }
+    }
+}
+
+/// Run the ring operations of one batch, in rounds (see the module documentation).
+fn run_rounds(ring: &mut IoUring, slots: &mut [Option<Slot>]) -> io::Result<()> {
+    loop {
+        let pending: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.as_ref().is_some_and(|s| s.result.is_none()))
+            .map(|(index, _)| index)
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut round = Vec::new();
+        for &index in &pending {
+            if round.len() == QUEUE_DEPTH as usize {
+                break;
+            }
+            let is_sync = slots[index].as_ref().is_some_and(Slot::is_sync);
+            round.push(index);
+            if is_sync {
+                break;
+            }
+        }
+        let chained = round.len() > 1
+            && round.last().is_some_and(|&i| slots[i].as_ref().is_some_and(Slot::is_sync));
+        for (position, &index) in round.iter().enumerate() {
+            let slot = slots[index].as_mut().expect("pending slots are ring slots");
+            let mut entry = slot.entry(index);
+            if chained && position + 1 < round.len() {
+                entry = entry.flags(squeue::Flags::IO_LINK);
+            }
+            // SAFETY: the entry points into `slot.buffer` and names `slot.file`'s descriptor;
+            // both live in `slots`, which is neither moved nor resized, and every entry of
+            // the round is waited for below before this function returns or reuses them.
+            unsafe { ring.submission().push(&entry) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        let mut completed = 0;
+        while completed < round.len() {
+            match ring.submit_and_wait(round.len() - completed) {
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    // Entries may still be in flight: wait them out before the buffers go.
+                    drain_after_error(ring, round.len() - completed);
+                    return Err(error);
+                }
+            }
+            for entry in ring.completion() {
+                let index = entry.user_data() as usize;
+                let slot = slots[index].as_mut().expect("completions name ring slots");
+                slot.complete(entry.result());
+                completed += 1;
+            }
+        }
+    }
+}
+
+/// After `submit_and_wait` failed, keep reaping until `outstanding` completions arrived, so no
+/// entry can still write into a buffer that is about to be freed.
+fn drain_after_error(ring: &mut IoUring, mut outstanding: usize) {
+    while outstanding > 0 {
+        let _ = ring.submitter().submit_and_wait(1);
+        outstanding -= ring.completion().count();
+    }
+}
+
+impl Io for UringIo {
+    fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
+        let mut completions: Vec<Option<Completion>> = Vec::with_capacity(operations.len());
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(operations.len());
+        for operation in operations {
+            let (kind, file, position, buffer) = match operation {
+                Operation::Read { file, position, buffer } => (Kind::Read, file, position, buffer),
+                Operation::Write { file, position, buffer } => {
+                    (Kind::Write, file, position, buffer)
+                }
+                Operation::Fsync { file } => (Kind::Sync { data_only: false }, file, 0, Vec::new()),
+                Operation::Fdatasync { file } => {
+                    (Kind::Sync { data_only: true }, file, 0, Vec::new())
+                }
+                other @ (Operation::Truncate { .. } | Operation::Allocate { .. }) => {
+                    completions.push(Some(self.files.execute(other)));
+                    slots.push(None);
+                    continue;
+                }
+            };
+            match self.files.file(file) {
+                Ok(file) => {
+                    completions.push(None);
+                    let done = 0;
+                    slots.push(Some(Slot { kind, file, position, buffer, done, result: None }));
+                }
+                Err(error) => {
+                    completions.push(Some(Completion { buffer, result: Err(error) }));
+                    slots.push(None);
+                }
+            }
+        }
+        if slots.iter().any(Option::is_some) {
+            let outcome = self.take_ring().and_then(|mut ring| {
+                let outcome = run_rounds(&mut ring, &mut slots);
+                self.put_ring(ring);
+                outcome
+            });
+            if let Err(error) = outcome {
+                for slot in slots.iter_mut().flatten() {
+                    if slot.result.is_none() {
+                        let message = format!("io_uring: {error}");
+                        slot.result = Some(Err(io::Error::new(error.kind(), message)));
+                    }
+                }
+            }
+        }
+        completions
+            .into_iter()
+            .zip(slots)
+            .map(|(completion, slot)| match (completion, slot) {
+                (Some(completion), _) => completion,
+                (None, Some(slot)) => {
+                    let mut buffer = slot.buffer;
+                    let result = slot.result.expect("every ring operation has an outcome");
+                    if matches!(slot.kind, Kind::Read) {
+                        buffer.truncate(slot.done);
+                    }
+                    Completion { buffer, result }
+                }
+                (None, None) => unreachable!("every operation is a completion or a slot"),
+            })
+            .collect()
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
+        self.files.open(path, mode)
+    }
+
+    fn close(&self, file: FileHandle) {
+        self.files.close(file);
+    }
+
+    fn file_size(&self, file: FileHandle) -> io::Result<u64> {
+        self.files.file_size(file)
+    }
+
+    fn create_directory(&self, path: &Path) -> io::Result<()> {
+        self.files.create_directory(path)
+    }
+
+    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
+        self.files.list(directory)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.files.rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.files.remove_file(path)
+    }
+
+    fn remove_directory(&self, path: &Path) -> io::Result<()> {
+        self.files.remove_directory(path)
+    }
+
+    fn lock(&self, path: &Path) -> io::Result<FileHandle> {
+        self.files.lock(path)
+    }
+}
