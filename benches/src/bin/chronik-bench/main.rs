@@ -1,0 +1,616 @@
+//! `chronik-bench`: end-to-end throughput of Chronik beside its peers, in one run on one machine,
+//! reported as ratios. In the style of Kafka's producer-perf-test.
+//!
+//! ```text
+//! scripts/bench [--quick]        # installs fio, redis-server, nats-server if missing, then this
+//! chronik-bench [--quick] [--out target/bench] [--only append,consume,...]
+//! ```
+//!
+//! Chronik scenarios, each on io_uring and on pread/pwrite: append (100 B and 1 KiB records,
+//! several batch sizes, durability `os` and `sync`, 1 and 16 writers), consume from the start
+//! of a large partition (borrowed views, no copy), and the recovery scan of an unclean data
+//! directory. Peers: fio (sequential write bandwidth and the rate of write+fdatasync: the disk's
+//! limits), Redis Streams (pipelined `XADD`, `appendfsync everysec` and `always`), NATS
+//! JetStream (file storage, async publish with acks in flight) and the `commitlog` crate. A
+//! peer that is not installed or fails to start is reported as skipped, never faked.
+//!
+//! Output: a table on standard output, and `results.json`, `results.md` and `throughput.svg`
+//! under `--out`.
+
+use anyhow::{Context as _, bail};
+use chronik::{Backend, Chronik, Durability, Offset, Options, Record, TopicConfig};
+use clap::Parser;
+use serde_json::json;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Parser)]
+#[command(name = "chronik-bench", about = "Chronik throughput beside fio, Redis, NATS, commitlog")]
+struct Cli {
+    /// Smaller sizes and shorter runs: under three minutes, for a smoke test.
+    #[arg(long)]
+    quick: bool,
+    /// Where results.json, results.md and throughput.svg go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Where the data directories go (a temporary directory inside it).
+    #[arg(long, env = "CHRONIK_BENCH_DIR")]
+    dir: Option<PathBuf>,
+}
+
+/// Sizes of one run.
+#[derive(Clone, Copy, Debug)]
+struct Sizes {
+    small_records: u64,
+    large_bytes: u64,
+    sync_seconds: f64,
+    peer_records: u64,
+    fio_bytes: u64,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        if quick {
+            Sizes {
+                small_records: 1_000_000,
+                large_bytes: 256 << 20,
+                sync_seconds: 1.5,
+                peer_records: 200_000,
+                fio_bytes: 256 << 20,
+            }
+        } else {
+            Sizes {
+                small_records: 5_000_000,
+                large_bytes: 1 << 30,
+                sync_seconds: 5.0,
+                peer_records: 1_000_000,
+                fio_bytes: 1 << 30,
+            }
+        }
+    }
+}
+
+/// One measured line of the report.
+#[derive(Clone, Debug)]
+struct Measure {
+    /// What was measured, such as `append 100 B, batch 1000, os`.
+    scenario: String,
+    /// `chronik io_uring`, `chronik pread`, `redis`, `fio`, ...
+    system: String,
+    records_per_second: Option<f64>,
+    bytes_per_second: Option<f64>,
+    /// Why there is no figure.
+    skipped: Option<String>,
+}
+
+impl Measure {
+    fn new(scenario: &str, system: &str, records: u64, bytes: u64, elapsed: Duration) -> Measure {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        Measure {
+            scenario: scenario.to_owned(),
+            system: system.to_owned(),
+            records_per_second: (records > 0).then(|| records as f64 / seconds),
+            bytes_per_second: (bytes > 0).then(|| bytes as f64 / seconds),
+            skipped: None,
+        }
+    }
+
+    fn skipped(scenario: &str, system: &str, why: impl Into<String>) -> Measure {
+        Measure {
+            scenario: scenario.to_owned(),
+            system: system.to_owned(),
+            records_per_second: None,
+            bytes_per_second: None,
+            skipped: Some(why.into()),
+        }
+    }
+}
+
+const TOPIC: &str = "bench";
+const BACKENDS: [Backend; 2] = [Backend::IoUring, Backend::Pread];
+
+fn system_name(backend: Backend) -> String {
+    format!("chronik {}", backend.name())
+}
+
+fn open(dir: &Path, backend: Backend, durability: Durability) -> anyhow::Result<Chronik> {
+    let options = Options { durability, io_backend: backend, ..Options::default() };
+    Ok(Chronik::open(dir, options)?)
+}
+
+fn topic_config() -> TopicConfig {
+    TopicConfig { partitions: 1, segment_bytes: 256 << 20, ..TopicConfig::default() }
+}
+
+/// Append `records` records of `value_bytes` in batches of `batch` and flush; returns the
+/// measure. The flush's fsync is part of the time, as fio's `end_fsync`.
+fn append_os(
+    dir: &Path,
+    backend: Backend,
+    value_bytes: usize,
+    batch: usize,
+    records: u64,
+) -> anyhow::Result<Measure> {
+    let chronik = open(dir, backend, Durability::Os)?;
+    chronik.create_topic(TOPIC, topic_config())?;
+    let value = vec![0x5a_u8; value_bytes];
+    let views: Vec<Record<'_>> = (0..batch).map(|_| Record::new(None, &value)).collect();
+    let batches = records.div_ceil(batch as u64);
+    let start = Instant::now();
+    for _ in 0..batches {
+        chronik.append(TOPIC, 0, &views)?;
+    }
+    chronik.flush()?;
+    let elapsed = start.elapsed();
+    let total = batches * batch as u64;
+    let scenario = format!("append {}, batch {batch}, os", size_name(value_bytes));
+    Ok(Measure::new(&scenario, &system_name(backend), total, total * value_bytes as u64, elapsed))
+}
+
+fn size_name(bytes: usize) -> String {
+    if bytes >= 1024 { format!("{} KiB", bytes / 1024) } else { format!("{bytes} B") }
+}
+
+/// `writers` threads appending one 100 B record per batch with `sync` durability for a while:
+/// acknowledged (fdatasynced) appends per second, group commit sharing the fsyncs.
+fn append_sync(
+    dir: &Path,
+    backend: Backend,
+    writers: u32,
+    seconds: f64,
+) -> anyhow::Result<Measure> {
+    let chronik = Arc::new(open(dir, backend, Durability::Sync)?);
+    chronik.create_topic(TOPIC, topic_config())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..writers)
+        .map(|_| {
+            let (chronik, stop, acknowledged) =
+                (Arc::clone(&chronik), Arc::clone(&stop), Arc::clone(&acknowledged));
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let value = [0x5a_u8; 100];
+                while !stop.load(Ordering::Relaxed) {
+                    chronik.append(TOPIC, 0, &[Record::new(None, &value)])?;
+                    acknowledged.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().map_err(|_| anyhow::anyhow!("a writer panicked"))??;
+    }
+    let elapsed = start.elapsed();
+    let count = acknowledged.load(Ordering::Relaxed);
+    let scenario =
+        format!("append 100 B, sync, {writers} writer{}", if writers > 1 { "s" } else { "" });
+    Ok(Measure::new(&scenario, &system_name(backend), count, count * 100, elapsed))
+}
+
+/// Read the partition from offset zero to its end three times (the page cache warm after the
+/// first); the best pass. Records are iterated as borrowed views: nothing copied.
+fn consume(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
+    let chronik = open(dir, backend, Durability::Os)?;
+    let end = chronik.high_watermark(TOPIC, 0)?;
+    let mut best = Duration::MAX;
+    let mut counted = (0, 0);
+    for _ in 0..3 {
+        let start = Instant::now();
+        let (mut records, mut bytes) = (0_u64, 0_u64);
+        let mut next = Offset::ZERO;
+        while next < end {
+            let fetch = chronik.read(TOPIC, 0, next, 4 << 20)?;
+            for record in fetch.records() {
+                records += 1;
+                bytes += record.value().len() as u64;
+            }
+            next = fetch.next_offset();
+        }
+        best = best.min(start.elapsed());
+        counted = (records, bytes);
+    }
+    if counted.0 != end.get() {
+        bail!("consume read {} records of {end}", counted.0);
+    }
+    Ok(Measure::new(
+        "consume 100 B, from the start",
+        &system_name(backend),
+        counted.0,
+        counted.1,
+        best,
+    ))
+}
+
+/// Open a data directory whose index files and sync checkpoint are gone (as after a crash that
+/// lost them): recovery scans every segment and checks every checksum.
+fn recovery(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
+    let partition = dir.join("topics").join(TOPIC).join("0");
+    let mut log_bytes = 0;
+    for entry in std::fs::read_dir(&partition)? {
+        let path = entry?.path();
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("index" | "timeindex" | "checkpoint") => std::fs::remove_file(&path)?,
+            Some("log") => log_bytes += std::fs::metadata(&path)?.len(),
+            _ => {}
+        }
+    }
+    let start = Instant::now();
+    let chronik = open(dir, backend, Durability::Os)?;
+    let elapsed = start.elapsed();
+    let records = chronik.high_watermark(TOPIC, 0)?.get();
+    drop(chronik);
+    Ok(Measure::new(
+        "recovery scan, 1 KiB records",
+        &system_name(backend),
+        records,
+        log_bytes,
+        elapsed,
+    ))
+}
+
+fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyhow::Result<()> {
+    for backend in BACKENDS {
+        let system = system_name(backend);
+        if chronik::SystemIo::new(backend).is_err() {
+            out.push(Measure::skipped("all scenarios", &system, "io_uring unavailable here"));
+            continue;
+        }
+        let mut consumed_dir = None;
+        for batch in [10, 100, 1000] {
+            let records = if batch == 10 { sizes.small_records / 5 } else { sizes.small_records };
+            let dir = fresh(base, &format!("{}-small-{batch}", backend.name()))?;
+            out.push(report(append_os(&dir, backend, 100, batch, records)?));
+            if batch == 1000 {
+                consumed_dir = Some(dir);
+            } else {
+                std::fs::remove_dir_all(&dir)?;
+            }
+        }
+        let large_records = sizes.large_bytes / 1024;
+        let dir = fresh(base, &format!("{}-large", backend.name()))?;
+        out.push(report(append_os(&dir, backend, 1024, 64, large_records)?));
+        out.push(report(recovery(&dir, backend)?));
+        std::fs::remove_dir_all(&dir)?;
+        if let Some(dir) = consumed_dir {
+            out.push(report(consume(&dir, backend)?));
+            std::fs::remove_dir_all(&dir)?;
+        }
+        for writers in [1, 16] {
+            let dir = fresh(base, &format!("{}-sync-{writers}", backend.name()))?;
+            out.push(report(append_sync(&dir, backend, writers, sizes.sync_seconds)?));
+            std::fs::remove_dir_all(&dir)?;
+        }
+    }
+    Ok(())
+}
+
+fn fresh(base: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let dir = base.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(dir)
+}
+
+/// Print a measure as it is taken, so a long run shows progress.
+fn report(measure: Measure) -> Measure {
+    eprintln!("  {:<42} {:<18} {}", measure.scenario, measure.system, figures(&measure));
+    measure
+}
+
+fn figures(m: &Measure) -> String {
+    if let Some(why) = &m.skipped {
+        return format!("skipped: {why}");
+    }
+    let mut parts = Vec::new();
+    if let Some(r) = m.records_per_second {
+        parts.push(format!("{} rec/s", human(r)));
+    }
+    if let Some(b) = m.bytes_per_second {
+        parts.push(format!("{:.1} MiB/s", b / f64::from(1 << 20)));
+    }
+    parts.join(", ")
+}
+
+fn human(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{:.2} M", value / 1e6)
+    } else if value >= 1e3 {
+        format!("{:.1} k", value / 1e3)
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+mod peers;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let sizes = Sizes::new(cli.quick);
+    let root = match &cli.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            tempfile::tempdir_in(dir)?
+        }
+        None => tempfile::tempdir()?,
+    };
+    let began = Instant::now();
+    eprintln!("chronik-bench: data under {} ({})", root.path().display(), machine());
+    let mut measures = Vec::new();
+    eprintln!("peers:");
+    peers::fio(root.path(), sizes, &mut measures);
+    peers::redis(root.path(), sizes, &mut measures);
+    peers::nats(root.path(), sizes, &mut measures);
+    peers::commitlog(root.path(), sizes, &mut measures);
+    eprintln!("chronik:");
+    chronik_scenarios(root.path(), sizes, &mut measures).context("a Chronik scenario failed")?;
+    let ratios = ratios(&measures);
+    print_table(&measures, &ratios);
+    write_outputs(&cli.out, &measures, &ratios, cli.quick, began.elapsed())?;
+    println!("took {:.0} s; results in {}", began.elapsed().as_secs_f64(), cli.out.display());
+    Ok(())
+}
+
+/// A short description of the machine, for the report.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or_else(String::new, |m| m.trim().to_owned());
+    format!("{cpus} cores, {model}, Linux {}", kernel.trim())
+}
+
+/// A ratio the issue's targets are stated in.
+#[derive(Clone, Debug)]
+struct Ratio {
+    what: String,
+    value: Option<f64>,
+    target: f64,
+    unit: &'static str,
+}
+
+fn find<'a>(measures: &'a [Measure], scenario: &str, system: &str) -> Option<&'a Measure> {
+    measures.iter().find(|m| m.scenario == scenario && m.system == system && m.skipped.is_none())
+}
+
+fn best_records(measures: &[Measure], prefix: &str, system: &str) -> Option<f64> {
+    measures
+        .iter()
+        .filter(|m| m.scenario.starts_with(prefix) && m.system == system)
+        .filter_map(|m| m.records_per_second)
+        .reduce(f64::max)
+}
+
+fn ratios(measures: &[Measure]) -> Vec<Ratio> {
+    let uring = system_name(Backend::IoUring);
+    let pread = system_name(Backend::Pread);
+    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let append_small = best_records(measures, "append 100 B, batch", &uring);
+    let redis = find(measures, "append 100 B, pipelined, appendfsync everysec", "redis streams")
+        .and_then(|m| m.records_per_second);
+    let large =
+        find(measures, "append 1 KiB, batch 64, os", &uring).and_then(|m| m.bytes_per_second);
+    let fio_write =
+        find(measures, "sequential write, 1 MiB blocks", "fio").and_then(|m| m.bytes_per_second);
+    let sync16 =
+        find(measures, "append 100 B, sync, 16 writers", &uring).and_then(|m| m.records_per_second);
+    let fio_sync =
+        find(measures, "write 4 KiB + fdatasync", "fio").and_then(|m| m.records_per_second);
+    let consume =
+        find(measures, "consume 100 B, from the start", &uring).and_then(|m| m.records_per_second);
+    let mut out = vec![
+        Ratio {
+            what: "append 100 B rec/s over Redis Streams XADD (everysec)".into(),
+            value: divide(append_small, redis),
+            target: 10.0,
+            unit: "x",
+        },
+        Ratio {
+            what: "append 1 KiB bandwidth over fio sequential write".into(),
+            value: divide(large, fio_write),
+            target: 0.8,
+            unit: "x",
+        },
+        Ratio {
+            what: "16-writer sync appends/s over fio fdatasync rate".into(),
+            value: divide(sync16, fio_sync),
+            target: 10.0,
+            unit: "x",
+        },
+        Ratio {
+            what: "consume 100 B, M rec/s".into(),
+            value: consume.map(|c| c / 1e6),
+            target: 10.0,
+            unit: "M",
+        },
+    ];
+    let scenarios: Vec<String> =
+        measures.iter().filter(|m| m.system == uring).map(|m| m.scenario.clone()).collect();
+    for scenario in scenarios {
+        let a = find(measures, &scenario, &uring);
+        let b = find(measures, &scenario, &pread);
+        let value =
+            |m: Option<&Measure>| m.and_then(|m| m.records_per_second.or(m.bytes_per_second));
+        out.push(Ratio {
+            what: format!("io_uring over pread: {scenario}"),
+            value: divide(value(a), value(b)),
+            target: 1.0,
+            unit: "x",
+        });
+    }
+    out
+}
+
+fn print_table(measures: &[Measure], ratios: &[Ratio]) {
+    println!();
+    println!("{:<46} | {:<18} | {:>14} | {:>12}", "scenario", "system", "records/s", "MiB/s");
+    println!("{:-<46}-|-{:-<18}-|-{:->14}-|-{:->12}", "", "", "", "");
+    for m in measures {
+        if let Some(why) = &m.skipped {
+            println!("{:<46} | {:<18} | skipped: {why}", m.scenario, m.system);
+            continue;
+        }
+        let records = m.records_per_second.map_or_else(|| "-".to_owned(), human);
+        let bytes = m
+            .bytes_per_second
+            .map_or_else(|| "-".to_owned(), |b| format!("{:.1}", b / f64::from(1 << 20)));
+        println!("{:<46} | {:<18} | {records:>14} | {bytes:>12}", m.scenario, m.system);
+    }
+    println!();
+    println!("{:<66} | {:>9} | {:>7}", "ratio", "measured", "target");
+    println!("{:-<66}-|-{:->9}-|-{:->7}", "", "", "");
+    for r in ratios {
+        let value = r.value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}{}", r.unit));
+        println!("{:<66} | {value:>9} | {:>6}{}", r.what, r.target, r.unit);
+    }
+}
+
+fn write_outputs(
+    out: &Path,
+    measures: &[Measure],
+    ratios: &[Ratio],
+    quick: bool,
+    took: Duration,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out)?;
+    let json = json!({
+        "machine": machine(),
+        "quick": quick,
+        "seconds": took.as_secs_f64(),
+        "measures": measures.iter().map(|m| json!({
+            "scenario": m.scenario, "system": m.system,
+            "records_per_second": m.records_per_second, "bytes_per_second": m.bytes_per_second,
+            "skipped": m.skipped,
+        })).collect::<Vec<_>>(),
+        "ratios": ratios.iter().map(|r| json!({
+            "what": r.what, "value": r.value, "target": r.target, "unit": r.unit,
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+    let mut md = format!(
+        "Machine: {}. Mode: {}. Took {:.0} s.\n\n| scenario | system | records/s | MiB/s |\n| --- | --- | ---: | ---: |\n",
+        machine(),
+        if quick { "--quick" } else { "full" },
+        took.as_secs_f64()
+    );
+    for m in measures {
+        let records = m.records_per_second.map_or_else(|| "-".to_owned(), human);
+        let bytes = m
+            .bytes_per_second
+            .map_or_else(|| "-".to_owned(), |b| format!("{:.1}", b / f64::from(1 << 20)));
+        let (records, bytes) = match &m.skipped {
+            Some(why) => (format!("skipped: {why}"), String::new()),
+            None => (records, bytes),
+        };
+        let _ = writeln!(md, "| {} | {} | {records} | {bytes} |", m.scenario, m.system);
+    }
+    md.push_str("\n| ratio | measured | target |\n| --- | ---: | ---: |\n");
+    for r in ratios {
+        let value = r.value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}{}", r.unit));
+        let _ = writeln!(md, "| {} | {value} | {}{} |", r.what, r.target, r.unit);
+    }
+    std::fs::write(out.join("results.md"), md)?;
+    plot(&out.join("throughput.svg"), measures)?;
+    Ok(())
+}
+
+/// A horizontal bar per measure with a bandwidth, in MiB/s: Chronik beside its peers and the
+/// fio limit.
+fn plot(path: &Path, measures: &[Measure]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let bars: Vec<(String, f64)> = measures
+        .iter()
+        .filter_map(|m| {
+            m.bytes_per_second
+                .map(|b| (format!("{} ({})", m.scenario, m.system), b / f64::from(1 << 20)))
+        })
+        .collect();
+    let height = 60 + 22 * bars.len() as u32;
+    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    let max = bars.iter().map(|b| b.1).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Throughput, MiB/s (one run, one machine)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(520)
+        .build_cartesian_2d(0.0..max, (0..bars.len()).into_segmented())
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_label_formatter(&|y| match y {
+            SegmentValue::CenterOf(i) => bars.get(*i).map_or_else(String::new, |b| b.0.clone()),
+            _ => String::new(),
+        })
+        .y_labels(bars.len())
+        .draw()
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, (name, value))| {
+            let color = if name.contains("chronik") { BLUE.mix(0.7) } else { RED.mix(0.5) };
+            Rectangle::new(
+                [(0.0, SegmentValue::Exact(i)), (*value, SegmentValue::Exact(i + 1))],
+                color.filled(),
+            )
+        }))
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    Ok(())
+}
+
+/// A server process started for the run, killed when dropped.
+struct Server {
+    child: Child,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(program: &str, args: &[&str]) -> anyhow::Result<Server> {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {program}"))?;
+        Ok(Server { child })
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Wait until something listens on `port`.
+fn wait_for_port(port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("nothing listens on 127.0.0.1:{port} after 10 s")
+}
