@@ -40,6 +40,10 @@ struct Cli {
     /// Where the data directories go (a temporary directory inside it).
     #[arg(long, env = "CHRONIK_BENCH_DIR")]
     dir: Option<PathBuf>,
+    /// Runs of the whole suite; each figure is the median over them (3 by default, 1 with
+    /// --quick).
+    #[arg(long)]
+    repeat: Option<u32>,
 }
 
 /// Sizes of one run.
@@ -256,33 +260,42 @@ fn recovery(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
 }
 
 fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyhow::Result<()> {
+    let mut backends = Vec::new();
     for backend in BACKENDS {
-        let system = system_name(backend);
-        if chronik::SystemIo::new(backend).is_err() {
-            out.push(Measure::skipped("all scenarios", &system, "io_uring unavailable here"));
-            continue;
+        if chronik::SystemIo::new(backend).is_ok() {
+            backends.push(backend);
+        } else {
+            out.push(report(Measure::skipped(
+                "all scenarios",
+                &system_name(backend),
+                "io_uring unavailable here",
+            )));
         }
-        let mut consumed_dir = None;
-        for batch in [10, 100, 1000] {
-            let records = if batch == 10 { sizes.small_records / 5 } else { sizes.small_records };
+    }
+    // Scenario by scenario, the backends one after the other, each from a settled disk: the
+    // two backends see the same conditions, and no scenario pays for another's write-back.
+    for batch in [10, 100, 1000] {
+        let records = if batch == 10 { sizes.small_records / 5 } else { sizes.small_records };
+        for &backend in &backends {
             let dir = fresh(base, &format!("{}-small-{batch}", backend.name()))?;
             out.push(report(append_os(&dir, backend, 100, batch, records)?));
             if batch == 1000 {
-                consumed_dir = Some(dir);
-            } else {
-                std::fs::remove_dir_all(&dir)?;
+                settle();
+                out.push(report(consume(&dir, backend)?));
             }
-        }
-        let large_records = sizes.large_bytes / 1024;
-        let dir = fresh(base, &format!("{}-large", backend.name()))?;
-        out.push(report(append_os(&dir, backend, 1024, 64, large_records)?));
-        out.push(report(recovery(&dir, backend)?));
-        std::fs::remove_dir_all(&dir)?;
-        if let Some(dir) = consumed_dir {
-            out.push(report(consume(&dir, backend)?));
             std::fs::remove_dir_all(&dir)?;
         }
-        for writers in [1, 16] {
+    }
+    let large_records = sizes.large_bytes / 1024;
+    for &backend in &backends {
+        let dir = fresh(base, &format!("{}-large", backend.name()))?;
+        out.push(report(append_os(&dir, backend, 1024, 64, large_records)?));
+        settle();
+        out.push(report(recovery(&dir, backend)?));
+        std::fs::remove_dir_all(&dir)?;
+    }
+    for writers in [1, 16] {
+        for &backend in &backends {
             let dir = fresh(base, &format!("{}-sync-{writers}", backend.name()))?;
             out.push(report(append_sync(&dir, backend, writers, sizes.sync_seconds)?));
             std::fs::remove_dir_all(&dir)?;
@@ -291,11 +304,20 @@ fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyho
     Ok(())
 }
 
+/// Let the disk settle before a measurement: write back everything dirty (`sync`), so a
+/// scenario does not pay for an earlier one's write-back.
+pub fn settle() {
+    let _ = Command::new("sync").status();
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+/// A new directory for a scenario, on a settled disk.
 fn fresh(base: &Path, name: &str) -> anyhow::Result<PathBuf> {
     let dir = base.join(name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
+    settle();
     Ok(dir)
 }
 
@@ -343,19 +365,49 @@ fn main() -> anyhow::Result<()> {
     };
     let began = Instant::now();
     eprintln!("chronik-bench: data under {} ({})", root.path().display(), machine());
-    let mut measures = Vec::new();
-    eprintln!("peers:");
-    peers::fio(root.path(), sizes, &mut measures);
-    peers::redis(root.path(), sizes, &mut measures);
-    peers::nats(root.path(), sizes, &mut measures);
-    peers::commitlog(root.path(), sizes, &mut measures);
-    eprintln!("chronik:");
-    chronik_scenarios(root.path(), sizes, &mut measures).context("a Chronik scenario failed")?;
+    let repeat = cli.repeat.unwrap_or(if cli.quick { 1 } else { 3 }).max(1);
+    let mut runs = Vec::new();
+    for run in 1..=repeat {
+        let mut measures = Vec::new();
+        eprintln!("run {run} of {repeat}, peers:");
+        peers::fio(root.path(), sizes, &mut measures);
+        peers::redis(root.path(), sizes, &mut measures);
+        peers::nats(root.path(), sizes, &mut measures);
+        peers::commitlog(root.path(), sizes, &mut measures);
+        eprintln!("run {run} of {repeat}, chronik:");
+        chronik_scenarios(root.path(), sizes, &mut measures)
+            .context("a Chronik scenario failed")?;
+        runs.push(measures);
+    }
+    let measures = medians(&runs);
     let ratios = ratios(&measures);
     print_table(&measures, &ratios);
     write_outputs(&cli.out, &measures, &ratios, cli.quick, began.elapsed())?;
     println!("took {:.0} s; results in {}", began.elapsed().as_secs_f64(), cli.out.display());
     Ok(())
+}
+
+/// Per scenario and system, the measure with the median records/s (or bytes/s) over the runs;
+/// a measure skipped in any run stays skipped.
+fn medians(runs: &[Vec<Measure>]) -> Vec<Measure> {
+    let Some(first) = runs.first() else { return Vec::new() };
+    first
+        .iter()
+        .map(|m| {
+            let mut same: Vec<&Measure> = runs
+                .iter()
+                .filter_map(|run| {
+                    run.iter().find(|o| o.scenario == m.scenario && o.system == m.system)
+                })
+                .collect();
+            if let Some(skipped) = same.iter().find(|o| o.skipped.is_some()) {
+                return (*skipped).clone();
+            }
+            let key = |o: &&Measure| o.records_per_second.or(o.bytes_per_second).unwrap_or(0.0);
+            same.sort_by(|a, b| key(a).total_cmp(&key(b)));
+            same[same.len() / 2].clone()
+        })
+        .collect()
 }
 
 /// A short description of the machine, for the report.
@@ -404,8 +456,8 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         .and_then(|m| m.records_per_second);
     let large =
         find(measures, "append 1 KiB, batch 64, os", &uring).and_then(|m| m.bytes_per_second);
-    let fio_write =
-        find(measures, "sequential write, 1 MiB blocks", "fio").and_then(|m| m.bytes_per_second);
+    let fio_write = find(measures, "sequential write, 1 MiB blocks, fdatasync per 256 MiB", "fio")
+        .and_then(|m| m.bytes_per_second);
     let sync16 =
         find(measures, "append 100 B, sync, 16 writers", &uring).and_then(|m| m.records_per_second);
     let fio_sync =
@@ -502,7 +554,7 @@ fn write_outputs(
     });
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     let mut md = format!(
-        "Machine: {}. Mode: {}. Took {:.0} s.\n\n| scenario | system | records/s | MiB/s |\n| --- | --- | ---: | ---: |\n",
+        "Machine: {}. Mode: {}. Took {:.0} s. Figures are medians over the runs.\n\n| scenario | system | records/s | MiB/s |\n| --- | --- | ---: | ---: |\n",
         machine(),
         if quick { "--quick" } else { "full" },
         took.as_secs_f64()

@@ -3,8 +3,10 @@
 //! with its data in the run's temporary directory and stopped afterwards. A peer that is not
 //! installed or fails is pushed as skipped, with the reason.
 
-use super::{Measure, Server, Sizes, free_port, report, wait_for_port};
+use super::{Measure, Server, Sizes, free_port, report, settle, wait_for_port};
 use anyhow::{Context as _, anyhow, bail};
+use async_nats::jetstream::{self, stream};
+use commitlog::message::MessageBuf;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,6 +16,15 @@ const PIPELINE: u64 = 1000;
 /// JetStream publishes in flight before the oldest ack is awaited.
 const ACKS_IN_FLIGHT: usize = 1024;
 
+/// `path`, created empty (whatever an earlier run left there removed).
+fn empty_directory(path: &Path) -> anyhow::Result<std::path::PathBuf> {
+    if path.exists() {
+        std::fs::remove_dir_all(path)?;
+    }
+    std::fs::create_dir_all(path)?;
+    Ok(path.to_path_buf())
+}
+
 fn installed(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -22,15 +33,21 @@ fn installed(program: &str) -> bool {
 }
 
 fn push(out: &mut Vec<Measure>, scenario: &str, system: &str, result: anyhow::Result<Measure>) {
-    let measure =
-        result.unwrap_or_else(|error| Measure::skipped(scenario, system, format!("{error:#}")));
+    let measure = result.unwrap_or_else(|error| {
+        let full = format!("{error:#}");
+        let mut why: String = full.chars().take(200).collect();
+        if why.len() < full.len() {
+            why.push_str("...");
+        }
+        Measure::skipped(scenario, system, why)
+    });
     out.push(report(measure));
 }
 
 /// fio: sequential write bandwidth (1 MiB blocks, the final fsync included) and the rate of
 /// 4 KiB writes each followed by its own fdatasync.
 pub fn fio(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
-    const WRITE: &str = "sequential write, 1 MiB blocks";
+    const WRITE: &str = "sequential write, 1 MiB blocks, fdatasync per 256 MiB";
     const SYNC: &str = "write 4 KiB + fdatasync";
     if !installed("fio") {
         for scenario in [WRITE, SYNC] {
@@ -46,7 +63,17 @@ pub fn fio(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
     let runtime = format!("--runtime={}s", sizes.sync_seconds);
     let write = run_fio(
         base,
-        &["--name=seqwrite", "--rw=write", "--bs=1M", &size, "--ioengine=psync", "--end_fsync=1"],
+        // An fdatasync every 256 MiB, as Chronik's segments roll (each sealed segment is
+        // fdatasynced), and one at the end: the same sync cadence on the same disk.
+        &[
+            "--name=seqwrite",
+            "--rw=write",
+            "--bs=1M",
+            &size,
+            "--ioengine=psync",
+            "--fdatasync=256",
+            "--end_fsync=1",
+        ],
     )
     .map(|(bytes, seconds, _)| {
         Measure::new(WRITE, "fio", 0, bytes, Duration::from_secs_f64(seconds))
@@ -74,6 +101,7 @@ pub fn fio(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
 /// Run one fio job in `base`; returns bytes written, the seconds they took (fio's own job
 /// runtime, which includes `end_fsync`), and the number of writes.
 fn run_fio(base: &Path, args: &[&str]) -> anyhow::Result<(u64, f64, u64)> {
+    settle();
     let directory = base.join("fio");
     std::fs::create_dir_all(&directory)?;
     let output = Command::new("fio")
@@ -113,8 +141,8 @@ pub fn redis(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
 }
 
 fn run_redis(base: &Path, mode: &str, records: u64, scenario: &str) -> anyhow::Result<Measure> {
-    let directory = base.join(format!("redis-{mode}"));
-    std::fs::create_dir_all(&directory)?;
+    settle();
+    let directory = empty_directory(&base.join(format!("redis-{mode}")))?;
     let port = free_port()?;
     let port_text = port.to_string();
     let dir_text = directory.display().to_string();
@@ -140,6 +168,13 @@ fn run_redis(base: &Path, mode: &str, records: u64, scenario: &str) -> anyhow::R
     wait_for_port(port)?;
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
     let mut connection = client.get_connection()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis::cmd("PING").query::<String>(&mut connection).is_err() {
+        if Instant::now() > deadline {
+            bail!("redis-server did not answer PING within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let value = vec![b'x'; 100];
     let start = Instant::now();
     let mut sent = 0;
@@ -176,9 +211,8 @@ pub fn nats(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
 }
 
 fn run_nats(base: &Path, records: u64, scenario: &str) -> anyhow::Result<Measure> {
-    use async_nats::jetstream::{self, stream};
-    let directory = base.join("nats");
-    std::fs::create_dir_all(&directory)?;
+    settle();
+    let directory = empty_directory(&base.join("nats"))?;
     let port = free_port()?;
     let port_text = port.to_string();
     let dir_text = directory.display().to_string();
@@ -231,8 +265,11 @@ pub fn commitlog(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
 }
 
 fn run_commitlog(base: &Path, records: u64, scenario: &str) -> anyhow::Result<Measure> {
-    use commitlog::message::MessageBuf;
+    settle();
     let directory = base.join("commitlog");
+    if directory.exists() {
+        std::fs::remove_dir_all(&directory)?;
+    }
     let mut log = commitlog::CommitLog::new(commitlog::LogOptions::new(&directory))?;
     let value = vec![b'x'; 100];
     let start = Instant::now();
