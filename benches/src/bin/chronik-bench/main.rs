@@ -456,7 +456,7 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         .and_then(|m| m.records_per_second);
     let large =
         find(measures, "append 1 KiB, batch 64, os", &uring).and_then(|m| m.bytes_per_second);
-    let fio_write = find(measures, "sequential write, 1 MiB blocks, fdatasync per 256 MiB", "fio")
+    let fio_write = find(measures, "sequential write, 64 KiB blocks, fdatasync per 256 MiB", "fio")
         .and_then(|m| m.bytes_per_second);
     let sync16 =
         find(measures, "append 100 B, sync, 16 writers", &uring).and_then(|m| m.records_per_second);
