@@ -59,9 +59,19 @@ impl<I: Io> State<I> {
 struct SyncState {
     /// A group-commit leader is running an fdatasync.
     syncing: bool,
+    /// Appenders waiting for the running fdatasync or to lead the next one, each with its own
+    /// condition variable, so a leader wakes exactly the ones it served and one to lead next.
+    waiters: Vec<Waiter>,
     /// Every offset below this one is durable.
     synced: Offset,
     last_sync_ms: i64,
+}
+
+/// An appender waiting in [`Partition::sync_to`] for its records to become durable.
+#[derive(Debug)]
+struct Waiter {
+    end: Offset,
+    wake: Arc<Condvar>,
 }
 
 /// A partition as [`crate::Engine::describe_topic`] reports it.
@@ -88,7 +98,6 @@ pub(crate) struct Partition<I: Io> {
     config: TopicConfig,
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
-    sync_done: Condvar,
     /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
     /// (group commit), never before `state`.
     file_sync: Mutex<()>,
@@ -185,8 +194,12 @@ impl<I: Io> Partition<I> {
             durability: context.durability,
             config,
             state: Mutex::new(state),
-            sync: Mutex::new(SyncState { syncing: false, synced: end, last_sync_ms: now }),
-            sync_done: Condvar::new(),
+            sync: Mutex::new(SyncState {
+                syncing: false,
+                waiters: Vec::new(),
+                synced: end,
+                last_sync_ms: now,
+            }),
             file_sync: Mutex::new(()),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
@@ -358,6 +371,23 @@ impl<I: Io> Partition<I> {
         Ok(())
     }
 
+    /// After an fdatasync: wake every waiter it made durable and one other to lead the next
+    /// fdatasync, or, when it failed, every waiter (each then finds the poison).
+    fn wake_waiters(sync: &mut SyncState, failed: bool) {
+        let synced = sync.synced;
+        sync.waiters.retain(|w| {
+            let wake = failed || w.end <= synced;
+            if wake {
+                w.wake.notify_one();
+            }
+            !wake
+        });
+        let next = sync.waiters.iter().enumerate().min_by_key(|(_, w)| w.end).map(|(i, _)| i);
+        if let Some(next) = next {
+            sync.waiters.swap_remove(next).wake.notify_one();
+        }
+    }
+
     /// Record that every offset below `offset` is durable, and publish it to readers before
     /// `sync` is released: an appender that finds its records synced returns at once, and what
     /// it was acknowledged must then be visible (read your writes).
@@ -377,6 +407,13 @@ impl<I: Io> Partition<I> {
 
     /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
     /// at the same time (group commit): one of them leads, the others wait for its result.
+    ///
+    /// A waiter sleeps on its own condition variable. When an fdatasync ends, its leader wakes
+    /// exactly the waiters it made durable, and one of the others (the one waiting longest in
+    /// offset order) to lead the next fdatasync at once; the rest sleep on, since that next
+    /// fdatasync covers them. No appender is woken for nothing, none is left asleep with no
+    /// fdatasync coming: a waiter registers and sleeps under the same lock a leader takes to
+    /// wake, and every leader wakes someone while waiters remain.
     pub fn sync_to(&self, end: Offset) -> Result<(), AppendError> {
         let mut sync = self.sync.lock();
         loop {
@@ -387,7 +424,11 @@ impl<I: Io> Partition<I> {
             if !sync.syncing {
                 break;
             }
-            self.sync_done.wait(&mut sync);
+            let wake = Arc::new(Condvar::new());
+            sync.waiters.push(Waiter { end, wake: Arc::clone(&wake) });
+            wake.wait(&mut sync);
+            // Woken waiters were taken off the list; after a spurious wake-up, leave it too.
+            sync.waiters.retain(|w| !Arc::ptr_eq(&w.wake, &wake));
         }
         sync.syncing = true;
         drop(sync);
@@ -417,9 +458,9 @@ impl<I: Io> Partition<I> {
             if result.is_ok() {
                 self.mark_synced(&mut sync, target);
             }
+            Self::wake_waiters(&mut sync, result.is_err());
         }
         drop(file_sync);
-        self.sync_done.notify_all();
         result?;
         // A poison set by a concurrent failure after our fsync succeeded does not take back
         // what was synced; but `mark_synced` did not publish it, so report the poison.
