@@ -60,8 +60,13 @@ pub fn run(data: &Path, args: &DemoArgs) -> anyhow::Result<()> {
         .map_err(chronik::Error::from)?;
     println!(
         "producing {} click events from {} users into {TOPIC:?} ({} partitions, keyed by user, \
-         durability {:?}, {} records per append)",
-        args.events, args.users, args.partitions, args.durability, args.batch
+         durability {:?}, {} records per append, I/O {})",
+        args.events,
+        args.users,
+        args.partitions,
+        args.durability,
+        args.batch,
+        chronik.io_backend()
     );
     let (produced_bytes, produce_time) = produce(&chronik, args)?;
     report("produced", args.events, produced_bytes, produce_time);
