@@ -10,7 +10,7 @@ use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
-use crate::format::{self, BatchInfo, DecodeError, parse_batch};
+use crate::format::{self, BatchInfo, DecodeError};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::BATCH_BYTES_MAX;
 use crate::recovery::{self, PartitionRecovery};
@@ -609,7 +609,7 @@ impl<I: Io> Partition<I> {
     ) -> Result<Taken, ReadError> {
         let mut cursor = 0;
         loop {
-            match parse_for_read(&chunk[cursor..]) {
+            match format::parse_batch_unless(Canary::SkipChecksumOnRead, &chunk[cursor..]) {
                 Ok(batch) => {
                     if batch.base_offset() >= wanted.end {
                         return Ok(Taken { bytes: cursor, needed: None, stop: true });
@@ -760,15 +760,6 @@ impl<I: Io> Partition<I> {
         self.publish(end);
         Ok(())
     }
-}
-
-/// [`parse_batch`], or under the `SkipChecksumOnRead` canary the same without the checksum.
-fn parse_for_read(bytes: &[u8]) -> Result<format::BatchView<'_>, DecodeError> {
-    #[cfg(feature = "canaries")]
-    if canary::active(Canary::SkipChecksumOnRead) {
-        return format::parse_batch_skipping_checksum(bytes);
-    }
-    parse_batch(bytes)
 }
 
 struct Taken {

@@ -2,8 +2,9 @@
 //! index files written when a segment is sealed.
 
 use crate::Offset;
+use crate::canary::Canary;
 use crate::error::IoError;
-use crate::format::{BatchInfo, BatchView, DecodeError, parse_batch};
+use crate::format::{BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, FileHandle, Io, OpenMode, Operation};
 use crate::limits::SCAN_CHUNK_BYTES;
@@ -187,15 +188,6 @@ pub struct ScanEnd {
 
 /// Visit the valid batches of `file` from `start` to `end` in order, reading in bounded
 /// chunks. `visit` returns `false` to stop early.
-/// [`parse_batch`], or under the `RecoveryTrustsTornTail` canary the same without the checksum.
-fn parse_for_scan(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
-    #[cfg(feature = "canaries")]
-    if crate::canary::active(crate::canary::Canary::RecoveryTrustsTornTail) {
-        return crate::format::parse_batch_skipping_checksum(bytes);
-    }
-    parse_batch(bytes)
-}
-
 pub fn scan<I: Io>(
     file: &SegmentFile<I>,
     start: u64,
@@ -210,7 +202,7 @@ pub fn scan<I: Io>(
         if position >= end {
             return Ok(ScanEnd { position, damage: None });
         }
-        match parse_for_scan(&buffer[cursor..]) {
+        match crate::format::parse_batch_unless(Canary::RecoveryTrustsTornTail, &buffer[cursor..]) {
             Ok(batch) => {
                 if !visit(position, &batch) {
                     return Ok(ScanEnd { position, damage: None });

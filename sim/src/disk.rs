@@ -699,6 +699,7 @@ impl State {
         let mut files = BTreeMap::new();
         let mut stack = vec![(PathBuf::from("/"), ROOT, 0_usize)];
         while let Some((path, inode, depth)) = stack.pop() {
+            // Bounded: a crash may alias a directory, but never nests one in itself this deep.
             assert!(depth < 64, "directory tree deeper than 64 at {}", path.display());
             match &self.inodes[&inode] {
                 Inode::File(_) => {
@@ -756,23 +757,13 @@ impl State {
     }
 
     fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        let mut files = BTreeMap::new();
-        let mut stack = vec![(PathBuf::from("/"), ROOT, 0_usize)];
-        while let Some((path, inode, depth)) = stack.pop() {
-            // Bounded: a crash may alias a directory, but never nests one in itself this deep.
-            assert!(depth < 64, "directory tree deeper than 64 at {}", path.display());
-            match &self.inodes[&inode] {
-                Inode::File(file) => {
-                    files.insert(path, file.current.clone());
-                }
-                Inode::Directory(directory) => {
-                    for (name, &child) in &directory.current {
-                        stack.push((path.join(name), child, depth + 1));
-                    }
-                }
-            }
-        }
-        files
+        self.files()
+            .into_iter()
+            .filter_map(|(path, inode)| match &self.inodes[&inode] {
+                Inode::File(file) => Some((path, file.current.clone())),
+                Inode::Directory(_) => None,
+            })
+            .collect()
     }
 }
 

@@ -468,6 +468,19 @@ impl Sim {
         self.clock.now_ms()
     }
 
+    /// `Engine::open` on the simulated disk, its disk calls charged as simulated time.
+    fn open_engine(
+        &mut self,
+        durability: Durability,
+    ) -> Result<(SimEngine, RecoveryReport), OpenError> {
+        let options = Options { durability, ..Options::default() };
+        let before = self.disk.stats();
+        let opened =
+            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
+        self.spend_io(before);
+        opened
+    }
+
     fn open(&mut self) -> Result<(SimEngine, RecoveryReport), Violation> {
         if self.fault_rng.chance(self.swarm.faulty_open_per_million)
             && self.has(Feature::FaultyOpens)
@@ -477,11 +490,7 @@ impl Sim {
         self.disk.set_faults(self.swarm.crash_faults);
         let durabilities = &self.swarm.durabilities;
         let durability = durabilities[self.rng.index(durabilities.len())];
-        let options = Options { durability, ..Options::default() };
-        let before = self.disk.stats();
-        let opened =
-            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
-        self.spend_io(before);
+        let opened = self.open_engine(durability);
         let (engine, report) =
             opened.map_err(|e| Violation::new("recovery_succeeds", format!("open failed: {e}")))?;
         self.trace.event(format!(
@@ -511,11 +520,7 @@ impl Sim {
             self.trace.event("faulty open: I/O faults on".to_owned());
             self.disk.set_faults(self.swarm.io_faults);
         }
-        let options = Options { durability: Durability::Sync, ..Options::default() };
-        let before = self.disk.stats();
-        let opened =
-            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
-        self.spend_io(before);
+        let opened = self.open_engine(Durability::Sync);
         self.disk.set_faults(self.swarm.crash_faults);
         match opened {
             Ok((engine, report)) => {
@@ -684,12 +689,7 @@ impl Sim {
         self.check_rot(&engine, None)?;
         drop(engine);
         self.crash();
-        let options = Options { durability: Durability::Sync, ..Options::default() };
-        let before = self.disk.stats();
-        let opened =
-            Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
-        self.spend_io(before);
-        match opened {
+        match self.open_engine(Durability::Sync) {
             Ok((engine, report)) => {
                 self.trace.event(format!("open after the flip: {:?}", report.lines()));
                 self.check_rot(&engine, Some(&report))

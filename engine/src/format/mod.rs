@@ -2,6 +2,7 @@
 //! views. `docs/format.md` is the byte-level specification of everything here.
 
 use crate::Offset;
+use crate::canary::{self, Canary};
 use crate::error::{AppendError, CorruptionKind};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
 use xxhash_rust::xxh3::xxh3_64;
@@ -266,11 +267,13 @@ pub fn parse_batch(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
     parse(bytes, true)
 }
 
-/// [`parse_batch`] without the checksum comparison: the `SkipChecksumOnRead` mutation canary's
-/// read path, never called otherwise.
-#[cfg(feature = "canaries")]
-pub fn parse_batch_skipping_checksum(bytes: &[u8]) -> Result<BatchView<'_>, DecodeError> {
-    parse(bytes, false)
+/// [`parse_batch`], except that while the mutation canary `skipping` is active (only possible
+/// under the `canaries` feature) the checksum is not compared.
+pub(crate) fn parse_batch_unless(
+    skipping: Canary,
+    bytes: &[u8],
+) -> Result<BatchView<'_>, DecodeError> {
+    parse(bytes, !canary::active(skipping))
 }
 
 fn parse(bytes: &[u8], verify_checksum: bool) -> Result<BatchView<'_>, DecodeError> {

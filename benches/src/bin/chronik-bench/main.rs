@@ -311,14 +311,20 @@ pub fn settle() {
     std::thread::sleep(Duration::from_millis(200));
 }
 
-/// A new directory for a scenario, on a settled disk.
+/// A new, empty directory for a scenario, on a settled disk.
 fn fresh(base: &Path, name: &str) -> anyhow::Result<PathBuf> {
-    let dir = base.join(name);
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
+    let dir = empty_directory(&base.join(name))?;
     settle();
     Ok(dir)
+}
+
+/// `path`, created empty (whatever an earlier run left there removed).
+fn empty_directory(path: &Path) -> anyhow::Result<PathBuf> {
+    if path.exists() {
+        std::fs::remove_dir_all(path)?;
+    }
+    std::fs::create_dir_all(path)?;
+    Ok(path.to_path_buf())
 }
 
 /// Print a measure as it is taken, so a long run shows progress.

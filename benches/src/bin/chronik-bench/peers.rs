@@ -3,7 +3,7 @@
 //! with its data in the run's temporary directory and stopped afterwards. A peer that is not
 //! installed or fails is pushed as skipped, with the reason.
 
-use super::{Measure, Server, Sizes, free_port, report, settle, wait_for_port};
+use super::{Measure, Server, Sizes, empty_directory, free_port, report, settle, wait_for_port};
 use anyhow::{Context as _, anyhow, bail};
 use async_nats::jetstream::{self, stream};
 use commitlog::message::MessageBuf;
@@ -15,15 +15,6 @@ use std::time::{Duration, Instant};
 const PIPELINE: u64 = 1000;
 /// JetStream publishes in flight before the oldest ack is awaited.
 const ACKS_IN_FLIGHT: usize = 1024;
-
-/// `path`, created empty (whatever an earlier run left there removed).
-fn empty_directory(path: &Path) -> anyhow::Result<std::path::PathBuf> {
-    if path.exists() {
-        std::fs::remove_dir_all(path)?;
-    }
-    std::fs::create_dir_all(path)?;
-    Ok(path.to_path_buf())
-}
 
 fn installed(program: &str) -> bool {
     Command::new("sh")
@@ -269,10 +260,7 @@ pub fn commitlog(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) {
 
 fn run_commitlog(base: &Path, records: u64, scenario: &str) -> anyhow::Result<Measure> {
     settle();
-    let directory = base.join("commitlog");
-    if directory.exists() {
-        std::fs::remove_dir_all(&directory)?;
-    }
+    let directory = empty_directory(&base.join("commitlog"))?;
     let mut log = commitlog::CommitLog::new(commitlog::LogOptions::new(&directory))?;
     let value = vec![b'x'; 100];
     let start = Instant::now();
