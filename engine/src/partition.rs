@@ -55,6 +55,11 @@ impl<I: Io> State<I> {
     }
 }
 
+/// Most fdatasyncs one group-commit leader runs in a row before it hands off and returns to
+/// its caller: enough to spare most hand-off wake-ups, few enough that no appender is held
+/// for long serving the others.
+const LEADER_SYNCS_MAX: u32 = 8;
+
 #[derive(Debug)]
 struct SyncState {
     /// A group-commit leader is running an fdatasync.
@@ -371,9 +376,9 @@ impl<I: Io> Partition<I> {
         Ok(())
     }
 
-    /// After an fdatasync: wake every waiter it made durable and one other to lead the next
-    /// fdatasync, or, when it failed, every waiter (each then finds the poison).
-    fn wake_waiters(sync: &mut SyncState, failed: bool) {
+    /// After an fdatasync: wake every waiter it made durable, or, when it failed, every waiter
+    /// (each then finds the poison).
+    fn wake_covered(sync: &mut SyncState, failed: bool) {
         let synced = sync.synced;
         sync.waiters.retain(|w| {
             let wake = failed || w.end <= synced;
@@ -382,6 +387,11 @@ impl<I: Io> Partition<I> {
             }
             !wake
         });
+    }
+
+    /// Stop leading: wake one waiter (the lowest end) to lead the next fdatasync.
+    fn hand_off(sync: &mut SyncState) {
+        sync.syncing = false;
         let next = sync.waiters.iter().enumerate().min_by_key(|(_, w)| w.end).map(|(i, _)| i);
         if let Some(next) = next {
             sync.waiters.swap_remove(next).wake.notify_one();
@@ -409,11 +419,13 @@ impl<I: Io> Partition<I> {
     /// at the same time (group commit): one of them leads, the others wait for its result.
     ///
     /// A waiter sleeps on its own condition variable. When an fdatasync ends, its leader wakes
-    /// exactly the waiters it made durable, and one of the others (the one waiting longest in
-    /// offset order) to lead the next fdatasync at once; the rest sleep on, since that next
-    /// fdatasync covers them. No appender is woken for nothing, none is left asleep with no
-    /// fdatasync coming: a waiter registers and sleeps under the same lock a leader takes to
-    /// wake, and every leader wakes someone while waiters remain.
+    /// exactly the waiters it made durable. If others wait still, the leader runs the next
+    /// fdatasync for them at once, up to [`LEADER_SYNCS_MAX`] in a row, and then wakes one
+    /// of them (the one with the lowest end) to lead instead: waking a sleeping thread takes
+    /// tens of microseconds on a virtual machine, time the disk would sit idle. No appender is
+    /// woken for nothing, none is left asleep with no fdatasync coming: a waiter registers and
+    /// sleeps under the same lock a leader takes to wake, and a leader that stops leading
+    /// wakes someone while waiters remain.
     pub fn sync_to(&self, end: Offset) -> Result<(), AppendError> {
         let mut sync = self.sync.lock();
         loop {
@@ -432,6 +444,22 @@ impl<I: Io> Partition<I> {
         }
         sync.syncing = true;
         drop(sync);
+        for led in 1.. {
+            let (target, more) = self.lead_one_sync(led < LEADER_SYNCS_MAX)?;
+            // The first fdatasync started after our write returned: it covers our records.
+            assert!(led > 1 || target >= end, "a leader syncs at least its own records");
+            if !more {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one fdatasync as the group commit's leader (`sync.syncing` is set by the caller)
+    /// and record its outcome. Returns the offset it made durable, and whether the caller
+    /// leads the next fdatasync too: only if `may_continue`, it succeeded and waiters remain
+    /// that it did not cover. Otherwise leadership has been handed off, also on every error.
+    fn lead_one_sync(&self, may_continue: bool) -> Result<(Offset, bool), AppendError> {
         let (file, base, position, target) = {
             let state = self.state.lock();
             let active = state.active();
@@ -451,28 +479,34 @@ impl<I: Io> Partition<I> {
                 AppendError::from(error)
             })
         });
-        {
+        let more = {
             // One lock section, so no follower can start a second fsync in between.
             let mut sync = self.sync.lock();
-            sync.syncing = false;
             if result.is_ok() {
                 self.mark_synced(&mut sync, target);
             }
-            Self::wake_waiters(&mut sync, result.is_err());
-        }
+            Self::wake_covered(&mut sync, result.is_err());
+            let more = may_continue && result.is_ok() && !sync.waiters.is_empty();
+            if !more {
+                Self::hand_off(&mut sync);
+            }
+            more
+        };
         drop(file_sync);
         result?;
         // A poison set by a concurrent failure after our fsync succeeded does not take back
-        // what was synced; but `mark_synced` did not publish it, so report the poison.
-        self.poison.check()?;
-        assert!(target >= end, "a leader syncs at least its own records");
+        // what was synced; but `mark_synced` did not publish it, so report the poison. A
+        // leader that goes on finds it in its next round, which hands off.
+        if !more {
+            self.poison.check()?;
+        }
         // Evidence for recovery; not fsynced on purpose (see the checkpoint module). A failure
         // poisons the engine, but the records above are durable and acknowledged.
         let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never sync");
         if let Err(error) = checkpoint.lock().record(base, position, target) {
             self.poison_with(&error);
         }
-        Ok(())
+        Ok((target, more))
     }
 
     /// Sync if there are unsynced records and the last sync is older than `interval_ms`.

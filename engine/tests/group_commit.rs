@@ -83,3 +83,56 @@ fn concurrent_sync_appenders_share_fsyncs() {
     assert!(report.is_clean());
     assert_eq!(common::read_all(&engine, TOPIC, 0, 0, 1 << 20), records);
 }
+
+/// An fdatasync fails while sixteen appenders wait, some of them behind a leader that runs
+/// several fdatasyncs in a row: every appender returns (none is left asleep), every one then
+/// sees the engine poisoned, and every acknowledged record is there after reopening.
+#[test]
+fn a_failed_fdatasync_wakes_every_waiter() {
+    let directory = tempfile::tempdir().unwrap();
+    let (engine, _, faults) = common::open_faulty(directory.path(), Durability::Sync);
+    engine.create_topic(TOPIC, TopicConfig::default()).unwrap();
+    let syncs_before = faults.fdatasyncs();
+    let handles: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let engine = engine.clone();
+            std::thread::spawn(move || {
+                let mut acknowledged = Vec::new();
+                for sequence in 0.. {
+                    let value = value(thread, sequence % 1000);
+                    match engine.append(TOPIC, 0, &[Record::new(None, &value)]) {
+                        Ok(appended) => acknowledged.push((appended.base_offset.get(), value)),
+                        Err(error) => return (acknowledged, error.to_string()),
+                    }
+                }
+                unreachable!("appends end with the failure")
+            })
+        })
+        .collect();
+    while faults.fdatasyncs() < syncs_before + 50 {
+        std::thread::yield_now();
+    }
+    faults.fail_next_syncs(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !handles.iter().all(std::thread::JoinHandle::is_finished) {
+        assert!(std::time::Instant::now() < deadline, "appenders still waiting after a failure");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut acknowledged = BTreeMap::new();
+    for handle in handles {
+        let (records, error) = handle.join().unwrap();
+        assert!(error.contains("poisoned") || error.contains("fdatasync"), "{error}");
+        acknowledged.extend(records);
+    }
+    assert!(engine.poisoned().is_some());
+    drop(engine);
+
+    let (engine, _) = common::open(directory.path(), Durability::Sync);
+    let records: BTreeMap<u64, Vec<u8>> = common::read_all(&engine, TOPIC, 0, 0, 1 << 20)
+        .into_iter()
+        .map(|r| (r.offset, r.value))
+        .collect();
+    for (offset, value) in &acknowledged {
+        assert_eq!(records.get(offset), Some(value), "acknowledged offset {offset} lost");
+    }
+}

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! scripts/bench [--quick]        # installs fio, redis-server, nats-server if missing, then this
-//! chronik-bench [--quick] [--out target/bench] [--only append,consume,...]
+//! chronik-bench [--quick] [--out target/bench] [--repeat N] [--only fio,redis,nats,commitlog,small,large,sync]
 //! ```
 //!
 //! Chronik scenarios, each on io_uring and on pread/pwrite: append (100 B and 1 KiB records,
@@ -44,6 +44,35 @@ struct Cli {
     /// --quick).
     #[arg(long)]
     repeat: Option<u32>,
+    /// Run only these groups of scenarios (all by default). Ratios whose inputs were not run
+    /// are reported as not measured.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Group>,
+}
+
+/// A group of scenarios `--only` can pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Group {
+    /// fio: sequential write bandwidth and the write+fdatasync rate.
+    Fio,
+    /// Redis Streams XADD.
+    Redis,
+    /// NATS JetStream.
+    Nats,
+    /// The commitlog crate.
+    Commitlog,
+    /// Chronik: 100 B appends in batches of 10, 100 and 1000 (`os`), and consume.
+    Small,
+    /// Chronik: 1 KiB appends (`os`) and the recovery scan.
+    Large,
+    /// Chronik: `sync` appends from 1 and 16 writers.
+    Sync,
+}
+
+impl Cli {
+    fn runs(&self, group: Group) -> bool {
+        self.only.is_empty() || self.only.contains(&group)
+    }
 }
 
 /// Sizes of one run.
@@ -259,7 +288,12 @@ fn recovery(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
     ))
 }
 
-fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyhow::Result<()> {
+fn chronik_scenarios(
+    cli: &Cli,
+    base: &Path,
+    sizes: Sizes,
+    out: &mut Vec<Measure>,
+) -> anyhow::Result<()> {
     let mut backends = Vec::new();
     for backend in BACKENDS {
         if chronik::SystemIo::new(backend).is_ok() {
@@ -274,7 +308,8 @@ fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyho
     }
     // Scenario by scenario, the backends one after the other, each from a settled disk: the
     // two backends see the same conditions, and no scenario pays for another's write-back.
-    for batch in [10, 100, 1000] {
+    let small: &[usize] = if cli.runs(Group::Small) { &[10, 100, 1000] } else { &[] };
+    for &batch in small {
         let records = if batch == 10 { sizes.small_records / 5 } else { sizes.small_records };
         for &backend in &backends {
             let dir = fresh(base, &format!("{}-small-{batch}", backend.name()))?;
@@ -287,14 +322,16 @@ fn chronik_scenarios(base: &Path, sizes: Sizes, out: &mut Vec<Measure>) -> anyho
         }
     }
     let large_records = sizes.large_bytes / 1024;
-    for &backend in &backends {
+    let large: &[Backend] = if cli.runs(Group::Large) { &backends } else { &[] };
+    for &backend in large {
         let dir = fresh(base, &format!("{}-large", backend.name()))?;
         out.push(report(append_os(&dir, backend, 1024, 64, large_records)?));
         settle();
         out.push(report(recovery(&dir, backend)?));
         std::fs::remove_dir_all(&dir)?;
     }
-    for writers in [1, 16] {
+    let writers: &[u32] = if cli.runs(Group::Sync) { &[1, 16] } else { &[] };
+    for &writers in writers {
         for &backend in &backends {
             let dir = fresh(base, &format!("{}-sync-{writers}", backend.name()))?;
             out.push(report(append_sync(&dir, backend, writers, sizes.sync_seconds)?));
@@ -376,12 +413,20 @@ fn main() -> anyhow::Result<()> {
     for run in 1..=repeat {
         let mut measures = Vec::new();
         eprintln!("run {run} of {repeat}, peers:");
-        peers::fio(root.path(), sizes, &mut measures);
-        peers::redis(root.path(), sizes, &mut measures);
-        peers::nats(root.path(), sizes, &mut measures);
-        peers::commitlog(root.path(), sizes, &mut measures);
+        if cli.runs(Group::Fio) {
+            peers::fio(root.path(), sizes, &mut measures);
+        }
+        if cli.runs(Group::Redis) {
+            peers::redis(root.path(), sizes, &mut measures);
+        }
+        if cli.runs(Group::Nats) {
+            peers::nats(root.path(), sizes, &mut measures);
+        }
+        if cli.runs(Group::Commitlog) {
+            peers::commitlog(root.path(), sizes, &mut measures);
+        }
         eprintln!("run {run} of {repeat}, chronik:");
-        chronik_scenarios(root.path(), sizes, &mut measures)
+        chronik_scenarios(&cli, root.path(), sizes, &mut measures)
             .context("a Chronik scenario failed")?;
         runs.push(measures);
     }
