@@ -51,11 +51,16 @@ pub enum Canary {
     AppendReportsWrongOffset = 17,
     /// A fetch says the next offset is one past where it really is.
     FetchNextOffsetOverruns = 18,
+    /// A direct write pads the front of its first block with zeros instead of the bytes
+    /// already there (the tail kept in memory).
+    DirectWriteDropsTail = 19,
+    /// Sealing a direct segment keeps the zeros padding its last block.
+    SealKeepsDirectPadding = 20,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 18] = [
+    pub const ALL: [Canary; 20] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -74,6 +79,8 @@ impl Canary {
         Canary::AppendPanicsOnEmptyValue,
         Canary::AppendReportsWrongOffset,
         Canary::FetchNextOffsetOverruns,
+        Canary::DirectWriteDropsTail,
+        Canary::SealKeepsDirectPadding,
     ];
 }
 

@@ -65,6 +65,12 @@ pub struct Options {
     /// through it (the `chronik` crate and CLI): io_uring where available by default.
     /// `Engine::open` itself runs on whatever backend it is given.
     pub io_backend: crate::io::Backend,
+    /// Write segment data with direct I/O (`O_DIRECT` on Linux), bypassing the page cache:
+    /// appends write whole 4 KiB blocks (the partial last block rewritten from memory) and
+    /// their data does not evict other files from the page cache. Reads still go through it.
+    /// Off by default: without batching, each append waits for the device. Fails at open on a
+    /// file system without direct I/O (tmpfs).
+    pub direct_io: bool,
 }
 
 /// The fail-stop flag: set by the first failed write or fsync, checked by every operation.
@@ -177,6 +183,7 @@ impl<I: Io> Engine<I> {
             poison: Arc::default(),
             durability: options.durability,
             read_only: options.read_only,
+            direct: options.direct_io && !options.read_only,
         };
         let result = Self::open_locked(&context, root);
         let (topics, report) = match result {

@@ -122,6 +122,8 @@ pub(crate) struct PartitionContext<I: Io> {
     pub poison: Arc<Poison>,
     pub durability: Durability,
     pub read_only: bool,
+    /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
+    pub direct: bool,
 }
 
 impl<I: Io> Clone for PartitionContext<I> {
@@ -132,6 +134,7 @@ impl<I: Io> Clone for PartitionContext<I> {
             poison: Arc::clone(&self.poison),
             durability: self.durability,
             read_only: self.read_only,
+            direct: self.direct,
         }
     }
 }
@@ -161,15 +164,7 @@ impl<I: Io> Partition<I> {
     ) -> Result<(Self, PartitionRecovery), OpenError> {
         let now = context.clock.now_ms();
         let read_only = context.read_only;
-        let recovered = recovery::recover_partition(
-            &context.io,
-            &directory,
-            topic,
-            id,
-            &config,
-            now,
-            read_only,
-        )?;
+        let recovered = recovery::recover_partition(context, &directory, topic, id, &config, now)?;
         let active = recovered.segments.last().expect("recovery yields a segment");
         let (base, size, end) = (active.base_offset, active.size, active.next_offset);
         let checkpoint = if read_only {
@@ -289,14 +284,11 @@ impl<I: Io> Partition<I> {
                 ..encoded
             };
             let active = state.segments.last_mut().expect("active segment");
-            let (file, position) = (Arc::clone(&active.file), active.size);
-            io::write_all(&*self.io, file.handle, position, batch)
-                .map_err(|e| IoError::new("write", &file.path, e))
-                .inspect_err(|e| {
-                    if !canary::active(Canary::WriteErrorNotPoisoned) {
-                        self.poison_with(e);
-                    }
-                })?;
+            active.write_at_end(batch).inspect_err(|e| {
+                if !canary::active(Canary::WriteErrorNotPoisoned) {
+                    self.poison_with(e);
+                }
+            })?;
             active.on_batch(info);
             info
         };
@@ -361,12 +353,13 @@ impl<I: Io> Partition<I> {
     fn seal_and_create(&self, state: &mut State<I>, now: i64) -> Result<(), IoError> {
         let active = state.active();
         if !canary::active(Canary::IndexBeforeData) {
-            active.file.run(Operation::Fdatasync { file: active.file.handle })?;
+            active.sync_for_seal()?;
         }
         active.write_index_files()?;
         let base = active.next_offset;
         let path = self.directory.join(segment::file_name(base, LOG_SUFFIX));
-        let file = SegmentFile::open(&self.io, path, OpenMode::CreateNew)?;
+        let mode = OpenMode::CreateNew.with_direct(active.file.direct);
+        let file = SegmentFile::open(&self.io, path, mode)?;
         if !canary::active(Canary::SkipDirectoryFsyncOnRoll) {
             io::sync_directory(&*self.io, &self.directory)
                 .map_err(|e| IoError::new("fsync", &self.directory, e))?;
@@ -744,6 +737,15 @@ impl<I: Io> Partition<I> {
             return Ok(());
         }
         self.flush()?;
+        {
+            // A direct file ends in the zeros padding its last block: cut them, so a clean
+            // close leaves nothing for the next open to cut.
+            let state = self.state.lock();
+            let active = state.active();
+            if active.file.direct {
+                active.sync_for_seal().inspect_err(|e| self.poison_with(e))?;
+            }
+        }
         checkpoint.lock().sync().inspect_err(|e| self.poison_with(e))?;
         Ok(())
     }
@@ -770,7 +772,9 @@ impl<I: Io> Partition<I> {
             })?;
             // An incomplete batch is a write in progress. Anything else means the writer
             // recovered and rewrote what this reader had already seen.
-            let known_tail = state.unread_tail == Some(end.position);
+            // Zeros padding the last block of a direct write are a write in progress too.
+            let known_tail = state.unread_tail == Some(end.position)
+                || segment::is_block_padding(&file, end.position, size)?;
             let rewritten = matches!(end.damage, Some(DecodeError::Corrupt(_))) && !known_tail;
             let active = state.segments.last().expect("active segment");
             if size < active.size || (!contiguous && !known_tail) || rewritten {

@@ -22,6 +22,7 @@ use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
+use crate::partition::PartitionContext;
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
 };
@@ -146,14 +147,14 @@ impl Damage {
 }
 
 pub(crate) fn recover_partition<I: Io>(
-    io: &Arc<I>,
+    context: &PartitionContext<I>,
     directory: &Path,
     topic: &str,
     partition: u32,
     config: &TopicConfig,
     now_ms: i64,
-    read_only: bool,
 ) -> Result<Recovered<I>, OpenError> {
+    let (io, read_only, direct) = (&context.io, context.read_only, context.direct);
     let mut report =
         PartitionRecovery { topic: topic.to_owned(), partition, read_only, ..Default::default() };
     // Read before listing: a writer beside a read-only open may roll in between, and the
@@ -219,7 +220,7 @@ pub(crate) fn recover_partition<I: Io>(
         }
         segments.push(segment);
     }
-    let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only };
+    let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only, direct };
     if !read_only {
         remove_derived_files(io, directory, active.base)?;
     }
@@ -261,7 +262,15 @@ fn recover_sealed<I: Io>(
             let file = Arc::new(file);
             // Sealed segments never roll again; their age does not matter.
             let created_ms = i64::MIN;
-            let segment = Segment { base_offset: base, file, size, next_offset, created_ms, index };
+            let segment = Segment {
+                base_offset: base,
+                file,
+                size,
+                next_offset,
+                created_ms,
+                index,
+                tail: Vec::new(),
+            };
             return Ok(segment);
         }
     }
@@ -301,6 +310,8 @@ struct ActiveSegment {
     checkpoint: Option<Checkpoint>,
     now_ms: i64,
     read_only: bool,
+    /// Open it for direct writes ([`crate::Options::direct_io`]).
+    direct: bool,
 }
 
 /// A sealed segment to recover: every segment but the last.
@@ -369,6 +380,10 @@ fn recover_active<I: Io>(
             report.damage.push(corruption.clone());
             damaged = Some((segment.next_offset, corruption));
             segment.size = size;
+        } else if segment::is_block_padding(&segment.file, damage.position, size)? {
+            // The zeros a direct write padded its last block with: not a torn tail, and
+            // nothing is lost. Cut below all the same.
+            assert_eq!(evidence.records, 0, "zeros hold no batch");
         } else {
             // The cut itself is made below, with the rest of the tail's durability.
             report.truncated_bytes += size - damage.position;
@@ -406,6 +421,13 @@ fn recover_active<I: Io>(
         let file = &segment.file;
         file.run(Operation::Truncate { file: file.handle, length: kept })?;
         file.run(Operation::Fsync { file: file.handle })?;
+        if active.direct {
+            // Recovered through ordinary writes, which need no padding: a crash in the middle
+            // leaves exactly what the buffered path leaves. Appends from here are direct.
+            let path = file.path.clone();
+            segment.file = Arc::new(SegmentFile::open(io, path, OpenMode::ReadWriteDirect)?);
+            segment.load_tail()?;
+        }
     }
     Ok((segment, damaged))
 }
@@ -431,7 +453,7 @@ fn rewrite<I: Io>(file: &SegmentFile<I>, from: u64, to: u64) -> Result<(), IoErr
             break;
         }
         let written = bytes.len() as u64;
-        file.run(Operation::Write { file: file.handle, position, buffer: bytes })?;
+        file.write(position, bytes)?;
         position += written;
     }
     Ok(())

@@ -2,11 +2,11 @@
 //! index files written when a segment is sealed.
 
 use crate::Offset;
-use crate::canary::Canary;
+use crate::canary::{self, Canary};
 use crate::error::IoError;
 use crate::format::{BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
-use crate::io::{self, FileHandle, Io, OpenMode, Operation};
+use crate::io::{self, DIRECT_ALIGNMENT, FileHandle, Io, OpenMode, Operation};
 use crate::limits::SCAN_CHUNK_BYTES;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,12 +39,20 @@ pub struct SegmentFile<I: Io> {
     io: Arc<I>,
     pub handle: FileHandle,
     pub path: PathBuf,
+    /// Opened for direct writes: every write covers whole blocks of [`DIRECT_ALIGNMENT`].
+    pub direct: bool,
 }
 
 impl<I: Io> SegmentFile<I> {
     pub fn open(io: &Arc<I>, path: PathBuf, mode: OpenMode) -> Result<Self, IoError> {
         let handle = io.open(&path, mode).map_err(|e| IoError::new("open", &path, e))?;
-        Ok(SegmentFile { io: Arc::clone(io), handle, path })
+        Ok(SegmentFile { io: Arc::clone(io), handle, path, direct: mode.is_direct() })
+    }
+
+    /// Write `bytes` at `position`, which must be block-aligned on a direct file.
+    pub fn write(&self, position: u64, bytes: Vec<u8>) -> Result<(), IoError> {
+        io::write_all(&*self.io, self.handle, position, bytes)
+            .map_err(|e| IoError::new("write", &self.path, e))
     }
 
     pub fn io(&self) -> &I {
@@ -87,6 +95,9 @@ pub struct Segment<I: Io> {
     /// Clock time the segment's age counts from, for rolling by `segment_ms`.
     pub created_ms: i64,
     pub index: SegmentIndex,
+    /// On a direct file: the bytes of the last, partial block (`size % DIRECT_ALIGNMENT` of
+    /// them), which the next write rewrites in front of its batch. Empty otherwise.
+    pub tail: Vec<u8>,
 }
 
 impl<I: Io> Segment<I> {
@@ -103,7 +114,71 @@ impl<I: Io> Segment<I> {
             next_offset: base_offset,
             created_ms: now_ms,
             index: SegmentIndex::new(base_offset, interval_bytes),
+            tail: Vec::new(),
         }
+    }
+
+    /// Write an encoded batch at the end of the segment (`size`); [`Segment::on_batch`] then
+    /// accounts for it.
+    ///
+    /// On a direct file the write covers whole blocks: it starts at the block holding `size`,
+    /// with that block's bytes before `size` taken from `tail`, and the last block is padded
+    /// with zeros. The file is then longer than `size`; recovery cuts the zeros as it cuts a
+    /// torn tail, and sealing or closing the segment truncates them.
+    pub fn write_at_end(&mut self, batch: Vec<u8>) -> Result<(), IoError> {
+        if !self.file.direct {
+            return self.file.write(self.size, batch);
+        }
+        let block = DIRECT_ALIGNMENT as u64;
+        assert_eq!(self.tail.len() as u64, self.size % block, "the tail is the partial block");
+        let start = self.size - self.tail.len() as u64;
+        let end = self.size + batch.len() as u64;
+        let mut buffer = Vec::with_capacity(
+            usize::try_from(end.next_multiple_of(block) - start).expect("a batch fits in memory"),
+        );
+        if canary::active(Canary::DirectWriteDropsTail) {
+            buffer.resize(self.tail.len(), 0);
+        } else {
+            buffer.extend_from_slice(&self.tail);
+        }
+        buffer.extend_from_slice(&batch);
+        let tail_start = (end - end % block - start) as usize;
+        let tail = buffer[tail_start..].to_vec();
+        buffer.resize(buffer.capacity(), 0);
+        self.file.write(start, buffer)?;
+        self.tail = tail;
+        Ok(())
+    }
+
+    /// On a direct file, read the partial last block into `tail`, after recovery set `size`.
+    pub fn load_tail(&mut self) -> Result<(), IoError> {
+        if !self.file.direct {
+            return Ok(());
+        }
+        let block = DIRECT_ALIGNMENT as u64;
+        let length = (self.size % block) as usize;
+        let tail = self.file.read(self.size - length as u64, length)?;
+        if tail.len() != length {
+            let error = std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the segment is shorter than recovery found it",
+            );
+            return Err(IoError::new("read", &self.file.path, error));
+        }
+        self.tail = tail;
+        Ok(())
+    }
+
+    /// Make everything written to the segment durable before it is sealed. On a direct file
+    /// the zeros past `size` are cut first, and an fsync makes the new length durable too:
+    /// every segment but the last ends exactly at its last batch.
+    pub fn sync_for_seal(&self) -> Result<(), IoError> {
+        let file = &self.file;
+        if file.direct && !canary::active(Canary::SealKeepsDirectPadding) {
+            file.run(Operation::Truncate { file: file.handle, length: self.size })?;
+            return file.run(Operation::Fsync { file: file.handle });
+        }
+        file.run(Operation::Fdatasync { file: file.handle })
     }
 
     /// Account for a batch written at the end of the file.
@@ -175,6 +250,21 @@ pub fn read_small_file<I: Io + ?Sized>(io: &I, path: &Path) -> Result<Option<Vec
         .and_then(|size| io::read_exact(io, file, 0, usize::try_from(size).unwrap_or(usize::MAX)));
     io.close(file);
     result.map(Some).map_err(|e| IoError::new("read", path, e))
+}
+
+/// Whether the bytes of `file` from `position` to its end (`size`) are the zeros a direct
+/// write pads its last block with: fewer than a block, all zero, up to a block boundary.
+pub fn is_block_padding<I: Io>(
+    file: &SegmentFile<I>,
+    position: u64,
+    size: u64,
+) -> Result<bool, IoError> {
+    let block = DIRECT_ALIGNMENT as u64;
+    if position >= size || !size.is_multiple_of(block) || size - position >= block {
+        return Ok(false);
+    }
+    let bytes = file.read(position, (size - position) as usize)?;
+    Ok(bytes.len() as u64 == size - position && bytes.iter().all(|&b| b == 0))
 }
 
 /// Where a sequential scan stopped.

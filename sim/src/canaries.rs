@@ -44,6 +44,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::AppendPanicsOnEmptyValue => "append-panics-on-empty-value",
         Canary::AppendReportsWrongOffset => "append-reports-wrong-offset",
         Canary::FetchNextOffsetOverruns => "fetch-next-offset-overruns",
+        Canary::DirectWriteDropsTail => "direct-write-drops-tail",
+        Canary::SealKeepsDirectPadding => "seal-keeps-direct-padding",
     }
 }
 

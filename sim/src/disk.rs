@@ -54,7 +54,9 @@
 //! the engine test does not switch it on yet.
 
 use crate::rng::Rng;
-use chronik_engine::io::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation};
+use chronik_engine::io::{
+    self as io_trait, Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation,
+};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -364,7 +366,7 @@ impl State {
 
     fn open(&mut self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let inode = match mode {
-            OpenMode::CreateNew => {
+            OpenMode::CreateNew | OpenMode::CreateNewDirect => {
                 let (parent, name) = self.parent(path)?;
                 if self.directory(parent)?.current.contains_key(&name) {
                     return Err(error(io::ErrorKind::AlreadyExists, format!("{}", path.display())));
@@ -373,7 +375,7 @@ impl State {
                 self.directory_mut(parent)?.current.insert(name, inode);
                 inode
             }
-            OpenMode::Read | OpenMode::ReadWrite => {
+            OpenMode::Read | OpenMode::ReadWrite | OpenMode::ReadWriteDirect => {
                 let inode = self.resolve(path)?;
                 self.file_mut(inode)?;
                 inode
@@ -461,6 +463,13 @@ impl State {
 
     fn change(&mut self, file: FileHandle, change: &Pending) -> io::Result<u64> {
         let inode = self.data_handle(file, true)?;
+        if let Pending::Write { position, bytes } = change
+            && self.handle(file)?.mode.is_direct()
+            && !io_trait::is_direct_aligned(*position, bytes.len())
+        {
+            // As `O_DIRECT` refuses it: the engine must never send one.
+            return Err(io_trait::misaligned_direct_write(*position, bytes.len()));
+        }
         let (end, transferred) = match change {
             Pending::Write { position, bytes } => (position + bytes.len() as u64, bytes.len()),
             Pending::Resize { length } => (*length, 0),

@@ -325,13 +325,14 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
     let c = &totals.counters;
     println!(
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
-         faulty_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
+         faulty_opens={} direct_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
         c.failed_appends,
         c.faulty_opens,
+        c.direct_opens,
         c.failed_opens,
         c.bit_flips,
         c.rot_reported,

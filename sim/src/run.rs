@@ -207,6 +207,8 @@ pub struct Counters {
     pub poison_probes: u64,
     pub oracle_checks: u64,
     pub faulty_opens: u64,
+    /// Opens that wrote segments with direct I/O.
+    pub direct_opens: u64,
     pub failed_opens: u64,
     pub bit_flips: u64,
     /// Partitions whose rot was reported (a read's `Corruption`, damage or a cut at recovery).
@@ -233,6 +235,7 @@ impl Counters {
         self.poison_probes += other.poison_probes;
         self.oracle_checks += other.oracle_checks;
         self.faulty_opens += other.faulty_opens;
+        self.direct_opens += other.direct_opens;
         self.failed_opens += other.failed_opens;
         self.bit_flips += other.bit_flips;
         self.rot_reported += other.rot_reported;
@@ -473,7 +476,14 @@ impl Sim {
         &mut self,
         durability: Durability,
     ) -> Result<(SimEngine, RecoveryReport), OpenError> {
-        let options = Options { durability, ..Options::default() };
+        // Half the opens write segments with direct I/O: whole blocks, the last one padded,
+        // rewritten by the next append (the simulated disk refuses a misaligned direct write).
+        let direct_io = self.rng.chance(crate::rng::PER_MILLION / 2);
+        if direct_io {
+            self.counters.direct_opens += 1;
+            self.trace.event("open with direct I/O".to_owned());
+        }
+        let options = Options { durability, direct_io, ..Options::default() };
         let before = self.disk.stats();
         let opened =
             Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);

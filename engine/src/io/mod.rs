@@ -29,6 +29,7 @@
 //! - [`Io::lock`] holds an advisory exclusive lock while the handle is open; it does not survive
 //!   the process.
 
+mod aligned;
 mod pread;
 mod system;
 #[cfg(target_os = "linux")]
@@ -55,8 +56,58 @@ pub enum OpenMode {
     ReadWrite,
     /// A new file, read and write; fails with `AlreadyExists` if the path exists.
     CreateNew,
+    /// As [`OpenMode::ReadWrite`], with writes that bypass the page cache where the backend
+    /// can (`O_DIRECT` on Linux). Every [`Operation::Write`] on the handle must start at a
+    /// multiple of [`DIRECT_ALIGNMENT`] and have a length that is one, or it fails with
+    /// `InvalidInput`. Reads, syncs and truncates are not restricted. The crash contract is
+    /// the same: a direct write may sit in the device's cache until an fdatasync.
+    ReadWriteDirect,
+    /// As [`OpenMode::CreateNew`], with direct writes as in [`OpenMode::ReadWriteDirect`].
+    CreateNewDirect,
     /// An existing directory, only to be passed to [`Operation::Fsync`].
     Directory,
+}
+
+impl OpenMode {
+    /// Whether writes through the handle must be aligned (see [`OpenMode::ReadWriteDirect`]).
+    pub fn is_direct(self) -> bool {
+        matches!(self, OpenMode::ReadWriteDirect | OpenMode::CreateNewDirect)
+    }
+
+    /// Whether the mode creates the file (and fails if it exists).
+    pub fn creates(self) -> bool {
+        matches!(self, OpenMode::CreateNew | OpenMode::CreateNewDirect)
+    }
+
+    /// `mode`, with direct writes if `direct` (only for the writable modes).
+    #[must_use]
+    pub fn with_direct(self, direct: bool) -> OpenMode {
+        match (self, direct) {
+            (OpenMode::ReadWrite, true) => OpenMode::ReadWriteDirect,
+            (OpenMode::CreateNew, true) => OpenMode::CreateNewDirect,
+            (mode, _) => mode,
+        }
+    }
+}
+
+/// Alignment of the position and length of every write on a handle opened with
+/// [`OpenMode::ReadWriteDirect`] or [`OpenMode::CreateNewDirect`]: the logical block size of
+/// every disk we know and the page size, so it suits `O_DIRECT` everywhere.
+pub const DIRECT_ALIGNMENT: usize = 4096;
+
+/// Whether a write at `position` of `length` bytes may go to a direct handle.
+pub fn is_direct_aligned(position: u64, length: usize) -> bool {
+    position.is_multiple_of(DIRECT_ALIGNMENT as u64) && length.is_multiple_of(DIRECT_ALIGNMENT)
+}
+
+/// The error of a write to a direct handle that is not aligned.
+pub fn misaligned_direct_write(position: u64, length: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "direct write of {length} bytes at {position} is not aligned to {DIRECT_ALIGNMENT}"
+        ),
+    )
 }
 
 /// One entry of a directory listing.

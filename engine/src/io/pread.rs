@@ -2,7 +2,14 @@
 //!
 //! Operations of a batch run one after another on the calling thread, so a batch of a write
 //! followed by an fdatasync is ordered. Many threads may submit at once.
+//!
+//! A file opened for direct writes has two descriptors: one with `O_DIRECT` (Linux) that the
+//! writes go through, from a copy of the operation's buffer in an aligned allocation, and an
+//! ordinary one for reads, syncs and truncates. Linux keeps the two coherent (a direct write
+//! drops the cached pages it overwrites), and fsync and fdatasync act on the file, whichever
+//! descriptor they are called on.
 
+use super::aligned::AlignedBuffer;
 use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation};
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -16,8 +23,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The pread/pwrite backend of [`Io`].
 #[derive(Debug, Default)]
 pub struct PreadIo {
-    files: RwLock<HashMap<u64, Arc<File>>>,
+    files: RwLock<HashMap<u64, OpenFile>>,
     next_handle: AtomicU64,
+}
+
+/// The descriptors behind a handle.
+#[derive(Debug)]
+struct OpenFile {
+    file: Arc<File>,
+    /// Opened with `O_DIRECT`, for the writes of a direct handle.
+    direct: Option<Arc<File>>,
 }
 
 impl PreadIo {
@@ -25,15 +40,29 @@ impl PreadIo {
         Self::default()
     }
 
+    /// The ordinary descriptor of a handle: for reads, syncs and truncates.
     pub(super) fn file(&self, handle: FileHandle) -> io::Result<Arc<File>> {
-        self.files.read().get(&handle.0).cloned().ok_or_else(|| {
+        self.with_file(handle, |open| Arc::clone(&open.file))
+    }
+
+    /// The descriptor writes go through, and whether it is a direct one.
+    pub(super) fn writer(&self, handle: FileHandle) -> io::Result<(Arc<File>, bool)> {
+        self.with_file(handle, |open| match &open.direct {
+            Some(direct) => (Arc::clone(direct), true),
+            None => (Arc::clone(&open.file), false),
+        })
+    }
+
+    fn with_file<T>(&self, handle: FileHandle, f: impl FnOnce(&OpenFile) -> T) -> io::Result<T> {
+        self.files.read().get(&handle.0).map(f).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("unknown file handle {}", handle.0))
         })
     }
 
-    fn insert(&self, file: File) -> FileHandle {
+    fn insert(&self, file: File, direct: Option<File>) -> FileHandle {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let previous = self.files.write().insert(handle, Arc::new(file));
+        let open = OpenFile { file: Arc::new(file), direct: direct.map(Arc::new) };
+        let previous = self.files.write().insert(handle, open);
         assert!(previous.is_none(), "file handle reused");
         FileHandle(handle)
     }
@@ -49,8 +78,8 @@ impl PreadIo {
             }
             Operation::Write { file, position, buffer } => {
                 let result = self
-                    .file(file)
-                    .and_then(|f| f.write_all_at(&buffer, position))
+                    .writer(file)
+                    .and_then(|(f, direct)| write_all_at(&f, direct, &buffer, position))
                     .map(|()| buffer.len());
                 Completion { buffer, result }
             }
@@ -68,6 +97,35 @@ impl PreadIo {
             }
         }
     }
+}
+
+/// Write all of `buffer`; through a direct descriptor from an aligned copy, after checking the
+/// alignment the kernel would refuse with a less helpful error.
+fn write_all_at(file: &File, direct: bool, buffer: &[u8], position: u64) -> io::Result<()> {
+    if !direct {
+        return file.write_all_at(buffer, position);
+    }
+    if !super::is_direct_aligned(position, buffer.len()) {
+        return Err(super::misaligned_direct_write(position, buffer.len()));
+    }
+    if buffer.is_empty() {
+        return Ok(());
+    }
+    file.write_all_at(AlignedBuffer::copy_of(buffer).as_slice(), position)
+}
+
+/// Open `path` a second time for direct writes.
+fn open_direct(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_DIRECT);
+    }
+    options.open(path).map_err(|error| {
+        io::Error::new(error.kind(), format!("opening for direct (O_DIRECT) writes: {error}"))
+    })
 }
 
 fn plain(result: io::Result<()>) -> Completion {
@@ -95,12 +153,15 @@ impl Io for PreadIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let file = match mode {
             OpenMode::Read | OpenMode::Directory => File::open(path)?,
-            OpenMode::ReadWrite => OpenOptions::new().read(true).write(true).open(path)?,
-            OpenMode::CreateNew => {
+            OpenMode::ReadWrite | OpenMode::ReadWriteDirect => {
+                OpenOptions::new().read(true).write(true).open(path)?
+            }
+            OpenMode::CreateNew | OpenMode::CreateNewDirect => {
                 OpenOptions::new().read(true).write(true).create_new(true).open(path)?
             }
         };
-        Ok(self.insert(file))
+        let direct = if mode.is_direct() { Some(open_direct(path)?) } else { None };
+        Ok(self.insert(file, direct))
     }
 
     fn close(&self, file: FileHandle) {
@@ -144,7 +205,7 @@ impl Io for PreadIo {
         let file =
             OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
         match file.try_lock() {
-            Ok(()) => Ok(self.insert(file)),
+            Ok(()) => Ok(self.insert(file, None)),
             Err(TryLockError::WouldBlock) => {
                 Err(io::Error::new(io::ErrorKind::WouldBlock, "locked by another process"))
             }

@@ -33,7 +33,10 @@
 //! Buffers stay owned by their operations: the kernel gets a pointer into a `Vec` that is
 //! neither moved nor resized until its round has completed, and the file (an `Arc<File>`) is
 //! held for the round as well, so a concurrent `close` cannot recycle the descriptor under it.
+//! A write to a direct handle goes through its `O_DIRECT` descriptor from an aligned copy of
+//! its buffer, owned by the slot as long as the write runs (see [`PreadIo`]).
 
+use super::aligned::AlignedBuffer;
 use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo};
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
@@ -118,6 +121,8 @@ struct Slot {
     file: Arc<File>,
     position: u64,
     buffer: Vec<u8>,
+    /// For a write to a direct handle: the aligned copy of `buffer` the kernel writes from.
+    aligned: Option<AlignedBuffer>,
     /// Bytes transferred so far.
     done: usize,
     /// The outcome, once there is one.
@@ -137,9 +142,13 @@ impl Slot {
                 let left = (self.buffer.len() - self.done).min(TRANSFER_MAX);
                 let position = self.position + self.done as u64;
                 // In bounds: `done <= buffer.len()`, and `left` bytes from there fit.
-                let pointer = self.buffer[self.done..].as_mut_ptr();
+                let pointer = match &self.aligned {
+                    Some(aligned) => aligned.as_slice()[self.done..].as_ptr(),
+                    None => self.buffer[self.done..].as_ptr(),
+                };
                 match self.kind {
                     Kind::Read => {
+                        let pointer = self.buffer[self.done..].as_mut_ptr();
                         opcode::Read::new(fd, pointer, left as u32).offset(position).build()
                     }
                     _ => opcode::Write::new(fd, pointer, left as u32).offset(position).build(),
@@ -256,6 +265,35 @@ fn drain_after_error(ring: &mut IoUring, mut outstanding: usize) {
     }
 }
 
+impl UringIo {
+    /// The slot of one ring operation; a write to a direct handle gets its aligned copy here.
+    fn slot(
+        &self,
+        kind: Kind,
+        handle: FileHandle,
+        position: u64,
+        buffer: Vec<u8>,
+    ) -> Result<Slot, (Vec<u8>, io::Error)> {
+        let found = match kind {
+            Kind::Write => self.files.writer(handle),
+            _ => self.files.file(handle).map(|file| (file, false)),
+        };
+        let (file, direct) = match found {
+            Ok(found) => found,
+            Err(error) => return Err((buffer, error)),
+        };
+        let mut aligned = None;
+        if direct {
+            if !super::is_direct_aligned(position, buffer.len()) {
+                let error = super::misaligned_direct_write(position, buffer.len());
+                return Err((buffer, error));
+            }
+            aligned = (!buffer.is_empty()).then(|| AlignedBuffer::copy_of(&buffer));
+        }
+        Ok(Slot { kind, file, position, buffer, aligned, done: 0, result: None })
+    }
+}
+
 impl Io for UringIo {
     fn submit(&self, mut operations: Vec<Operation>) -> Vec<Completion> {
         if operations.len() == 1 {
@@ -280,13 +318,12 @@ impl Io for UringIo {
                     continue;
                 }
             };
-            match self.files.file(file) {
-                Ok(file) => {
+            match self.slot(kind, file, position, buffer) {
+                Ok(slot) => {
                     completions.push(None);
-                    let done = 0;
-                    slots.push(Some(Slot { kind, file, position, buffer, done, result: None }));
+                    slots.push(Some(slot));
                 }
-                Err(error) => {
+                Err((buffer, error)) => {
                     completions.push(Some(Completion { buffer, result: Err(error) }));
                     slots.push(None);
                 }

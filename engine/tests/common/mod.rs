@@ -242,9 +242,15 @@ pub fn open_with_clock(
         test_io(),
         clock,
         root,
-        Options { durability, ..Options::default() },
+        Options { durability, direct_io: test_direct_io(), ..Options::default() },
     )
     .unwrap()
+}
+
+/// Whether the tests write segments with direct I/O: `CHRONIK_TEST_DIRECT=1` (the test script
+/// runs the engine's tests once that way too).
+pub fn test_direct_io() -> bool {
+    std::env::var("CHRONIK_TEST_DIRECT").is_ok_and(|v| v == "1")
 }
 
 /// Open an engine over a [`FaultyIo`]; returns the handle to its faults too.
@@ -254,9 +260,13 @@ pub fn open_faulty(
 ) -> (chronik_engine::Engine<FaultyIo>, RecoveryReport, Arc<Faults>) {
     let (io, faults) = FaultyIo::new();
     let clock = ManualClock::new(EPOCH_MS);
-    let (engine, report) =
-        chronik_engine::Engine::open(io, clock, root, Options { durability, ..Options::default() })
-            .unwrap();
+    let (engine, report) = chronik_engine::Engine::open(
+        io,
+        clock,
+        root,
+        Options { durability, direct_io: test_direct_io(), ..Options::default() },
+    )
+    .unwrap();
     (engine, report, faults)
 }
 
