@@ -60,13 +60,14 @@ pub fn run(data: &Path, args: &DemoArgs) -> anyhow::Result<()> {
         .map_err(chronik::Error::from)?;
     println!(
         "producing {} click events from {} users into {TOPIC:?} ({} partitions, keyed by user, \
-         durability {:?}, {} records per append, I/O {})",
+         durability {:?}, {} records per append, I/O {}{})",
         args.events,
         args.users,
         args.partitions,
         args.durability,
         args.batch,
-        chronik.io_backend()
+        chronik.io_backend(),
+        if chronik.engine().options().direct_io { ", direct" } else { "" }
     );
     let (produced_bytes, produce_time) = produce(&chronik, args)?;
     report("produced", args.events, produced_bytes, produce_time);

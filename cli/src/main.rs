@@ -22,6 +22,9 @@ struct Cli {
     /// The I/O backend: auto (io_uring where the kernel allows it), io_uring or pread.
     #[arg(long, global = true, env = "CHRONIK_IO", default_value = "auto", value_name = "BACKEND")]
     io: chronik::Backend,
+    /// Write segment data with direct I/O (O_DIRECT), bypassing the page cache.
+    #[arg(long, global = true, env = "CHRONIK_DIRECT_IO", value_parser = clap::builder::FalseyValueParser::new())]
+    direct_io: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,12 +85,14 @@ fn open_with(data: &std::path::Path, options: Options) -> anyhow::Result<Chronik
     report(Chronik::open(data, options), data)
 }
 
-/// The I/O backend every open of this process uses (`--io`, or `CHRONIK_IO`).
-static IO_BACKEND: std::sync::OnceLock<chronik::Backend> = std::sync::OnceLock::new();
+/// The I/O backend every open of this process uses (`--io`, or `CHRONIK_IO`), and whether it
+/// writes with direct I/O (`--direct-io`, or `CHRONIK_DIRECT_IO`).
+static IO_CHOICE: std::sync::OnceLock<(chronik::Backend, bool)> = std::sync::OnceLock::new();
 
-/// [`Options::default`] with the backend chosen on the command line.
+/// [`Options::default`] with the I/O chosen on the command line.
 pub fn default_options() -> Options {
-    Options { io_backend: IO_BACKEND.get().copied().unwrap_or_default(), ..Options::default() }
+    let (io_backend, direct_io) = IO_CHOICE.get().copied().unwrap_or_default();
+    Options { io_backend, direct_io, ..Options::default() }
 }
 
 fn report(
@@ -178,7 +183,7 @@ fn restore_default_sigpipe() {
 fn main() -> ExitCode {
     restore_default_sigpipe();
     let cli = Cli::parse();
-    IO_BACKEND.set(cli.io).expect("set once, before any open");
+    IO_CHOICE.set((cli.io, cli.direct_io)).expect("set once, before any open");
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // A reader that went away (`chronik consume ... | head`) is not a failure.

@@ -146,12 +146,29 @@ impl Measure {
 const TOPIC: &str = "bench";
 const BACKENDS: [Backend; 2] = [Backend::IoUring, Backend::Pread];
 
-fn system_name(backend: Backend) -> String {
-    format!("chronik {}", backend.name())
+/// The I/O a Chronik scenario runs on: a backend, and whether segments are written with
+/// direct I/O.
+#[derive(Clone, Copy, Debug)]
+struct ChronikIo {
+    backend: Backend,
+    direct: bool,
 }
 
-fn open(dir: &Path, backend: Backend, durability: Durability) -> anyhow::Result<Chronik> {
-    let options = Options { durability, io_backend: backend, ..Options::default() };
+impl From<Backend> for ChronikIo {
+    fn from(backend: Backend) -> ChronikIo {
+        ChronikIo { backend, direct: false }
+    }
+}
+
+fn system_name(io: impl Into<ChronikIo>) -> String {
+    let io = io.into();
+    format!("chronik {}{}", io.backend.name(), if io.direct { " direct" } else { "" })
+}
+
+fn open(dir: &Path, io: impl Into<ChronikIo>, durability: Durability) -> anyhow::Result<Chronik> {
+    let io = io.into();
+    let options =
+        Options { durability, io_backend: io.backend, direct_io: io.direct, ..Options::default() };
     Ok(Chronik::open(dir, options)?)
 }
 
@@ -163,7 +180,7 @@ fn topic_config() -> TopicConfig {
 /// measure. The flush's fsync is part of the time, as fio's `end_fsync`.
 fn append_os(
     dir: &Path,
-    backend: Backend,
+    backend: impl Into<ChronikIo> + Copy,
     value_bytes: usize,
     batch: usize,
     records: u64,
@@ -192,7 +209,7 @@ fn size_name(bytes: usize) -> String {
 /// acknowledged (fdatasynced) appends per second, group commit sharing the fsyncs.
 fn append_sync(
     dir: &Path,
-    backend: Backend,
+    backend: impl Into<ChronikIo> + Copy,
     writers: u32,
     seconds: f64,
 ) -> anyhow::Result<Measure> {
@@ -228,12 +245,16 @@ fn append_sync(
 }
 
 /// Read the partition from offset zero to its end three times (the page cache warm after the
-/// first); the best pass. Records are iterated as borrowed views: nothing copied.
-fn consume(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
+/// first); the best pass. With `copy`, each record's key and value are copied into owned
+/// buffers, as a consumer API handing out owned records would; without, records are iterated
+/// as borrowed views and nothing is copied (each value's first byte is read, so the bytes are
+/// touched either way).
+fn consume(dir: &Path, backend: Backend, copy: bool) -> anyhow::Result<Measure> {
     let chronik = open(dir, backend, Durability::Os)?;
     let end = chronik.high_watermark(TOPIC, 0)?;
     let mut best = Duration::MAX;
     let mut counted = (0, 0);
+    let mut touched = 0_u64;
     for _ in 0..3 {
         let start = Instant::now();
         let (mut records, mut bytes) = (0_u64, 0_u64);
@@ -242,24 +263,35 @@ fn consume(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
             let fetch = chronik.read(TOPIC, 0, next, 4 << 20)?;
             for record in fetch.records() {
                 records += 1;
-                bytes += record.value().len() as u64;
+                if copy {
+                    let key = record.key().map(<[u8]>::to_vec);
+                    let value = record.value().to_vec();
+                    bytes += value.len() as u64;
+                    touched += u64::from(value.first().copied().unwrap_or(0));
+                    touched += key.map_or(0, |k| k.len() as u64);
+                    std::hint::black_box(value);
+                } else {
+                    let value = record.value();
+                    bytes += value.len() as u64;
+                    touched += u64::from(value.first().copied().unwrap_or(0));
+                    touched += record.key().map_or(0, |k| k.len() as u64);
+                }
             }
             next = fetch.next_offset();
         }
         best = best.min(start.elapsed());
         counted = (records, bytes);
     }
+    std::hint::black_box(touched);
     if counted.0 != end.get() {
         bail!("consume read {} records of {end}", counted.0);
     }
-    Ok(Measure::new(
-        "consume 100 B, from the start",
-        &system_name(backend),
-        counted.0,
-        counted.1,
-        best,
-    ))
+    let scenario = if copy { CONSUME_COPYING } else { CONSUME };
+    Ok(Measure::new(scenario, &system_name(backend), counted.0, counted.1, best))
 }
+
+const CONSUME: &str = "consume 100 B, from the start";
+const CONSUME_COPYING: &str = "consume 100 B, copying each record";
 
 /// Open a data directory whose index files and sync checkpoint are gone (as after a crash that
 /// lost them): recovery scans every segment and checks every checksum.
@@ -288,8 +320,11 @@ fn recovery(dir: &Path, backend: Backend) -> anyhow::Result<Measure> {
     ))
 }
 
+/// Run `run` (from 1) of the Chronik scenarios. Odd runs take io_uring first, even ones
+/// pread/pwrite first, so neither backend always meets the disk right after the other.
 fn chronik_scenarios(
     cli: &Cli,
+    run: u32,
     base: &Path,
     sizes: Sizes,
     out: &mut Vec<Measure>,
@@ -306,6 +341,11 @@ fn chronik_scenarios(
             )));
         }
     }
+    let default_backend =
+        if backends.contains(&Backend::IoUring) { Backend::IoUring } else { Backend::Pread };
+    if run.is_multiple_of(2) {
+        backends.reverse();
+    }
     // Scenario by scenario, the backends one after the other, each from a settled disk: the
     // two backends see the same conditions, and no scenario pays for another's write-back.
     let small: &[usize] = if cli.runs(Group::Small) { &[10, 100, 1000] } else { &[] };
@@ -316,7 +356,8 @@ fn chronik_scenarios(
             out.push(report(append_os(&dir, backend, 100, batch, records)?));
             if batch == 1000 {
                 settle();
-                out.push(report(consume(&dir, backend)?));
+                out.push(report(consume(&dir, backend, false)?));
+                out.push(report(consume(&dir, backend, true)?));
             }
             std::fs::remove_dir_all(&dir)?;
         }
@@ -330,11 +371,23 @@ fn chronik_scenarios(
         out.push(report(recovery(&dir, backend)?));
         std::fs::remove_dir_all(&dir)?;
     }
+    // Direct I/O on the default backend, beside the buffered figures above and below.
+    let direct = ChronikIo { backend: default_backend, direct: true };
+    if cli.runs(Group::Large) && !backends.is_empty() {
+        let dir = fresh(base, "direct-large")?;
+        out.push(report(append_os(&dir, direct, 1024, 64, large_records)?));
+        std::fs::remove_dir_all(&dir)?;
+    }
     let writers: &[u32] = if cli.runs(Group::Sync) { &[1, 16] } else { &[] };
     for &writers in writers {
         for &backend in &backends {
             let dir = fresh(base, &format!("{}-sync-{writers}", backend.name()))?;
             out.push(report(append_sync(&dir, backend, writers, sizes.sync_seconds)?));
+            std::fs::remove_dir_all(&dir)?;
+        }
+        if writers > 1 && !backends.is_empty() {
+            let dir = fresh(base, &format!("direct-sync-{writers}"))?;
+            out.push(report(append_sync(&dir, direct, writers, sizes.sync_seconds)?));
             std::fs::remove_dir_all(&dir)?;
         }
     }
@@ -426,7 +479,7 @@ fn main() -> anyhow::Result<()> {
             peers::commitlog(root.path(), sizes, &mut measures);
         }
         eprintln!("run {run} of {repeat}, chronik:");
-        chronik_scenarios(&cli, root.path(), sizes, &mut measures)
+        chronik_scenarios(&cli, run, root.path(), sizes, &mut measures)
             .context("a Chronik scenario failed")?;
         runs.push(measures);
     }
@@ -479,7 +532,8 @@ fn machine() -> String {
 struct Ratio {
     what: String,
     value: Option<f64>,
-    target: f64,
+    /// `None` where no target is set: the ratio is reported for what it shows.
+    target: Option<f64>,
     unit: &'static str,
 }
 
@@ -513,34 +567,52 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         find(measures, "append 100 B, sync, 16 writers", &uring).and_then(|m| m.records_per_second);
     let fio_sync =
         find(measures, "write 4 KiB + fdatasync", "fio").and_then(|m| m.records_per_second);
-    let consume =
-        find(measures, "consume 100 B, from the start", &uring).and_then(|m| m.records_per_second);
+    let consume = find(measures, CONSUME, &uring).and_then(|m| m.records_per_second);
+    let consume_copying =
+        find(measures, CONSUME_COPYING, &uring).and_then(|m| m.records_per_second);
+    let direct = system_name(ChronikIo { backend: Backend::IoUring, direct: true });
     let mut out = vec![
         Ratio {
             what: "append 100 B rec/s over Redis Streams XADD (everysec)".into(),
             value: divide(append_small, redis),
-            target: 10.0,
+            target: Some(10.0),
             unit: "x",
         },
         Ratio {
             what: "append 1 KiB bandwidth over fio sequential write".into(),
             value: divide(large, fio_write),
-            target: 0.8,
+            target: Some(0.8),
             unit: "x",
         },
         Ratio {
             what: "16-writer sync appends/s over fio fdatasync rate".into(),
             value: divide(sync16, fio_sync),
-            target: 10.0,
+            target: Some(10.0),
             unit: "x",
         },
         Ratio {
             what: "consume 100 B, M rec/s".into(),
             value: consume.map(|c| c / 1e6),
-            target: 10.0,
+            target: Some(10.0),
             unit: "M",
         },
+        Ratio {
+            what: "zero-copy consume over copying each record".into(),
+            value: divide(consume, consume_copying),
+            target: Some(1.0),
+            unit: "x",
+        },
     ];
+    for scenario in ["append 1 KiB, batch 64, os", "append 100 B, sync, 16 writers"] {
+        let value =
+            |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
+        out.push(Ratio {
+            what: format!("direct over buffered I/O: {scenario}"),
+            value: divide(value(&direct), value(&uring)),
+            target: None,
+            unit: "x",
+        });
+    }
     let scenarios: Vec<String> =
         measures.iter().filter(|m| m.system == uring).map(|m| m.scenario.clone()).collect();
     for scenario in scenarios {
@@ -551,11 +623,15 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         out.push(Ratio {
             what: format!("io_uring over pread: {scenario}"),
             value: divide(value(a), value(b)),
-            target: 1.0,
+            target: Some(1.0),
             unit: "x",
         });
     }
     out
+}
+
+fn target_text(ratio: &Ratio) -> String {
+    ratio.target.map_or_else(|| "-".to_owned(), |t| format!("{t}{}", ratio.unit))
 }
 
 fn print_table(measures: &[Measure], ratios: &[Ratio]) {
@@ -578,7 +654,7 @@ fn print_table(measures: &[Measure], ratios: &[Ratio]) {
     println!("{:-<66}-|-{:->9}-|-{:->7}", "", "", "");
     for r in ratios {
         let value = r.value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}{}", r.unit));
-        println!("{:<66} | {value:>9} | {:>6}{}", r.what, r.target, r.unit);
+        println!("{:<66} | {value:>9} | {:>7}", r.what, target_text(r));
     }
 }
 
@@ -624,7 +700,7 @@ fn write_outputs(
     md.push_str("\n| ratio | measured | target |\n| --- | ---: | ---: |\n");
     for r in ratios {
         let value = r.value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.2}{}", r.unit));
-        let _ = writeln!(md, "| {} | {value} | {}{} |", r.what, r.target, r.unit);
+        let _ = writeln!(md, "| {} | {value} | {} |", r.what, target_text(r));
     }
     std::fs::write(out.join("results.md"), md)?;
     plot(&out.join("throughput.svg"), measures)?;
