@@ -56,11 +56,15 @@ pub enum Canary {
     DirectWriteDropsTail = 19,
     /// Sealing a direct segment keeps the zeros padding its last block.
     SealKeepsDirectPadding = 20,
+    /// Retention removes segment files without first making the new log start durable.
+    RetentionSkipsLogStart = 21,
+    /// Retention removes one sealed segment more than its settings allow.
+    RetentionRemovesOneTooMany = 22,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 20] = [
+    pub const ALL: [Canary; 22] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -81,6 +85,8 @@ impl Canary {
         Canary::FetchNextOffsetOverruns,
         Canary::DirectWriteDropsTail,
         Canary::SealKeepsDirectPadding,
+        Canary::RetentionSkipsLogStart,
+        Canary::RetentionRemovesOneTooMany,
     ];
 }
 

@@ -108,7 +108,8 @@ pub struct TopicDescription {
 
 #[derive(Debug)]
 struct Topic<I: Io> {
-    config: TopicConfig,
+    /// Changed only under `admin`, after `topic.meta` was rewritten.
+    config: Mutex<TopicConfig>,
     partitions: Vec<Arc<Partition<I>>>,
 }
 
@@ -270,7 +271,7 @@ impl<I: Io> Engine<I> {
                 report.partitions.push(recovery);
                 partitions.push(Arc::new(partition));
             }
-            topics.insert(entry.name, Arc::new(Topic { config, partitions }));
+            topics.insert(entry.name, Arc::new(Topic { config: Mutex::new(config), partitions }));
         }
         Ok((topics, report))
     }
@@ -344,7 +345,44 @@ impl<I: Io> Engine<I> {
                 })?;
             partitions.push(Arc::new(partition));
         }
-        self.inner.topics.write().insert(name.to_owned(), Arc::new(Topic { config, partitions }));
+        let topic = Topic { config: Mutex::new(config), partitions };
+        self.inner.topics.write().insert(name.to_owned(), Arc::new(topic));
+        Ok(())
+    }
+
+    /// Change an existing topic's settings; every one but `partitions` may change. Durable
+    /// when it returns: `topic.meta` is replaced through a temporary file and a rename, and
+    /// the topic directory fsynced. A crash leaves the old settings or the new ones. New
+    /// settings apply from the next append (segment size and age), the next roll (index
+    /// interval) and the next [`Engine::tick`] (retention).
+    pub fn alter_topic_config(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        self.check_writable()?;
+        config.validate()?;
+        self.inner.context.poison.check()?;
+        let _admin = self.inner.admin.lock();
+        let topic =
+            self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
+        let current = *topic.config.lock();
+        if config.partitions != current.partitions {
+            return Err(TopicError::InvalidConfig {
+                reason: format!(
+                    "the partition count of an existing topic cannot change (it has {})",
+                    current.partitions
+                ),
+            });
+        }
+        let io = self.io();
+        let directory = self.topics_directory().join(name);
+        let result =
+            segment::write_file_durably(io, &directory.join(TOPIC_META_FILE), config.encode())
+                .and_then(|()| sync(io, &directory));
+        result.inspect_err(|e| {
+            self.inner.context.poison.set(format!("alter topic {name}: {e}"));
+        })?;
+        *topic.config.lock() = config;
+        for partition in &topic.partitions {
+            partition.set_config(config);
+        }
         Ok(())
     }
 
@@ -385,7 +423,8 @@ impl<I: Io> Engine<I> {
         let topic =
             self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
         let partitions = topic.partitions.iter().map(|p| p.describe()).collect();
-        Ok(TopicDescription { name: name.to_owned(), config: topic.config, partitions })
+        let config = *topic.config.lock();
+        Ok(TopicDescription { name: name.to_owned(), config, partitions })
     }
 
     fn topic(&self, name: &str) -> Option<Arc<Topic<I>>> {
@@ -431,7 +470,7 @@ impl<I: Io> Engine<I> {
 
     /// The number of partitions of a topic.
     pub fn partition_count(&self, topic: &str) -> Option<u32> {
-        self.topic(topic).map(|t| t.config.partitions)
+        self.topic(topic).map(|t| t.config.lock().partitions)
     }
 
     /// Append `records` as one batch to a partition and return their offsets. Returns once the
@@ -500,7 +539,9 @@ impl<I: Io> Engine<I> {
     }
 
     /// One bounded step of background work: in `interval` mode, fsync the partitions whose
-    /// last fsync is older than the interval. The runtime calls it from a thread; the simulator
+    /// last fsync is older than the interval; then retention (see `Partition::apply_retention`:
+    /// sealed segments older than `retention_ms` or beyond `retention_bytes` removed, a
+    /// durable log start first). The runtime calls it from a thread; the simulator
     /// calls it between workload steps.
     pub fn tick(&self) -> Result<(), AppendError> {
         self.inner.context.poison.check()?;
@@ -511,6 +552,10 @@ impl<I: Io> Engine<I> {
             for partition in self.all_partitions() {
                 partition.flush_if_due(ms)?;
             }
+        }
+        let now = self.inner.context.clock.now_ms();
+        for partition in self.all_partitions() {
+            partition.apply_retention(now)?;
         }
         Ok(())
     }

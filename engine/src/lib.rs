@@ -32,6 +32,7 @@ pub mod fetch;
 pub mod format;
 pub mod index;
 pub mod io;
+pub mod log_start;
 pub mod partition;
 pub mod recovery;
 pub mod runtime;
@@ -46,7 +47,7 @@ pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
 pub use partition::PartitionDescription;
 pub use recovery::{PartitionRecovery, RecoveryReport};
-pub use topic::TopicConfig;
+pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 
 use std::fmt;
 

@@ -13,6 +13,7 @@ use crate::fetch::Fetch;
 use crate::format::{self, BatchInfo, DecodeError};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::BATCH_BYTES_MAX;
+use crate::log_start;
 use crate::recovery::{self, PartitionRecovery};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
 use crate::topic::TopicConfig;
@@ -39,6 +40,8 @@ struct State<I: Io> {
     damaged: Option<(Offset, Corruption)>,
     /// The topic was deleted: appends are refused, so none can roll into a removed directory.
     deleted: bool,
+    /// The topic's settings; [`Partition::set_config`] changes them.
+    config: TopicConfig,
     /// Read-only: the position in the active segment where open stopped at bytes that do not
     /// parse (a torn tail the writer has not cut yet). `refresh` waits there instead of taking
     /// those same bytes for a rewrite.
@@ -100,12 +103,13 @@ pub(crate) struct Partition<I: Io> {
     clock: Arc<dyn Clock>,
     poison: Arc<Poison>,
     durability: Durability,
-    config: TopicConfig,
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
     /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
     /// (group commit), never before `state`.
     file_sync: Mutex<()>,
+    /// Serialises retention steps; taken before any other lock.
+    maintenance: Mutex<()>,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -179,6 +183,7 @@ impl<I: Io> Partition<I> {
             Some(checkpoint)
         };
         let state = State {
+            config,
             unread_tail: (read_only && recovered.report.truncated_bytes > 0).then_some(size),
             segments: recovered.segments,
             damaged: recovered.damaged,
@@ -192,7 +197,6 @@ impl<I: Io> Partition<I> {
             clock: Arc::clone(&context.clock),
             poison: Arc::clone(&context.poison),
             durability: context.durability,
-            config,
             state: Mutex::new(state),
             sync: Mutex::new(SyncState {
                 syncing: false,
@@ -201,6 +205,7 @@ impl<I: Io> Partition<I> {
                 last_sync_ms: now,
             }),
             file_sync: Mutex::new(()),
+            maintenance: Mutex::new(()),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -271,7 +276,7 @@ impl<I: Io> Partition<I> {
         let written = {
             let mut state = self.state.lock();
             self.check_appendable(&state)?;
-            if self.should_roll(&state, batch.len() as u64, now) {
+            if Self::should_roll(&state, batch.len() as u64, now) {
                 self.roll(&mut state, now)?;
             }
             let base = state.next_offset();
@@ -323,18 +328,23 @@ impl<I: Io> Partition<I> {
         Ok(())
     }
 
+    /// Apply changed topic settings (the caller made them durable in `topic.meta`).
+    pub fn set_config(&self, config: TopicConfig) {
+        self.state.lock().config = config;
+    }
+
     /// Refuse appends from now on; the caller then removes the files.
     pub fn mark_deleted(&self) {
         self.state.lock().deleted = true;
     }
 
-    fn should_roll(&self, state: &State<I>, batch_bytes: u64, now: i64) -> bool {
+    fn should_roll(state: &State<I>, batch_bytes: u64, now: i64) -> bool {
         let active = state.active();
         if active.size == 0 {
             return false;
         }
-        let too_big = active.size + batch_bytes > self.config.segment_bytes;
-        let too_old = now.saturating_sub(active.created_ms) >= self.config.segment_ms;
+        let too_big = active.size + batch_bytes > state.config.segment_bytes;
+        let too_old = now.saturating_sub(active.created_ms) >= state.config.segment_ms;
         too_big || too_old
     }
 
@@ -364,7 +374,8 @@ impl<I: Io> Partition<I> {
             io::sync_directory(&*self.io, &self.directory)
                 .map_err(|e| IoError::new("fsync", &self.directory, e))?;
         }
-        state.segments.push(Segment::empty(base, file, self.config.index_interval_bytes, now));
+        let interval = state.config.index_interval_bytes;
+        state.segments.push(Segment::empty(base, file, interval, now));
         self.mark_synced(&mut self.sync.lock(), base);
         Ok(())
     }
@@ -500,6 +511,72 @@ impl<I: Io> Partition<I> {
             self.poison_with(&error);
         }
         Ok((target, more))
+    }
+
+    /// Retention: remove the oldest sealed segments the topic's settings no longer keep, a
+    /// prefix of the log, never the active segment. A sealed segment goes when its newest
+    /// record is older than `retention_ms` on the engine clock, or while the partition without
+    /// it is still at least `retention_bytes` long. Returns how many segments went.
+    ///
+    /// Crash-safe in this order: the new log start (the base of the first segment kept) is
+    /// made durable in `log.start`; the segments leave the partition's list, so new reads
+    /// below the log start are out of range (reads in flight keep their open files); then
+    /// their files are removed and the directory fsynced. A crash after the first step is
+    /// finished by recovery, which removes whatever files are left below the log start.
+    pub fn apply_retention(&self, now: i64) -> Result<usize, AppendError> {
+        if self.checkpoint.is_none() {
+            return Ok(0);
+        }
+        let _maintenance = self.maintenance.lock();
+        self.poison.check()?;
+        let (count, log_start) = {
+            let state = self.state.lock();
+            let config = state.config;
+            if state.deleted || !config.cleanup.deletes() {
+                return Ok(0);
+            }
+            let mut total: u64 = state.segments.iter().map(|s| s.size).sum();
+            let sealed = &state.segments[..state.segments.len() - 1];
+            let mut count = 0;
+            for segment in sealed {
+                let newest = segment.index.max_timestamp();
+                let too_old = config
+                    .retention_ms
+                    .is_some_and(|ms| newest != i64::MIN && now.saturating_sub(newest) > ms);
+                let too_big =
+                    config.retention_bytes.is_some_and(|limit| total - segment.size >= limit);
+                if !(too_old || too_big) {
+                    break;
+                }
+                total -= segment.size;
+                count += 1;
+            }
+            if canary::active(Canary::RetentionRemovesOneTooMany) && count < sealed.len() {
+                count += 1;
+            }
+            if count == 0 {
+                return Ok(0);
+            }
+            (count, state.segments[count].base_offset)
+        };
+        let removed = (|| {
+            if !canary::active(Canary::RetentionSkipsLogStart) {
+                log_start::write(&*self.io, &self.directory, log_start)?;
+            }
+            let removed: Vec<Segment<I>> = {
+                let mut state = self.state.lock();
+                // Only retention, serialised by `maintenance`, takes segments from the front.
+                assert_eq!(state.segments[count].base_offset, log_start);
+                state.segments.drain(..count).collect()
+            };
+            for segment in &removed {
+                recovery::remove_segment_files(&*self.io, &self.directory, segment.base_offset)?;
+            }
+            io::sync_directory(&*self.io, &self.directory)
+                .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+            Ok(removed.len())
+        })();
+        removed.inspect_err(|e: &IoError| self.poison_with(e)).map_err(AppendError::from)
     }
 
     /// Sync if there are unsynced records and the last sync is older than `interval_ms`.
@@ -790,7 +867,8 @@ impl<I: Io> Partition<I> {
                 Err(error) => return Err(error.into()),
             };
             let now = self.clock.now_ms();
-            state.segments.push(Segment::empty(base, next, self.config.index_interval_bytes, now));
+            let interval = state.config.index_interval_bytes;
+            state.segments.push(Segment::empty(base, next, interval, now));
             state.unread_tail = None;
         }
         let end = state.next_offset();

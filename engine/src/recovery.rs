@@ -22,6 +22,7 @@ use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
+use crate::log_start;
 use crate::partition::PartitionContext;
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
@@ -45,6 +46,9 @@ pub struct PartitionRecovery {
     pub rebuilt_indexes: u32,
     /// Leftover temporary files removed.
     pub removed_temporary_files: u32,
+    /// Segments below the recorded log start whose removal a crash interrupted, removed now
+    /// (housekeeping: the partition is still clean).
+    pub removed_segments_below_log_start: u32,
     /// Damage found in synced data, kept in place and reported on reads.
     pub damage: Vec<Corruption>,
     /// Opened read-only: nothing was cut or rewritten; a tail that does not parse was only
@@ -72,6 +76,10 @@ impl fmt::Display for PartitionRecovery {
         }
         if self.rebuilt_indexes > 0 {
             write!(f, " rebuilt {} index files;", self.rebuilt_indexes)?;
+        }
+        if self.removed_segments_below_log_start > 0 {
+            let removed = self.removed_segments_below_log_start;
+            write!(f, " finished removing {removed} segments below the log start;")?;
         }
         for damage in &self.damage {
             write!(f, " {damage};")?;
@@ -197,9 +205,21 @@ pub(crate) fn recover_partition<I: Io>(
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
     }
-    if bases[0] != Offset::ZERO {
-        // Nothing removes whole segments yet (retention comes later): the first ones are lost.
-        let kind = CorruptionKind::OffsetMismatch { expected: 0, found: bases[0].get() };
+    // Retention records the new log start durably before it removes a segment file: segments
+    // wholly below it (every one before the segment starting there) were removed on purpose,
+    // and a crash may have left some of their files. Finish the job; a reader skips them.
+    let log_start = log_start::read(&**io, directory)?;
+    while bases.len() > 1 && bases[1] <= log_start {
+        let base = bases.remove(0);
+        if !read_only {
+            remove_segment_files(&**io, directory, base)?;
+            report.removed_segments_below_log_start += 1;
+        }
+    }
+    if bases[0] > log_start {
+        // The first segments past the log start are lost.
+        let kind =
+            CorruptionKind::OffsetMismatch { expected: log_start.get(), found: bases[0].get() };
         let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
         report.damage.push(Corruption { file, position: 0, kind });
     }
@@ -320,6 +340,23 @@ struct SealedSegment {
     /// The base offset of the segment after it.
     next_base: Offset,
     read_only: bool,
+}
+
+/// Remove a segment's log and index files (whichever exist).
+pub(crate) fn remove_segment_files<I: Io + ?Sized>(
+    io: &I,
+    directory: &Path,
+    base: Offset,
+) -> Result<(), IoError> {
+    for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX] {
+        let path = directory.join(segment::file_name(base, suffix));
+        match io.remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(IoError::new("remove", &path, error)),
+        }
+    }
+    Ok(())
 }
 
 /// Index files next to the active segment are left from an interrupted roll or an older

@@ -28,16 +28,22 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Start the background thread if the engine's durability mode needs one.
+    /// Start the background thread that calls [`Engine::tick`]: interval fsyncs and
+    /// retention. Every `min(ms, 100)` ms in `interval` mode, every second otherwise; none for
+    /// a read-only engine.
     pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
-        let Durability::Interval { ms } = engine.options().durability else {
+        let options = engine.options();
+        if options.read_only {
             return Ok(Runtime { stop: None, thread: None });
+        }
+        let period = match options.durability {
+            Durability::Interval { ms } => Duration::from_millis(ms.clamp(1, 100)),
+            Durability::Sync | Durability::Os => Duration::from_secs(1),
         };
-        let period = Duration::from_millis(ms.clamp(1, 100));
         let (stop, stopped) = bounded::<()>(1);
         let engine = engine.clone();
         let thread =
-            std::thread::Builder::new().name("chronik-flusher".to_owned()).spawn(move || {
+            std::thread::Builder::new().name("chronik-ticker".to_owned()).spawn(move || {
                 loop {
                     match stopped.recv_timeout(period) {
                         Err(RecvTimeoutError::Timeout) => {}
@@ -48,7 +54,7 @@ impl Runtime {
                         // A failed flush already poisoned the engine; appenders see it.
                         Ok(Err(_)) => return,
                         Err(_) => {
-                            engine.poison("the background flusher panicked".to_owned());
+                            engine.poison("the background ticker panicked".to_owned());
                             return;
                         }
                     }

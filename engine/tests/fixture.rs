@@ -1,8 +1,10 @@
-//! The committed data directory in `tests/fixtures/v1/` pins format version 1: this build must
-//! open it and read exactly the records it holds, and must write the same bytes when it
+//! The committed data directories in `tests/fixtures/` pin the format: `v1/` was written by
+//! format version 1 (`topic.meta` version 1), `v2/` by the current one (`topic.meta` version 2,
+//! with the cleanup settings; every other file as in version 1). This build must open both and
+//! read exactly the records they hold, changing no file, and must write `v2/`'s bytes when it
 //! generates it again.
 //!
-//! Regenerate it (only when the format changes on purpose, together with a new version) with
+//! Regenerate `v2/` (only when the format changes on purpose, together with a new version) with
 //! `cargo test -p chronik-engine --test fixture -- --ignored regenerate`.
 
 mod common;
@@ -17,8 +19,11 @@ const CLICKS: &str = "clicks";
 /// A topic with one partition and default settings: one active segment.
 const PROFILES: &str = "profiles";
 
-fn fixture_directory() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1")
+/// The fixture this build writes.
+const CURRENT: &str = "v2";
+
+fn fixture_directory(version: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(version)
 }
 
 fn clicks_config() -> TopicConfig {
@@ -27,6 +32,7 @@ fn clicks_config() -> TopicConfig {
         segment_bytes: 4096,
         segment_ms: 24 * 60 * 60 * 1000,
         index_interval_bytes: 512,
+        ..TopicConfig::default()
     }
 }
 
@@ -155,8 +161,14 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 #[test]
-fn the_committed_fixture_opens_and_reads_back_exactly() {
-    let fixture = fixture_directory();
+fn the_committed_fixtures_open_and_read_back_exactly() {
+    for version in ["v1", CURRENT] {
+        open_and_read_back(version);
+    }
+}
+
+fn open_and_read_back(version: &str) {
+    let fixture = fixture_directory(version);
     let committed = common::snapshot(&fixture);
     assert!(!committed.is_empty(), "the fixture is missing: run the ignored `regenerate` test");
     let directory = tempfile::tempdir().unwrap();
@@ -198,7 +210,7 @@ fn generating_the_fixture_again_writes_the_same_bytes() {
     let root = directory.path().join("data");
     generate(&root);
     let generated = common::snapshot(&root);
-    let committed = common::snapshot(&fixture_directory());
+    let committed = common::snapshot(&fixture_directory(CURRENT));
     let names = |snapshot: &[(PathBuf, Vec<u8>)]| -> Vec<PathBuf> {
         snapshot.iter().map(|(path, _)| path.clone()).collect()
     };
@@ -216,11 +228,11 @@ fn generating_the_fixture_again_writes_the_same_bytes() {
     }
 }
 
-/// Regenerates `tests/fixtures/v1/`. Ignored: run it by name, on purpose.
+/// Regenerates `tests/fixtures/v2/`. Ignored: run it by name, on purpose.
 #[test]
 #[ignore = "rewrites the committed fixture"]
 fn regenerate() {
-    let fixture = fixture_directory();
+    let fixture = fixture_directory(CURRENT);
     if fixture.exists() {
         std::fs::remove_dir_all(&fixture).unwrap();
     }

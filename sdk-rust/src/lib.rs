@@ -25,9 +25,9 @@ pub use chronik_engine::io::{Backend, Io, PreadIo, SystemIo};
 pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
-    AppendError, Clock, Corruption, CorruptionKind, Durability, Error, Fetch, Header, Headers,
-    Offset, OpenError, Options, PartitionDescription, PartitionRecovery, ReadError, Record,
-    RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
+    AppendError, Cleanup, Clock, Corruption, CorruptionKind, Durability, Error, Fetch, Header,
+    Headers, Offset, OpenError, Options, PartitionDescription, PartitionRecovery, ReadError,
+    Record, RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
 };
 
 /// The engine crate, for what this facade does not re-export.

@@ -46,6 +46,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::FetchNextOffsetOverruns => "fetch-next-offset-overruns",
         Canary::DirectWriteDropsTail => "direct-write-drops-tail",
         Canary::SealKeepsDirectPadding => "seal-keeps-direct-padding",
+        Canary::RetentionSkipsLogStart => "retention-skips-log-start",
+        Canary::RetentionRemovesOneTooMany => "retention-removes-one-too-many",
     }
 }
 

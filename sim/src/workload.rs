@@ -79,6 +79,7 @@ impl Swarm {
             segment_bytes: rng.between(4096, 32 * 1024),
             segment_ms: rng.between(50, 60_000).cast_signed(),
             index_interval_bytes: rng.between(64, 2048) as u32,
+            ..TopicConfig::default()
         };
         let kept = rng.below(u64::from(PER_MILLION) + 1) as u32;
         let crash_faults = Faults {

@@ -10,7 +10,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub const DATA_DIRECTORY_MAGIC: u32 = u32::from_le_bytes(*b"CHMD");
 pub const DATA_DIRECTORY_VERSION: u16 = 1;
 pub const TOPIC_MAGIC: u32 = u32::from_le_bytes(*b"CHTP");
-pub const TOPIC_VERSION: u16 = 1;
+/// The version written. Version 1 (`TopicMeta`, without cleanup settings) is still read.
+pub const TOPIC_VERSION: u16 = 2;
+pub const TOPIC_VERSION_1: u16 = 1;
 
 /// `chronik.meta` at the root of a data directory.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
@@ -36,8 +38,37 @@ pub struct TopicMeta {
     pub segment_ms: I64,
 }
 
+/// `topic.meta`, version 2: version 1's fields, then the cleanup settings. `-1` means "no
+/// limit" in the fields documented so.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct TopicMetaV2 {
+    pub checksum: U64,
+    pub magic: U32,
+    pub version: U16,
+    pub reserved: U16,
+    pub partition_count: U32,
+    pub index_interval_bytes: U32,
+    pub segment_bytes: U64,
+    pub segment_ms: I64,
+    /// 0 `delete`, 1 `compact`, 2 `compact+delete`.
+    pub cleanup: u8,
+    pub reserved2: [u8; 7],
+    /// -1: forever.
+    pub retention_ms: I64,
+    /// -1: no size limit.
+    pub retention_bytes: I64,
+    pub delete_retention_ms: I64,
+    pub min_compaction_lag_ms: I64,
+    /// -1: no bound.
+    pub max_compaction_lag_ms: I64,
+    /// The bits of an `f64`.
+    pub min_cleanable_dirty_ratio: U64,
+}
+
 const _: () = assert!(size_of::<DataDirectoryMeta>() == 16);
 const _: () = assert!(size_of::<TopicMeta>() == 40);
+const _: () = assert!(size_of::<TopicMetaV2>() == 96);
 
 /// A metadata struct with a leading checksum and a magic number.
 pub trait MetaFile: FromBytes + IntoBytes + KnownLayout + Immutable + Copy {
@@ -96,6 +127,7 @@ macro_rules! meta_file {
 
 meta_file!(DataDirectoryMeta, DATA_DIRECTORY_MAGIC);
 meta_file!(TopicMeta, TOPIC_MAGIC);
+meta_file!(TopicMetaV2, TOPIC_MAGIC);
 
 impl DataDirectoryMeta {
     pub fn current() -> Self {
