@@ -551,7 +551,10 @@ impl<I: Io> Partition<I> {
                 total -= segment.size;
                 count += 1;
             }
-            if canary::active(Canary::RetentionRemovesOneTooMany) && count < sealed.len() {
+            if canary::active(Canary::RetentionRemovesOneTooMany)
+                && count > 0
+                && count < sealed.len()
+            {
                 count += 1;
             }
             if count == 0 {

@@ -34,9 +34,58 @@ pub struct PartitionModel {
     pub durable_records: u64,
     /// A failed append: after recovery it is there entirely or not at all.
     pub uncertain: Option<ModelBatch>,
+    /// The highest log start the engine reported: retention removed every offset below it,
+    /// and it never moves back.
+    pub log_start: u64,
 }
 
 impl PartitionModel {
+    /// The highest log start retention may have reached by `now_ms` under these settings:
+    /// never past the end (the active segment is never removed), with `retention_ms` never
+    /// past a record younger than that (its segment's newest record
+    /// is younger still), and with neither setting never past 0.
+    pub fn retention_bound(
+        &self,
+        retention_ms: Option<i64>,
+        retention_bytes: Option<u64>,
+        now_ms: i64,
+    ) -> u64 {
+        if retention_ms.is_none() && retention_bytes.is_none() {
+            return 0;
+        }
+        let batches: Vec<&ModelBatch> = self.batches.iter().chain(&self.uncertain).collect();
+        // Not the start of the last batch: a crash may leave the active segment empty (its
+        // unsynced batches cut), and every sealed segment before it may go.
+        let mut bound: u64 = batches.iter().map(|b| b.records.len() as u64).sum();
+        if let Some(ms) = retention_ms {
+            let mut offset = 0;
+            'batches: for batch in &batches {
+                for record in &batch.records {
+                    if record.timestamp >= now_ms.saturating_sub(ms) {
+                        bound = bound.min(offset);
+                        break 'batches;
+                    }
+                    offset += 1;
+                }
+            }
+        }
+        bound
+    }
+
+    /// Bytes of the batches from offset `start` (a batch boundary) to the end of what was
+    /// acknowledged.
+    pub fn bytes_from(&self, start: u64) -> u64 {
+        let mut offset = 0;
+        let mut bytes = 0;
+        for batch in &self.batches {
+            if offset >= start {
+                bytes += batch_bytes(batch);
+            }
+            offset += batch.records.len() as u64;
+        }
+        bytes
+    }
+
     /// Number of acknowledged records: the next offset the engine must hand out.
     pub fn acknowledged_records(&self) -> u64 {
         self.batches.iter().map(|b| b.records.len() as u64).sum()
@@ -60,6 +109,16 @@ impl PartitionModel {
     }
 }
 
+/// Bytes of a batch as the engine encodes it: a 64-byte header, then per record a 28-byte
+/// header, the key and the value (the workload writes no headers).
+pub fn batch_bytes(batch: &ModelBatch) -> u64 {
+    64 + batch
+        .records
+        .iter()
+        .map(|r| 28 + r.key.as_ref().map_or(0, Vec::len) as u64 + r.value.len() as u64)
+        .sum::<u64>()
+}
+
 /// Whether the workload's topic exists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopicState {
@@ -81,6 +140,10 @@ pub struct Model {
     pub scratch: TopicState,
     /// Its partition count whenever it exists.
     pub scratch_partitions: u32,
+    /// The topic's retention settings: `retention_ms`, `retention_bytes` (the swarm sets at
+    /// most one).
+    pub retention_ms: Option<i64>,
+    pub retention_bytes: Option<u64>,
 }
 
 impl Model {
@@ -92,6 +155,8 @@ impl Model {
             durability: Durability::Sync,
             scratch: TopicState::Absent,
             scratch_partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
         }
     }
 
@@ -142,6 +207,11 @@ impl Model {
             Durability::Sync | Durability::Os => (acknowledged, acknowledged),
             Durability::Interval { .. } => (model.durable_records, acknowledged),
         }
+    }
+
+    /// The highest log start retention may have reached in `partition` by `now_ms`.
+    pub fn retention_bound(&self, partition: usize, now_ms: i64) -> u64 {
+        self.partitions[partition].retention_bound(self.retention_ms, self.retention_bytes, now_ms)
     }
 
     /// After recovery found `count` records in `partition` (already checked against the

@@ -59,8 +59,19 @@ pub struct ScannedRecord {
 /// Every visible record of every partition, read front to back.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scan {
-    /// Per partition; empty when the topic does not exist.
+    /// Per partition, from its log start; empty when the topic does not exist.
     pub partitions: Vec<Vec<ScannedRecord>>,
+    /// Per partition, the log start (retention removed every offset below it).
+    pub starts: Vec<u64>,
+}
+
+impl Scan {
+    /// The offset after the last record found in `partition`: records below the log start
+    /// count, as they were there until retention removed them.
+    pub fn end(&self, partition: usize) -> u64 {
+        let start = self.starts.get(partition).copied().unwrap_or(0);
+        start + self.partitions.get(partition).map_or(0, Vec::len) as u64
+    }
 }
 
 /// What every oracle sees.
@@ -71,6 +82,8 @@ pub struct Context<'a> {
     pub scan: &'a Scan,
     /// Whether the topic exists in the engine.
     pub topic_exists: bool,
+    /// The simulated clock now.
+    pub now_ms: i64,
 }
 
 /// A check of the engine against the model.
@@ -89,6 +102,7 @@ pub fn standard() -> Vec<Box<dyn Oracle>> {
         Box::new(PrefixOfWritten),
         Box::new(ReadsExact),
         Box::new(TimestampLookup),
+        Box::new(RetentionBounds),
     ]
 }
 
@@ -168,10 +182,16 @@ pub fn scan(engine: &SimEngine, model: &Model, rng: &mut Rng) -> Result<Scan, Vi
         return Ok(Scan::default());
     }
     let mut partitions = Vec::with_capacity(model.partitions.len());
+    let mut starts = Vec::with_capacity(model.partitions.len());
+    let description = engine
+        .describe_topic(TOPIC)
+        .map_err(|e| Violation::new("reads_succeed", format!("describe: {e}")))?;
     for partition in 0..model.partitions.len() as u32 {
-        partitions.push(scan_partition(engine, partition, Offset::ZERO, rng)?);
+        let start = description.partitions[partition as usize].log_start_offset;
+        partitions.push(scan_partition(engine, partition, start, rng)?);
+        starts.push(start.get());
     }
-    Ok(Scan { partitions })
+    Ok(Scan { partitions, starts })
 }
 
 /// An acknowledged topic is there after every crash with all its partitions, an acknowledged
@@ -226,7 +246,7 @@ impl Oracle for AcknowledgedSurvive {
 
     fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
         for (partition, model) in context.model.partitions.iter().enumerate() {
-            let found = context.scan.partitions.get(partition).map_or(0, Vec::len) as u64;
+            let found = context.scan.end(partition);
             if found < model.durable_records {
                 let detail = format!(
                     "partition {partition}: {} durable records acknowledged, {found} recovered",
@@ -252,7 +272,8 @@ impl Oracle for PrefixOfWritten {
     fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
         for (partition, scanned) in context.scan.partitions.iter().enumerate() {
             let model = &context.model.partitions[partition];
-            let mut possible = model.possible_records();
+            let start = context.scan.starts[partition];
+            let mut possible = model.possible_records().skip(usize::try_from(start).unwrap_or(0));
             for found in scanned {
                 let Some(expected) = possible.next() else {
                     let detail =
@@ -269,7 +290,7 @@ impl Oracle for PrefixOfWritten {
                     return Err(Violation::new(self.name(), detail));
                 }
             }
-            let count = scanned.len() as u64;
+            let count = context.scan.end(partition);
             if !model.batch_ends().contains(&count) {
                 let detail =
                     format!("partition {partition}: recovery ends inside a batch at {count}");
@@ -361,6 +382,45 @@ impl Oracle for TimestampLookup {
                     );
                     return Err(Violation::new(self.name(), detail));
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Retention removes only what the topic's settings let it: the log start never moves back
+/// (across crashes too: it is made durable before any file goes), never past the last batch
+/// (the active segment stays), with `retention_ms` never past a record younger than that,
+/// and with `retention_bytes` never so far that less than that is left of what was there when
+/// the records were written (checked after each tick in the run loop, see `retention_left`).
+#[derive(Debug)]
+pub struct RetentionBounds;
+
+impl Oracle for RetentionBounds {
+    fn name(&self) -> &'static str {
+        "retention_bounds"
+    }
+
+    fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
+        for (partition, model) in context.model.partitions.iter().enumerate() {
+            let Some(&start) = context.scan.starts.get(partition) else { continue };
+            let violation = |why: String| {
+                Err(Violation::new(self.name(), format!("partition {partition}: {why}")))
+            };
+            if start < model.log_start {
+                return violation(format!(
+                    "log start {start} moved back below {}",
+                    model.log_start
+                ));
+            }
+            if start == model.log_start {
+                continue;
+            }
+            let bound = context.model.retention_bound(partition, context.now_ms);
+            if start > bound {
+                return violation(format!(
+                    "log start {start} past what retention may remove ({bound})"
+                ));
             }
         }
         Ok(())

@@ -217,6 +217,8 @@ pub struct Counters {
     pub liveness_checks: u64,
     /// Creates and deletes of the scratch topic tried.
     pub topic_changes: u64,
+    /// Ticks after which retention had moved a log start.
+    pub retention_moves: u64,
 }
 
 impl Counters {
@@ -242,6 +244,7 @@ impl Counters {
         self.tail_reads += other.tail_reads;
         self.liveness_checks += other.liveness_checks;
         self.topic_changes += other.topic_changes;
+        self.retention_moves += other.retention_moves;
     }
 }
 
@@ -414,6 +417,8 @@ impl Sim {
             clock: SimClock::new(EPOCH_MS),
             model: Model {
                 scratch_partitions: swarm.scratch.partitions,
+                retention_ms: swarm.topic.retention_ms,
+                retention_bytes: swarm.topic.retention_bytes,
                 ..Model::new(swarm.topic.partitions)
             },
             swarm,
@@ -585,7 +590,8 @@ impl Sim {
             self.trace.event("sabotage: phantom acknowledgement on partition 0".to_owned());
         }
         let scan = oracle::scan(engine, &self.model, &mut self.check_rng)?;
-        let context = Context { model: &self.model, engine, scan: &scan, topic_exists };
+        let now_ms = self.now_ms();
+        let context = Context { model: &self.model, engine, scan: &scan, topic_exists, now_ms };
         oracle::check_all(&self.oracles, &context, &mut self.check_rng)?;
         self.counters.oracle_checks += 1;
         self.model.topic = if topic_exists { TopicState::Present } else { TopicState::Absent };
@@ -594,10 +600,12 @@ impl Sim {
         } else {
             TopicState::Absent
         };
-        for (partition, records) in scan.partitions.iter().enumerate() {
-            let count = records.len() as u64;
+        for partition in 0..scan.partitions.len() {
+            let count = scan.end(partition);
             let durable = self.model.partitions[partition].durable_records;
             self.model.adopt(partition as u32, count);
+            let model = &mut self.model.partitions[partition];
+            model.log_start = model.log_start.max(scan.starts[partition]);
             if !self.crashed_since_open {
                 // Found without a crash: some of it may still be only in the page cache.
                 self.model.partitions[partition].durable_records = durable;
@@ -741,10 +749,14 @@ impl Sim {
                         && (!p.damage.is_empty() || p.truncated_bytes > 0)
                 })
             });
-            let (end, mut reported) =
-                self.rot_read(engine, partition, Offset::ZERO, &possible, None)?;
+            let start = engine
+                .describe_topic(TOPIC)
+                .map_err(|e| Violation::new("reads_succeed", format!("describe: {e}")))?
+                .partitions[partition as usize]
+                .log_start_offset;
+            let (end, mut reported) = self.rot_read(engine, partition, start, &possible, None)?;
             for _ in 0..ROT_READS_PER_PARTITION {
-                let from = Offset::new(self.check_rng.below(end.get() + 1));
+                let from = Offset::new(self.check_rng.between(start.get(), end.get()));
                 reported |= self.rot_read(engine, partition, from, &possible, Some(1))?.1;
             }
             if reported || reported_at_open {
@@ -968,14 +980,17 @@ impl Sim {
             Step::Append { partition, records } => self.append(engine, partition, records)?,
             Step::Read { partition, from_per_million, max_bytes } => {
                 self.counters.reads += 1;
-                let from = |watermark: u64| watermark * u64::from(from_per_million) / 1_000_000;
+                let from = |start: u64, watermark: u64| {
+                    start + (watermark - start) * u64::from(from_per_million) / 1_000_000
+                };
                 self.read(engine, partition, from, max_bytes)?.0
             }
             Step::Tail { partition, max_bytes } => {
                 self.counters.tail_reads += 1;
                 let position = self.tails[partition as usize].get();
-                let (flow, next) =
-                    self.read(engine, partition, |watermark| position.min(watermark), max_bytes)?;
+                // A consumer whose position retention removed goes on from the log start.
+                let from = |start: u64, watermark: u64| position.max(start).min(watermark);
+                let (flow, next) = self.read(engine, partition, from, max_bytes)?;
                 if let Some(next) = next {
                     self.tails[partition as usize] = next;
                 }
@@ -989,6 +1004,9 @@ impl Sim {
                     && let Durability::Interval { ms } = self.model.durability
                 {
                     self.model.tick_succeeded(self.now_ms(), ms);
+                }
+                if result.is_ok() {
+                    self.retention_left(engine)?;
                 }
                 self.after_error(engine, result.err())?
             }
@@ -1091,14 +1109,67 @@ impl Sim {
 
     /// Read `partition` from `from(high watermark)` and check the records against the model;
     /// returns the offset after the last record read, unless the read failed.
+    /// After a successful tick: where retention moved a log start, it left at least
+    /// `retention_bytes` of what was acknowledged (it removes a segment only while what stays
+    /// is that long), and never went past the bound of the `retention_bounds` oracle. Then the
+    /// model takes the new log starts.
+    fn retention_left(&mut self, engine: &SimEngine) -> Result<(), Violation> {
+        const ORACLE: &str = "retention_bounds";
+        let Ok(description) = engine.describe_topic(TOPIC) else { return Ok(()) };
+        let now = self.now_ms();
+        for (partition, described) in description.partitions.iter().enumerate() {
+            let start = described.log_start_offset.get();
+            let model = &self.model.partitions[partition];
+            if start == model.log_start {
+                continue;
+            }
+            let violation =
+                |why: String| Err(Violation::new(ORACLE, format!("partition {partition}: {why}")));
+            if start < model.log_start {
+                return violation(format!(
+                    "log start {start} moved back below {}",
+                    model.log_start
+                ));
+            }
+            let bound = self.model.retention_bound(partition, now);
+            if start > bound {
+                return violation(format!(
+                    "log start {start} past what retention may remove ({bound})"
+                ));
+            }
+            if let Some(limit) = self.model.retention_bytes {
+                let left = model.bytes_from(start);
+                if left < limit {
+                    return violation(format!(
+                        "retention left {left} bytes, under retention_bytes {limit}"
+                    ));
+                }
+            }
+            self.trace
+                .event(format!("retention: p{partition} log start {} -> {start}", model.log_start));
+            self.counters.retention_moves += 1;
+            self.model.partitions[partition].log_start = start;
+        }
+        Ok(())
+    }
+
     fn read(
         &mut self,
         engine: &SimEngine,
         partition: u32,
-        from: impl FnOnce(u64) -> u64,
+        from: impl FnOnce(u64, u64) -> u64,
         max_bytes: usize,
     ) -> Result<(Flow, Option<Offset>), Violation> {
         const ORACLE: &str = "reads_exact";
+        let start = match engine.describe_topic(TOPIC) {
+            Ok(description) => description.partitions[partition as usize].log_start_offset.get(),
+            Err(error) => return Err(Violation::new(ORACLE, format!("describe: {error}"))),
+        };
+        let model_start = self.model.partitions[partition as usize].log_start;
+        if start < model_start {
+            let detail = format!("partition {partition}: log start {start} below {model_start}");
+            return Err(Violation::new("retention_bounds", detail));
+        }
         let (low, high) = self.model.visible_bounds(partition);
         let watermark = match engine.high_watermark(TOPIC, partition) {
             Ok(watermark) => watermark.get(),
@@ -1109,7 +1180,7 @@ impl Sim {
                 format!("partition {partition}: high watermark {watermark}, model {low}..={high}");
             return Err(Violation::new("visibility", detail));
         }
-        let from = Offset::new(from(watermark));
+        let from = Offset::new(from(start, watermark));
         let result = engine.read(TOPIC, partition, from, max_bytes);
         let fetch = match result {
             Ok(fetch) => fetch,

@@ -103,7 +103,7 @@ impl Swarm {
             let only = durabilities[rng.index(durabilities.len())];
             durabilities = vec![only];
         }
-        Swarm {
+        let mut swarm = Swarm {
             topic,
             value_bytes_max: rng.between(0, VALUE_BYTES_MAX),
             batch_records_max: rng.between(1, BATCH_RECORDS_MAX),
@@ -142,7 +142,15 @@ impl Swarm {
                 segment_bytes: 4096,
                 ..TopicConfig::default()
             },
+        };
+        // Drawn last, so the draws above stay what they were before retention existed. A
+        // third of the seeds keep records by age, a third by size, the rest forever.
+        match rng.below(3) {
+            0 => swarm.topic.retention_ms = Some(rng.between(50, 5_000).cast_signed()),
+            1 => swarm.topic.retention_bytes = Some(rng.between(4096, 64 * 1024)),
+            _ => {}
         }
+        swarm
     }
 }
 

@@ -103,7 +103,13 @@ fn a_failed_fsync_poisons_the_engine_and_recovery_keeps_the_acknowledged() {
         let engine = open();
         assert!(engine.poisoned().is_none(), "seed {seed}: reopening clears the poison");
         let scan = oracle::scan(&engine, &model, &mut rng).unwrap();
-        let context = Context { model: &model, engine: &engine, scan: &scan, topic_exists: true };
+        let context = Context {
+            model: &model,
+            engine: &engine,
+            scan: &scan,
+            topic_exists: true,
+            now_ms: EPOCH_MS,
+        };
         oracle::check_all(&oracle::standard(), &context, &mut rng).unwrap();
         assert!(scan.partitions[1].is_empty());
     }
