@@ -1,6 +1,7 @@
 //! `chronik topic ...`
 
-use chronik::{Durability, TopicConfig};
+use crate::UsageError;
+use chronik::{Durability, TopicConfig, TopicError};
 use clap::Subcommand;
 use std::path::Path;
 
@@ -17,6 +18,19 @@ pub enum TopicCommand {
         /// Roll a segment when its first record is older than this many milliseconds.
         #[arg(long)]
         segment_ms: Option<i64>,
+        /// Any setting as KEY=VALUE, repeatable: segment_bytes, segment_ms,
+        /// index_interval_bytes, cleanup (delete, compact, compact+delete), retention_ms,
+        /// retention_bytes, delete_retention_ms, min_compaction_lag_ms, max_compaction_lag_ms,
+        /// min_cleanable_dirty_ratio; -1 means no limit.
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+    },
+    /// Change settings of an existing topic (all but partitions), durably.
+    Config {
+        name: String,
+        /// KEY=VALUE pairs, as for `topic create --config`.
+        #[arg(value_name = "KEY=VALUE", required = true)]
+        settings: Vec<String>,
     },
     /// List topics.
     List,
@@ -30,21 +44,29 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
     let chronik = match command {
         // Inspecting works beside a running producer; changes need the directory to itself.
         TopicCommand::List | TopicCommand::Describe { .. } => crate::open_for_reading(data)?,
-        TopicCommand::Create { .. } | TopicCommand::Delete { .. } => {
+        TopicCommand::Create { .. } | TopicCommand::Config { .. } | TopicCommand::Delete { .. } => {
             crate::open(data, Durability::Sync)?
         }
     };
     match command {
-        TopicCommand::Create { name, partitions, segment_bytes, segment_ms } => {
+        TopicCommand::Create { name, partitions, segment_bytes, segment_ms, config } => {
             let defaults = TopicConfig::default();
-            let config = TopicConfig {
+            let mut topic = TopicConfig {
                 partitions,
                 segment_bytes: segment_bytes.unwrap_or(defaults.segment_bytes),
                 segment_ms: segment_ms.unwrap_or(defaults.segment_ms),
                 ..defaults
             };
-            chronik.create_topic(&name, config).map_err(chronik::Error::from)?;
-            println!("created topic {name} with {partitions} partitions");
+            apply_settings(&mut topic, &config)?;
+            chronik.create_topic(&name, topic).map_err(usage_if_invalid)?;
+            println!("created topic {name} with {} partitions", topic.partitions);
+        }
+        TopicCommand::Config { name, settings } => {
+            let description = chronik.describe_topic(&name).map_err(chronik::Error::from)?;
+            let mut config = description.config;
+            apply_settings(&mut config, &settings)?;
+            chronik.alter_topic_config(&name, config).map_err(usage_if_invalid)?;
+            println!("topic {name}: {}", settings_line(&config));
         }
         TopicCommand::List => {
             for name in chronik.list_topics() {
@@ -53,15 +75,7 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
         }
         TopicCommand::Describe { name } => {
             let description = chronik.describe_topic(&name).map_err(chronik::Error::from)?;
-            let config = description.config;
-            println!(
-                "topic {} partitions={} segment_bytes={} segment_ms={} index_interval_bytes={}",
-                description.name,
-                config.partitions,
-                config.segment_bytes,
-                config.segment_ms,
-                config.index_interval_bytes
-            );
+            println!("topic {} {}", description.name, settings_line(&description.config));
             println!("partition  start_offset  end_offset  high_watermark  segments  bytes");
             for p in description.partitions {
                 println!(
@@ -81,4 +95,35 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Apply `KEY=VALUE` settings in order.
+fn apply_settings(config: &mut TopicConfig, settings: &[String]) -> anyhow::Result<()> {
+    for setting in settings {
+        let Some((key, value)) = setting.split_once('=') else {
+            return Err(UsageError(format!("setting {setting:?} is not KEY=VALUE")).into());
+        };
+        config.set(key.trim(), value).map_err(usage_if_invalid)?;
+    }
+    Ok(())
+}
+
+/// A bad setting is a usage error (exit code 2); anything else fails as usual.
+fn usage_if_invalid(error: TopicError) -> anyhow::Error {
+    match error {
+        TopicError::InvalidConfig { reason } => {
+            UsageError(format!("invalid topic config: {reason}")).into()
+        }
+        other => chronik::Error::from(other).into(),
+    }
+}
+
+/// Every setting as `key=value`, space-separated.
+fn settings_line(config: &TopicConfig) -> String {
+    config
+        .entries()
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -29,8 +29,9 @@ pub struct Runtime {
 
 impl Runtime {
     /// Start the background thread that calls [`Engine::tick`]: interval fsyncs and
-    /// retention. Every `min(ms, 100)` ms in `interval` mode, every second otherwise; none for
-    /// a read-only engine.
+    /// retention. Once at start, then every `min(ms, 100)` ms in `interval` mode and every
+    /// second otherwise; none for a read-only engine. Dropping the runtime waits for a tick in
+    /// progress.
     pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
         let options = engine.options();
         if options.read_only {
@@ -44,11 +45,9 @@ impl Runtime {
         let engine = engine.clone();
         let thread =
             std::thread::Builder::new().name("chronik-ticker".to_owned()).spawn(move || {
+                // The first tick at once, so even a short-lived process (one command of the
+                // CLI) applies retention; then one per period until stopped.
                 loop {
-                    match stopped.recv_timeout(period) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
-                    }
                     match catch_unwind(AssertUnwindSafe(|| engine.tick())) {
                         Ok(Ok(())) => {}
                         // A failed flush already poisoned the engine; appenders see it.
@@ -57,6 +56,10 @@ impl Runtime {
                             engine.poison("the background ticker panicked".to_owned());
                             return;
                         }
+                    }
+                    match stopped.recv_timeout(period) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
             })?;
