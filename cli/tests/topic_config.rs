@@ -2,6 +2,7 @@
 //! settings are stored, shown by `topic describe`, survive reopening, and a bad one is a usage
 //! error (exit code 2) that changes nothing. Retention set this way removes old segments.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -75,7 +76,10 @@ fn settings_are_stored_shown_and_checked() {
     // Small segments, then enough records that retention has old segments to remove. Every
     // writable open ticks once at start, so the next command applies retention.
     stdout(&chronik(&data, &["topic", "config", "log", "segment_bytes=4096"], None));
-    let lines: String = (0..3000).map(|i| format!("record {i:05} {}\n", "x".repeat(40))).collect();
+    let mut lines = String::new();
+    for i in 0..3000 {
+        writeln!(lines, "record {i:05} {}", "x".repeat(40)).unwrap();
+    }
     stdout(&chronik(&data, &["produce", "log", "--durability", "os"], Some(&lines)));
     stdout(&chronik(&data, &["topic", "list"], None));
     let described = stdout(&chronik(&data, &["topic", "describe", "log"], None));
