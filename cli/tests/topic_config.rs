@@ -76,11 +76,15 @@ fn settings_are_stored_shown_and_checked() {
     // Small segments, then enough records that retention has old segments to remove. Every
     // writable open ticks once at start, so the next command applies retention.
     stdout(&chronik(&data, &["topic", "config", "log", "segment_bytes=4096"], None));
-    let mut lines = String::new();
-    for i in 0..3000 {
-        writeln!(lines, "record {i:05} {}", "x".repeat(40)).unwrap();
+    // Several commands: one command may append all its input as one batch, and a batch is
+    // never split across segments.
+    for command in 0..12 {
+        let mut lines = String::new();
+        for i in 0..250 {
+            writeln!(lines, "record {:05} {}", command * 250 + i, "x".repeat(40)).unwrap();
+        }
+        stdout(&chronik(&data, &["produce", "log", "--durability", "os"], Some(&lines)));
     }
-    stdout(&chronik(&data, &["produce", "log", "--durability", "os"], Some(&lines)));
     stdout(&chronik(&data, &["topic", "list"], None));
     let described = stdout(&chronik(&data, &["topic", "describe", "log"], None));
     let row = described.lines().find(|l| l.trim_start().starts_with("0 ")).unwrap().to_owned();
