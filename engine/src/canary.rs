@@ -60,11 +60,13 @@ pub enum Canary {
     RetentionSkipsLogStart = 21,
     /// Retention removes one sealed segment more than its settings allow.
     RetentionRemovesOneTooMany = 22,
+    /// A consumer-offset commit in `os` or `interval` mode returns before it is fsynced.
+    CommitNotDurable = 23,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 22] = [
+    pub const ALL: [Canary; 23] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -87,6 +89,7 @@ impl Canary {
         Canary::SealKeepsDirectPadding,
         Canary::RetentionSkipsLogStart,
         Canary::RetentionRemovesOneTooMany,
+        Canary::CommitNotDurable,
     ];
 }
 

@@ -12,9 +12,10 @@
 //! DIR/topics/.NAME.deleting     a topic being deleted (removed at open if a crash left it)
 //! ```
 
-use crate::error::{AppendError, IoError, OpenError, Poisoned, ReadError, TopicError};
+use crate::error::{AppendError, CommitError, IoError, OpenError, Poisoned, ReadError, TopicError};
 use crate::fetch::Fetch;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
+use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::{self, FileHandle, Io};
 use crate::partition::{Appended, Partition, PartitionContext, PartitionDescription};
 use crate::recovery::RecoveryReport;
@@ -125,6 +126,9 @@ struct Inner<I: Io> {
     admin: Mutex<()>,
     /// `None` when opened read-only.
     lock: Option<FileHandle>,
+    /// The latest committed consumer offsets; held across a commit's append, so commits
+    /// reach the offsets topic and this map in the same order.
+    committed: Mutex<Committed>,
 }
 
 impl<I: Io> Drop for Inner<I> {
@@ -203,8 +207,13 @@ impl<I: Io> Engine<I> {
             topics: RwLock::new(topics),
             admin: Mutex::new(()),
             lock,
+            committed: Mutex::new(Committed::default()),
         };
-        Ok((Engine { inner: Arc::new(inner) }, report))
+        let engine = Engine { inner: Arc::new(inner) };
+        // On failure the engine drops here, closing what it opened and releasing the lock.
+        let committed = engine.load_committed()?;
+        *engine.inner.committed.lock() = committed;
+        Ok((engine, report))
     }
 
     fn open_locked(
@@ -294,7 +303,16 @@ impl<I: Io> Engine<I> {
 
     /// Create a topic. Crash-safe: the topic is built in a hidden directory, fsynced, and
     /// renamed into place; a crash before the rename leaves nothing behind after the next open.
+    /// Names starting with `__` are reserved for internal topics.
     pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        if groups::is_internal(name) {
+            let reason = "names starting with \"__\" are reserved for internal topics";
+            return Err(TopicError::InvalidName { name: name.to_owned(), reason });
+        }
+        self.create_any_topic(name, config)
+    }
+
+    fn create_any_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
         self.check_writable()?;
         topic::validate_name(name)?;
         config.validate()?;
@@ -389,6 +407,10 @@ impl<I: Io> Engine<I> {
     /// Delete a topic and all its data. Crash-safe: the directory is first renamed to a hidden
     /// name (durably), then removed; a crash in between is finished at the next open.
     pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
+        if groups::is_internal(name) {
+            let reason = "internal topics cannot be deleted";
+            return Err(TopicError::InvalidName { name: name.to_owned(), reason });
+        }
         self.check_writable()?;
         self.inner.context.poison.check()?;
         let _admin = self.inner.admin.lock();
@@ -414,9 +436,92 @@ impl<I: Io> Engine<I> {
         Ok(())
     }
 
-    /// Names of all topics, sorted.
+    /// Names of all topics but the internal ones (`__consumer_offsets`), sorted.
     pub fn list_topics(&self) -> Vec<String> {
-        self.inner.topics.read().keys().cloned().collect()
+        self.inner.topics.read().keys().filter(|t| !groups::is_internal(t)).cloned().collect()
+    }
+
+    /// Commit consumer positions for `group`: for each `(topic, partition, offset)`, the
+    /// offset the group reads next. All of them are one batch of the internal topic
+    /// `__consumer_offsets` (created at the first commit): they commit together or not at
+    /// all, and are durable when this returns, in every durability mode.
+    pub fn commit_offsets(
+        &self,
+        group: &str,
+        offsets: &[(&str, u32, Offset)],
+    ) -> Result<(), CommitError> {
+        groups::validate_group(group)?;
+        let mut keys = Vec::with_capacity(offsets.len());
+        for &(topic, partition, offset) in offsets {
+            if self.partition(topic, partition).is_err() || groups::is_internal(topic) {
+                let topic = topic.to_owned();
+                return Err(CommitError::PartitionNotFound { topic, partition });
+            }
+            let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
+            keys.push((key, offset));
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut committed = self.inner.committed.lock();
+        if self.topic(OFFSETS_TOPIC).is_none() {
+            match self.create_any_topic(OFFSETS_TOPIC, groups::offsets_topic_config()) {
+                Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let encoded = groups::encode_commit(&keys);
+        self.append(OFFSETS_TOPIC, 0, &groups::records(&encoded))?;
+        if self.inner.options.durability != Durability::Sync
+            && !crate::canary::active(crate::canary::Canary::CommitNotDurable)
+        {
+            let partition = self.partition_for_append(OFFSETS_TOPIC, 0)?;
+            partition.flush()?;
+        }
+        for (key, offset) in keys {
+            committed.insert(key, offset);
+        }
+        Ok(())
+    }
+
+    /// The offset `group` committed last for a partition, if any.
+    pub fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Option<Offset> {
+        let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
+        self.inner.committed.lock().get(&key)
+    }
+
+    /// Every offset `group` committed, as `(topic, partition, offset)`, sorted.
+    pub fn committed_offsets(&self, group: &str) -> Vec<(String, u32, Offset)> {
+        self.inner.committed.lock().of_group(group)
+    }
+
+    /// Rebuild the committed offsets from the offsets topic, every record in order.
+    fn load_committed(&self) -> Result<Committed, OpenError> {
+        let mut committed = Committed::default();
+        let Some(topic) = self.topic(OFFSETS_TOPIC) else { return Ok(committed) };
+        let Some(partition) = topic.partitions.first() else { return Ok(committed) };
+        let end = partition.high_watermark();
+        let mut next = partition.describe().log_start_offset;
+        let path = self.topics_directory().join(OFFSETS_TOPIC);
+        while next < end {
+            let fetch = partition.read(next, 1 << 20).map_err(|error| match error {
+                ReadError::Corruption(corruption) => OpenError::Corruption(corruption),
+                ReadError::Io(error) => OpenError::Io(error),
+                other => OpenError::Io(IoError::new(
+                    "read consumer offsets",
+                    &path,
+                    std::io::Error::other(other.to_string()),
+                )),
+            })?;
+            if fetch.is_empty() {
+                break;
+            }
+            for record in fetch.records().filter(|r| r.offset() >= next) {
+                committed.apply(&record, &path)?;
+            }
+            next = fetch.next_offset();
+        }
+        Ok(committed)
     }
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {

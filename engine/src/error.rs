@@ -161,6 +161,21 @@ pub enum ReadError {
     Io(#[from] IoError),
 }
 
+/// Errors of committing consumer offsets ([`crate::Engine::commit_offsets`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    #[error("invalid group name {name:?}: {reason}")]
+    InvalidGroup { name: String, reason: &'static str },
+    #[error("topic {topic:?} has no partition {partition}")]
+    PartitionNotFound { topic: String, partition: u32 },
+    /// Creating the internal offsets topic failed.
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+}
+
 /// The engine stopped accepting work after a failed write or fsync. Reopen it to recover.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("engine is poisoned by an earlier failure ({reason}); reopen it to recover")]
@@ -180,6 +195,8 @@ pub enum Error {
     Append(#[from] AppendError),
     #[error(transparent)]
     Read(#[from] ReadError),
+    #[error(transparent)]
+    Commit(#[from] CommitError),
 }
 
 impl Error {
@@ -189,7 +206,8 @@ impl Error {
             Error::Open(OpenError::Corruption(c))
             | Error::Topic(TopicError::Corruption(c))
             | Error::Append(AppendError::Corruption(c))
-            | Error::Read(ReadError::Corruption(c)) => Some(c),
+            | Error::Read(ReadError::Corruption(c))
+            | Error::Commit(CommitError::Append(AppendError::Corruption(c))) => Some(c),
             _ => None,
         }
     }

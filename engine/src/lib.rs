@@ -30,6 +30,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod fetch;
 pub mod format;
+pub mod groups;
 pub mod index;
 pub mod io;
 pub mod log_start;
@@ -42,7 +43,9 @@ pub mod topic;
 mod engine;
 
 pub use engine::{Durability, Engine, Options, TopicDescription};
-pub use error::{AppendError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError};
+pub use error::{
+    AppendError, CommitError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError,
+};
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
 pub use partition::PartitionDescription;

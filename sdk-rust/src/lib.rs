@@ -25,15 +25,16 @@ pub use chronik_engine::io::{Backend, Io, PreadIo, SystemIo};
 pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
-    AppendError, Cleanup, Clock, Corruption, CorruptionKind, Durability, Error, Fetch, Header,
-    Headers, Offset, OpenError, Options, PartitionDescription, PartitionRecovery, ReadError,
-    Record, RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
+    AppendError, Cleanup, Clock, CommitError, Corruption, CorruptionKind, Durability, Error, Fetch,
+    Header, Headers, Offset, OpenError, Options, PartitionDescription, PartitionRecovery,
+    ReadError, Record, RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
 };
 
 /// The engine crate, for what this facade does not re-export.
 pub use chronik_engine as engine;
 
 use chronik_engine::runtime::Runtime;
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
@@ -103,14 +104,26 @@ impl Chronik {
         Producer { engine: self.engine.clone(), topic: topic.to_owned() }
     }
 
-    /// A consumer of one partition, starting at offset zero.
+    /// A consumer of one partition, starting at offset zero (or the log start, if retention
+    /// removed offset zero), in no group.
     pub fn consumer(&self, topic: &str, partition: u32) -> Consumer {
         Consumer {
             engine: self.engine.clone(),
             topic: topic.to_owned(),
             partition,
             position: Offset::ZERO,
+            group: None,
+            buffered: VecDeque::new(),
+            buffered_end: Offset::ZERO,
         }
+    }
+
+    /// A consumer of one partition in consumer group `group`: it starts where the group
+    /// committed last ([`Consumer::commit`]), or at the log start if it never did.
+    pub fn group_consumer(&self, group: &str, topic: &str, partition: u32) -> Consumer {
+        let position =
+            self.engine.committed_offset(group, topic, partition).unwrap_or(Offset::ZERO);
+        Consumer { position, group: Some(group.to_owned()), ..self.consumer(topic, partition) }
     }
 }
 
@@ -158,29 +171,92 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
     (chronik_engine::format::key_hash(key) % partitions) as u32
 }
 
-/// Reads one partition in order, remembering its position.
+/// Reads one partition in order, remembering its position; in a consumer group, commits it.
+///
+/// A position that retention removed (below the log start) moves to the log start, as Kafka's
+/// `auto.offset.reset = earliest`. Iterating a consumer yields owned records until it is caught
+/// up; [`Consumer::poll`] hands out borrowed views of whole batches instead.
 #[derive(Debug, Clone)]
 pub struct Consumer {
     engine: DefaultEngine,
     topic: String,
     partition: u32,
     position: Offset,
+    group: Option<String>,
+    /// Records fetched for the iterator and not yet handed out; the position counts only
+    /// records handed out, so a commit never skips a buffered one.
+    buffered: VecDeque<OwnedRecord>,
+    /// Where the position goes once `buffered` is empty: the end of its fetch.
+    buffered_end: Offset,
 }
 
+/// A record copied out of a fetch, for the iterator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedRecord {
+    pub offset: Offset,
+    pub timestamp: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Bytes one iterator step fetches.
+const ITERATOR_FETCH_BYTES: usize = 1 << 20;
+
 impl Consumer {
+    /// The offset of the next record this consumer reads.
     pub fn position(&self) -> Offset {
         self.position
     }
 
     pub fn seek(&mut self, offset: Offset) {
         self.position = offset;
+        self.buffered.clear();
+    }
+
+    /// The consumer group, if any.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+
+    /// Commit the position (the next offset to read) for the group, durably.
+    pub fn commit(&self) -> Result<(), CommitError> {
+        let Some(group) = &self.group else {
+            return Err(CommitError::InvalidGroup {
+                name: String::new(),
+                reason: "this consumer is in no group (see Chronik::group_consumer)",
+            });
+        };
+        self.engine.commit_offsets(group, &[(&self.topic, self.partition, self.position)])
+    }
+
+    /// What the group committed last for this partition.
+    pub fn committed(&self) -> Option<Offset> {
+        let group = self.group.as_deref()?;
+        self.engine.committed_offset(group, &self.topic, self.partition)
     }
 
     /// Records from the current position on, about `max_bytes` of them; empty when caught up.
+    /// Records before the position in the first batch are the caller's to skip
+    /// (`RecordView::offset`); the iterator does it.
     pub fn poll(&mut self, max_bytes: usize) -> Result<Fetch, ReadError> {
-        let fetch = self.engine.read(&self.topic, self.partition, self.position, max_bytes)?;
+        self.fetch(max_bytes).map(|(fetch, _)| fetch)
+    }
+
+    /// Fetch from the position (moved to the log start if retention removed it); returns the
+    /// fetch and the offset it was read from.
+    fn fetch(&mut self, max_bytes: usize) -> Result<(Fetch, Offset), ReadError> {
+        self.buffered.clear();
+        let fetch = match self.engine.read(&self.topic, self.partition, self.position, max_bytes) {
+            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
+                self.position = Offset::new(start);
+                self.engine.read(&self.topic, self.partition, self.position, max_bytes)?
+            }
+            other => other?,
+        };
+        let from = self.position;
         self.position = self.position.max(fetch.next_offset());
-        Ok(fetch)
+        Ok((fetch, from))
     }
 
     /// As [`Consumer::poll`], but when caught up waits up to `timeout` for new records.
@@ -193,6 +269,40 @@ impl Consumer {
             return self.poll(max_bytes);
         }
         Ok(fetch)
+    }
+}
+
+impl Iterator for Consumer {
+    type Item = Result<OwnedRecord, ReadError>;
+
+    /// The next record, or `None` once caught up (iterate again later for more).
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buffered.is_empty() {
+            let (fetch, from) = match self.fetch(ITERATOR_FETCH_BYTES) {
+                Ok(fetched) => fetched,
+                Err(error) => return Some(Err(error)),
+            };
+            self.buffered = fetch
+                .records()
+                .filter(|r| r.offset() >= from)
+                .map(|r| OwnedRecord {
+                    offset: r.offset(),
+                    timestamp: r.timestamp(),
+                    key: r.key().map(<[u8]>::to_vec),
+                    value: r.value().to_vec(),
+                    headers: r.headers().map(|h| (h.key.to_vec(), h.value.to_vec())).collect(),
+                })
+                .collect();
+            self.buffered_end = self.position;
+            if self.buffered.is_empty() {
+                return None;
+            }
+            self.position = from;
+        }
+        let record = self.buffered.pop_front()?;
+        self.position =
+            if self.buffered.is_empty() { self.buffered_end } else { record.offset.plus(1) };
+        Some(Ok(record))
     }
 }
 

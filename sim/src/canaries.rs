@@ -48,6 +48,7 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::SealKeepsDirectPadding => "seal-keeps-direct-padding",
         Canary::RetentionSkipsLogStart => "retention-skips-log-start",
         Canary::RetentionRemovesOneTooMany => "retention-removes-one-too-many",
+        Canary::CommitNotDurable => "commit-not-durable",
     }
 }
 

@@ -37,6 +37,10 @@ pub struct PartitionModel {
     /// The highest log start the engine reported: retention removed every offset below it,
     /// and it never moves back.
     pub log_start: u64,
+    /// The group `sim`'s committed position: the last acknowledged commit.
+    pub committed: Option<u64>,
+    /// A commit that failed: the engine may hold it or `committed`.
+    pub uncertain_commit: Option<u64>,
 }
 
 impl PartitionModel {

@@ -39,8 +39,8 @@ use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
 use crate::workload::{SCRATCH, Step, Swarm, TOPIC};
 use chronik_engine::{
-    AppendError, Durability, Engine, Offset, OpenError, Options, ReadError, Record, RecoveryReport,
-    TopicError,
+    AppendError, CommitError, Durability, Engine, Offset, OpenError, Options, ReadError, Record,
+    RecoveryReport, TopicError,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -61,6 +61,8 @@ const OPEN_POWER_CUT_CALLS_MAX: u64 = 60;
 const LIVENESS_BATCHES: u64 = 3;
 /// Random reads of every partition after a bit flip, besides the full scan.
 const ROT_READS_PER_PARTITION: u64 = 4;
+/// The consumer group whose commits the workload makes.
+const GROUP: &str = "sim";
 
 /// A kind of fault or event a run can leave out, for shrinking: the run still draws it (so
 /// every later draw keeps its value) but does not act on it.
@@ -219,6 +221,8 @@ pub struct Counters {
     pub topic_changes: u64,
     /// Ticks after which retention had moved a log start.
     pub retention_moves: u64,
+    /// Consumer-offset commits tried.
+    pub commits: u64,
 }
 
 impl Counters {
@@ -245,6 +249,7 @@ impl Counters {
         self.liveness_checks += other.liveness_checks;
         self.topic_changes += other.topic_changes;
         self.retention_moves += other.retention_moves;
+        self.commits += other.commits;
     }
 }
 
@@ -593,6 +598,7 @@ impl Sim {
         let now_ms = self.now_ms();
         let context = Context { model: &self.model, engine, scan: &scan, topic_exists, now_ms };
         oracle::check_all(&self.oracles, &context, &mut self.check_rng)?;
+        self.check_commits(engine)?;
         self.counters.oracle_checks += 1;
         self.model.topic = if topic_exists { TopicState::Present } else { TopicState::Absent };
         self.model.scratch = if engine.partition_count(SCRATCH).is_some() {
@@ -1020,6 +1026,9 @@ impl Sim {
                 self.after_error(engine, result.err())?
             }
             Step::Scratch => self.scratch(engine)?,
+            Step::Commit { partition, offset_per_million } => {
+                self.commit(engine, partition, offset_per_million)?
+            }
             Step::Idle { us } => {
                 self.trace.event(format!("idle {us}us"));
                 self.spend(us);
@@ -1109,6 +1118,66 @@ impl Sim {
 
     /// Read `partition` from `from(high watermark)` and check the records against the model;
     /// returns the offset after the last record read, unless the read failed.
+    /// Commit a position of the group `sim` for one partition. A commit is durable when it
+    /// returns in every durability mode; a failed one may or may not be there after a crash.
+    fn commit(
+        &mut self,
+        engine: &SimEngine,
+        partition: u32,
+        offset_per_million: u32,
+    ) -> Result<Flow, Violation> {
+        if engine.partition_count(TOPIC).is_none() {
+            return Ok(Flow::Continue);
+        }
+        self.counters.commits += 1;
+        let watermark = engine.high_watermark(TOPIC, partition).map_or(0, Offset::get);
+        let offset = watermark * u64::from(offset_per_million) / 1_000_000;
+        let result = engine.commit_offsets(GROUP, &[(TOPIC, partition, Offset::new(offset))]);
+        self.trace.event(format!("commit p{partition} {offset} -> {}", ok_or_error(&result)));
+        let model = &mut self.model.partitions[partition as usize];
+        match result {
+            Ok(()) => {
+                model.committed = Some(offset);
+                model.uncertain_commit = None;
+                Ok(Flow::Continue)
+            }
+            Err(CommitError::Append(error)) => {
+                model.uncertain_commit = Some(offset);
+                self.after_error(engine, Some(error))
+            }
+            Err(CommitError::Topic(TopicError::Io(error))) => {
+                model.uncertain_commit = Some(offset);
+                self.after_error(engine, Some(AppendError::Io(error)))
+            }
+            Err(CommitError::Topic(TopicError::Poisoned(poisoned))) => {
+                self.after_error(engine, Some(AppendError::Poisoned(poisoned)))
+            }
+            Err(other) => Err(Violation::new("commit_errors", other.to_string())),
+        }
+    }
+
+    /// After an open: the group's committed position of every partition is the last
+    /// acknowledged commit, or a failed one after it.
+    fn check_commits(&mut self, engine: &SimEngine) -> Result<(), Violation> {
+        const ORACLE: &str = "commits_survive";
+        for partition in 0..self.model.partitions.len() {
+            let found = engine.committed_offset(GROUP, TOPIC, partition as u32).map(Offset::get);
+            let model = &mut self.model.partitions[partition];
+            let allowed =
+                found == model.committed || (found.is_some() && found == model.uncertain_commit);
+            if !allowed {
+                let detail = format!(
+                    "partition {partition}: committed {found:?}, model {:?} (failed commit {:?})",
+                    model.committed, model.uncertain_commit
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            model.committed = found;
+            model.uncertain_commit = None;
+        }
+        Ok(())
+    }
+
     /// After a successful tick: where retention moved a log start, it left at least
     /// `retention_bytes` of what was acknowledged (it removes a segment only while what stays
     /// is that long), and never went past the bound of the `retention_bounds` oracle. Then the

@@ -66,6 +66,8 @@ pub struct Swarm {
     /// Weight of steps that create the scratch topic, or delete it when it exists.
     pub scratch_weight: u64,
     pub scratch: TopicConfig,
+    /// Weight of steps that commit a consumer position.
+    pub commit_weight: u64,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -142,6 +144,7 @@ impl Swarm {
                 segment_bytes: 4096,
                 ..TopicConfig::default()
             },
+            commit_weight: 0,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
         // third of the seeds keep records by age, a third by size, the rest forever.
@@ -150,6 +153,7 @@ impl Swarm {
             1 => swarm.topic.retention_bytes = Some(rng.between(4096, 64 * 1024)),
             _ => {}
         }
+        swarm.commit_weight = rng.between(0, 10);
         swarm
     }
 }
@@ -171,12 +175,15 @@ pub enum Step {
     Tail { partition: u32, max_bytes: usize },
     /// Create the scratch topic, or delete it if it exists.
     Scratch,
+    /// Commit a consumer position (taken modulo what is visible) for the group `sim`.
+    Commit { partition: u32, offset_per_million: u32 },
 }
 
 impl Swarm {
     /// Draw the next step. `now_ms` is the timestamp records get from the clock.
     pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
-        let weights = [self.weights.as_slice(), &[self.tail_weight, self.scratch_weight]].concat();
+        let extra = [self.tail_weight, self.scratch_weight, self.commit_weight];
+        let weights = [self.weights.as_slice(), &extra].concat();
         let total: u64 = weights.iter().sum();
         let mut roll = rng.below(total.max(1));
         let mut kind = 0;
@@ -199,7 +206,11 @@ impl Swarm {
             3 => Step::Flush,
             4 => Step::Idle { us: rng.between(1_000, 500_000) },
             5 => Step::Tail { partition, max_bytes: rng.between(1, 16 * 1024) as usize },
-            _ => Step::Scratch,
+            6 => Step::Scratch,
+            _ => Step::Commit {
+                partition,
+                offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
+            },
         }
     }
 
