@@ -24,9 +24,15 @@ pub struct ConsumeArgs {
     /// Read only this partition (default: every partition, one after the other).
     #[arg(long)]
     pub partition: Option<u32>,
-    /// First offset to read, in every partition read.
-    #[arg(long, default_value_t = 0)]
-    pub from: u64,
+    /// First offset to read, in every partition read (default: 0, or with --group where the
+    /// group committed).
+    #[arg(long)]
+    pub from: Option<u64>,
+    /// Consume as consumer group NAME: start where it committed last, and commit what was
+    /// printed (at the end, and after each round with --follow). Needs the data directory to
+    /// itself (no running producer).
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
     /// Stop after this many records.
     #[arg(long)]
     pub max: Option<u64>,
@@ -60,11 +66,25 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     let mut consumers: Vec<_> = partitions
         .iter()
         .map(|&p| {
-            let mut consumer = chronik.consumer(&args.topic, p);
-            consumer.seek(Offset::new(args.from));
+            let mut consumer = match &args.group {
+                Some(group) => chronik.group_consumer(group, &args.topic, p),
+                None => chronik.consumer(&args.topic, p),
+            };
+            if let Some(from) = args.from {
+                consumer.seek(Offset::new(from));
+            }
             consumer
         })
         .collect();
+    // Per partition, the offset after the last record printed: what a group commits.
+    let mut printed: Vec<Offset> = consumers.iter().map(chronik::Consumer::position).collect();
+    let commit = |printed: &[Offset]| -> anyhow::Result<()> {
+        let Some(group) = &args.group else { return Ok(()) };
+        let offsets: Vec<(&str, u32, Offset)> =
+            partitions.iter().zip(printed).map(|(&p, &o)| (args.topic.as_str(), p, o)).collect();
+        chronik.commit_offsets(group, &offsets).map_err(chronik::Error::from)?;
+        Ok(())
+    };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut remaining = args.max.unwrap_or(u64::MAX);
@@ -91,6 +111,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
             progressed = true;
             for record in fetch.records().take(usize::try_from(remaining).unwrap_or(usize::MAX)) {
                 print_record(&mut out, partitions[i], &record, args)?;
+                printed[i] = record.offset().plus(1);
                 remaining -= 1;
             }
             if !args.follow {
@@ -98,6 +119,9 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
             }
         }
         out.flush()?;
+        if args.follow && progressed {
+            commit(&printed)?;
+        }
         if args.follow && !progressed {
             // Caught up everywhere: wait for the first partition to grow (or a short while),
             // then look at all of them again.
@@ -109,6 +133,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
+    commit(&printed)?;
     Ok(())
 }
 

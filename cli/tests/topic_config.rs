@@ -97,3 +97,25 @@ fn settings_are_stored_shown_and_checked() {
     ));
     assert!(consumed.contains(&format!("record {start:05}")), "{consumed}");
 }
+
+/// `chronik consume --group NAME` starts where the group committed and commits what it
+/// printed: two runs of `--max 3` print records 0-2, then 3-5; another group starts over.
+#[test]
+fn a_consumer_group_resumes_across_commands() {
+    let directory = tempfile::tempdir().unwrap();
+    let data = directory.path().join("data");
+    let lines: String = (0..10).map(|i| format!("line-{i}\n")).collect::<Vec<_>>().concat();
+    stdout(&chronik(&data, &["produce", "t"], Some(&lines)));
+    let first = stdout(&chronik(&data, &["consume", "t", "--group", "g", "--max", "3"], None));
+    assert_eq!(first, "line-0\nline-1\nline-2\n");
+    let second = stdout(&chronik(&data, &["consume", "t", "--group", "g", "--max", "3"], None));
+    assert_eq!(second, "line-3\nline-4\nline-5\n");
+    let other = stdout(&chronik(&data, &["consume", "t", "--group", "h", "--max", "1"], None));
+    assert_eq!(other, "line-0\n");
+    let rest = stdout(&chronik(&data, &["consume", "t", "--group", "g"], None));
+    assert_eq!(rest, "line-6\nline-7\nline-8\nline-9\n");
+    let none = stdout(&chronik(&data, &["consume", "t", "--group", "g"], None));
+    assert_eq!(none, "", "everything was committed");
+    let listed = stdout(&chronik(&data, &["topic", "list"], None));
+    assert_eq!(listed, "t\n", "the offsets topic is internal");
+}
