@@ -13,7 +13,12 @@ pub mod meta;
 
 /// `b"CHRB"` read as a little-endian `u32`.
 pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"CHRB");
+/// The version appends write: dense batches, record `i` at `base_offset + i`.
 pub const BATCH_VERSION: u16 = 1;
+/// The version compaction writes: a batch covers `base_offset ..= base_offset +
+/// last_offset_delta` and holds the records kept from it, their offset deltas increasing with
+/// gaps where records were removed, possibly none at all.
+pub const BATCH_VERSION_COMPACTED: u16 = 2;
 pub const BATCH_HEADER_BYTES: usize = size_of::<BatchHeader>();
 pub const RECORD_HEADER_BYTES: usize = size_of::<RecordHeader>();
 pub const HEADER_ENTRY_BYTES: usize = size_of::<HeaderEntry>();
@@ -217,6 +222,74 @@ pub fn encode_batch(
     })
 }
 
+/// Append to `out` a compacted (version 2) batch covering `base_offset ..= last_offset`, holding
+/// `records` (already validated, in offset order, each within the range) copied as they are,
+/// with the timestamps and hint of the batches they came from. Returns its [`BatchInfo`].
+pub fn encode_compacted_batch(
+    out: &mut Vec<u8>,
+    base_offset: Offset,
+    last_offset: Offset,
+    records: &[RecordView<'_>],
+    max_timestamp: i64,
+    synced_offset_hint: Offset,
+) -> BatchInfo {
+    assert!(last_offset >= base_offset, "a batch covers at least one offset");
+    let last_delta = u32::try_from(last_offset.get() - base_offset.get())
+        .expect("a compacted batch covers at most u32::MAX offsets");
+    assert!(records.len() <= BATCH_RECORDS_MAX as usize, "too many records for one batch");
+    let first_timestamp = records.first().map_or(max_timestamp, |r| r.timestamp);
+    let start = out.len();
+    out.extend_from_slice(&[0; BATCH_HEADER_BYTES]);
+    for record in records {
+        assert!(record.offset >= base_offset && record.offset <= last_offset, "record in range");
+        let header = RecordHeader {
+            length: U32::new(0),
+            offset_delta: U32::new((record.offset.get() - base_offset.get()) as u32),
+            timestamp_delta: I64::new(record.timestamp.wrapping_sub(first_timestamp)),
+            key_length: I32::new(
+                record.key.map_or(-1, |k| i32::try_from(k.len()).expect("bounded by the batch")),
+            ),
+            value_length: U32::new(record.value.len() as u32),
+            header_count: U32::new(record.headers.remaining),
+        };
+        let record_start = out.len();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(record.key.unwrap_or_default());
+        out.extend_from_slice(record.value);
+        out.extend_from_slice(record.headers.bytes);
+        let length = u32::try_from(out.len() - record_start).expect("a record fits a batch");
+        out[record_start..record_start + 4].copy_from_slice(&length.to_le_bytes());
+    }
+    let bytes = out.len() - start;
+    assert!(bytes <= BATCH_BYTES_MAX as usize, "kept records of one batch fit a batch");
+    let header = BatchHeader {
+        checksum: U64::new(0),
+        length: U32::new(bytes as u32),
+        magic: U32::new(BATCH_MAGIC),
+        version: U16::new(BATCH_VERSION_COMPACTED),
+        attributes: U16::new(0),
+        record_count: U32::new(records.len() as u32),
+        base_offset: U64::new(base_offset.get()),
+        last_offset_delta: U32::new(last_delta),
+        reserved: U32::new(0),
+        first_timestamp: I64::new(first_timestamp),
+        max_timestamp: I64::new(max_timestamp),
+        synced_offset_hint: U64::new(synced_offset_hint.get()),
+    };
+    let batch = &mut out[start..];
+    batch[..BATCH_HEADER_BYTES].copy_from_slice(header.as_bytes());
+    let checksum = batch_checksum(batch);
+    batch[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
+    debug_assert!(parse_batch(batch).is_ok(), "a compacted batch parses");
+    BatchInfo {
+        base_offset,
+        next_offset: last_offset.plus(1),
+        first_timestamp,
+        max_timestamp,
+        length: bytes as u32,
+    }
+}
+
 /// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
 /// and recompute its checksum. Lets appenders encode outside the partition lock.
 pub fn set_batch_offsets(batch: &mut [u8], base_offset: Offset, synced_offset_hint: Offset) {
@@ -298,9 +371,9 @@ fn parse(bytes: &[u8], verify_checksum: bool) -> Result<BatchView<'_>, DecodeErr
     if actual != expected && verify_checksum {
         return Err(DecodeError::Corrupt(CorruptionKind::ChecksumMismatch { expected, actual }));
     }
-    if header.version.get() != BATCH_VERSION {
-        let found = header.version.get();
-        return Err(DecodeError::Corrupt(CorruptionKind::UnsupportedVersion { found }));
+    let version = header.version.get();
+    if version != BATCH_VERSION && version != BATCH_VERSION_COMPACTED {
+        return Err(DecodeError::Corrupt(CorruptionKind::UnsupportedVersion { found: version }));
     }
     let view = BatchView { header, bytes };
     view.validate_records()
@@ -371,9 +444,15 @@ impl<'a> BatchView<'a> {
         }
     }
 
+    /// Whether compaction wrote this batch (version 2: offsets with gaps, maybe no record).
+    pub fn is_compacted(&self) -> bool {
+        self.header.version.get() == BATCH_VERSION_COMPACTED
+    }
+
     fn validate_records(&self) -> Result<(), &'static str> {
         let count = self.record_count();
-        if count == 0 || count > BATCH_RECORDS_MAX {
+        let compacted = self.is_compacted();
+        if (count == 0 && !compacted) || count > BATCH_RECORDS_MAX {
             return Err("record count out of range");
         }
         // `next_offset()` and every record's offset must be representable, so that a view
@@ -391,9 +470,13 @@ impl<'a> BatchView<'a> {
                 return Err("record offsets do not increase");
             }
             // Version 1 batches are dense: the writer never leaves gaps, and a gap would let a
-            // checksum-valid batch push offsets past what a segment can index.
-            if delta != index {
+            // checksum-valid batch push offsets past what a segment can index. Version 2
+            // (compacted) ones keep their offsets within the range the header states.
+            if !compacted && delta != index {
                 return Err("record offsets are not contiguous");
+            }
+            if compacted && delta > self.header.last_offset_delta.get() {
+                return Err("record offset past the batch's last offset");
             }
             previous_delta = Some(delta);
             body = rest;
@@ -401,7 +484,7 @@ impl<'a> BatchView<'a> {
         if !body.is_empty() {
             return Err("bytes after the last record");
         }
-        if previous_delta != Some(self.header.last_offset_delta.get()) {
+        if !compacted && previous_delta != Some(self.header.last_offset_delta.get()) {
             return Err("last offset delta disagrees with the records");
         }
         Ok(())

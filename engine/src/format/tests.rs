@@ -816,3 +816,72 @@ fn topic_meta_round_trips_and_is_not_a_data_directory_meta() {
     let (needed, available) = (size_of::<TopicMeta>() as u64, short.len() as u64);
     assert_eq!(result.err(), Some(CorruptionKind::Truncated { needed, available }));
 }
+
+#[test]
+fn compacted_batches_keep_offsets_with_gaps_and_may_hold_no_record() {
+    let headers = [Header { key: b"h", value: b"v" }];
+    let values: Vec<Vec<u8>> = (0..5).map(|i| format!("value-{i}").into_bytes()).collect();
+    let records: Vec<Record<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let record = Record::new(Some(b"key"), v).with_timestamp(1000 + i as i64);
+            if i == 3 { record.with_headers(&headers) } else { record }
+        })
+        .collect();
+    let mut dense = Vec::new();
+    encode_batch(&mut dense, Offset::new(100), &records, 0, Offset::new(90)).unwrap();
+    let batch = parse_batch(&dense).unwrap();
+    let kept: Vec<RecordView<'_>> = batch.records().filter(|r| r.offset().get() % 2 == 1).collect();
+    let mut compacted = Vec::new();
+    // Covers 98..=106: two offsets before the source batch, two after, as when the batches
+    // around it lost every record.
+    let info = encode_compacted_batch(
+        &mut compacted,
+        Offset::new(98),
+        Offset::new(106),
+        &kept,
+        batch.max_timestamp(),
+        batch.synced_offset_hint(),
+    );
+    assert_eq!((info.base_offset, info.next_offset), (Offset::new(98), Offset::new(107)));
+    let parsed = parse_batch(&compacted).unwrap();
+    assert!(parsed.is_compacted());
+    assert_eq!((parsed.base_offset(), parsed.next_offset()), (Offset::new(98), Offset::new(107)));
+    let read: Vec<_> = parsed
+        .records()
+        .map(|r| {
+            let headers: Vec<_> = r.headers().map(|h| (h.key.to_vec(), h.value.to_vec())).collect();
+            (r.offset().get(), r.timestamp(), r.value().to_vec(), headers)
+        })
+        .collect();
+    assert_eq!(
+        read,
+        vec![
+            (101, 1001, b"value-1".to_vec(), vec![]),
+            (103, 1003, b"value-3".to_vec(), vec![(b"h".to_vec(), b"v".to_vec())]),
+        ]
+    );
+    assert_eq!(parsed.max_timestamp(), 1004, "the source batch's newest timestamp stays");
+
+    let mut empty = Vec::new();
+    encode_compacted_batch(&mut empty, Offset::new(5), Offset::new(9), &[], 7, Offset::ZERO);
+    let parsed = parse_batch(&empty).unwrap();
+    assert_eq!((parsed.record_count(), parsed.next_offset()), (0, Offset::new(10)));
+
+    // A version 2 batch whose record lies past its last offset is refused, and so is a
+    // version 1 batch with no record.
+    let mut past = compacted.clone();
+    past[32..36].copy_from_slice(&2u32.to_le_bytes());
+    let checksum = batch_checksum(&past);
+    past[..8].copy_from_slice(&checksum.to_le_bytes());
+    assert!(matches!(
+        parse_batch(&past),
+        Err(DecodeError::Corrupt(CorruptionKind::Malformed { .. }))
+    ));
+    let mut dense_empty = empty.clone();
+    dense_empty[16..18].copy_from_slice(&BATCH_VERSION.to_le_bytes());
+    let checksum = batch_checksum(&dense_empty);
+    dense_empty[..8].copy_from_slice(&checksum.to_le_bytes());
+    assert!(matches!(parse_batch(&dense_empty), Err(DecodeError::Corrupt(_))));
+}
