@@ -825,7 +825,8 @@ fn compacted_batches_keep_offsets_with_gaps_and_may_hold_no_record() {
         .iter()
         .enumerate()
         .map(|(i, v)| {
-            let record = Record::new(Some(b"key"), v).with_timestamp(1000 + i as i64);
+            let record =
+                Record::new(Some(b"key"), v).with_timestamp(1000 + i64::try_from(i).unwrap());
             if i == 3 { record.with_headers(&headers) } else { record }
         })
         .collect();
