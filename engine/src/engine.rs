@@ -17,7 +17,9 @@ use crate::fetch::Fetch;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::{self, FileHandle, Io};
-use crate::partition::{Appended, Partition, PartitionContext, PartitionDescription};
+use crate::partition::{
+    Appended, CompactionReport, Partition, PartitionContext, PartitionDescription,
+};
 use crate::recovery::RecoveryReport;
 use crate::segment;
 use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
@@ -644,7 +646,7 @@ impl<I: Io> Engine<I> {
     }
 
     /// One bounded step of background work: in `interval` mode, fsync the partitions whose
-    /// last fsync is older than the interval; then retention (see `Partition::apply_retention`:
+    /// last fsync is older than the interval; then retention and compaction (see `Partition::apply_retention`:
     /// sealed segments older than `retention_ms` or beyond `retention_bytes` removed, a
     /// durable log start first). The runtime calls it from a thread; the simulator
     /// calls it between workload steps.
@@ -661,8 +663,20 @@ impl<I: Io> Engine<I> {
         let now = self.inner.context.clock.now_ms();
         for partition in self.all_partitions() {
             partition.apply_retention(now)?;
+            partition.compact(now, false)?;
         }
         Ok(())
+    }
+
+    /// Compact every partition of a compacted topic now, whatever its dirty ratio (the lag
+    /// bounds still hold). Returns one report per partition, `None` where nothing was
+    /// cleanable.
+    pub fn compact_topic(&self, name: &str) -> Result<Vec<Option<CompactionReport>>, AppendError> {
+        let topic = self
+            .topic(name)
+            .ok_or_else(|| AppendError::TopicNotFound { topic: name.to_owned() })?;
+        let now = self.inner.context.clock.now_ms();
+        topic.partitions.iter().map(|partition| partition.compact(now, true)).collect()
     }
 
     /// Read-only engines: pick up what the writing process appended to every partition since

@@ -27,6 +27,7 @@
 
 pub mod canary;
 pub mod checkpoint;
+pub mod compaction;
 pub mod error;
 pub mod fetch;
 pub mod format;
@@ -48,7 +49,7 @@ pub use error::{
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
-pub use partition::PartitionDescription;
+pub use partition::{CompactionReport, PartitionDescription};
 pub use recovery::{PartitionRecovery, RecoveryReport};
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 

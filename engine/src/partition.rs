@@ -7,6 +7,7 @@
 
 use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
+use crate::compaction::{self, KEY_MAP_ENTRIES_MAX, Source};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
@@ -82,6 +83,19 @@ struct Waiter {
     wake: Arc<Condvar>,
 }
 
+/// What one compaction pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    pub segments_in: u64,
+    pub segments_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub records_in: u64,
+    pub records_kept: u64,
+    /// Distinct keys in the pass's key map.
+    pub keys: u64,
+}
+
 /// A partition as [`crate::Engine::describe_topic`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionDescription {
@@ -108,8 +122,11 @@ pub(crate) struct Partition<I: Io> {
     /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
     /// (group commit), never before `state`.
     file_sync: Mutex<()>,
-    /// Serialises retention steps; taken before any other lock.
+    /// Serialises retention and compaction; taken before any other lock.
     maintenance: Mutex<()>,
+    /// Compaction: every offset below this was cleaned by an earlier pass in this process
+    /// (kept in memory only: after a restart the first pass cleans everything once).
+    first_dirty: Mutex<Offset>,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -206,6 +223,7 @@ impl<I: Io> Partition<I> {
             }),
             file_sync: Mutex::new(()),
             maintenance: Mutex::new(()),
+            first_dirty: Mutex::new(Offset::ZERO),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -580,6 +598,113 @@ impl<I: Io> Partition<I> {
             Ok(removed.len())
         })();
         removed.inspect_err(|e: &IoError| self.poison_with(e)).map_err(AppendError::from)
+    }
+
+    /// One compaction pass (see [`crate::compaction`]) if the topic is compacted and due: its
+    /// dirty ratio reached `min_cleanable_dirty_ratio`, a dirty segment is older than
+    /// `max_compaction_lag_ms`, or `force`. Returns what it did, or `None` if nothing was due.
+    /// Any I/O error poisons the engine; the next open finishes or undoes the swap in flight.
+    pub fn compact(&self, now: i64, force: bool) -> Result<Option<CompactionReport>, AppendError> {
+        if self.checkpoint.is_none() {
+            return Ok(None);
+        }
+        let _maintenance = self.maintenance.lock();
+        self.poison.check()?;
+        let (sources, config) = {
+            let state = self.state.lock();
+            let config = state.config;
+            if state.deleted || !config.cleanup.compacts() {
+                return Ok(None);
+            }
+            // Sealed segments only, and none holding a record younger than the lag: the active
+            // segment and what is above the high watermark are never touched.
+            let horizon = now.saturating_sub(config.min_compaction_lag_ms);
+            let sealed = &state.segments[..state.segments.len() - 1];
+            let sources: Vec<Source<I>> = sealed
+                .iter()
+                .take_while(|s| s.index.max_timestamp() <= horizon)
+                .filter(|s| s.next_offset <= self.high_watermark())
+                .map(|s| Source {
+                    base: s.base_offset,
+                    next_offset: s.next_offset,
+                    size: s.size,
+                    max_timestamp: s.index.max_timestamp(),
+                    file: Arc::clone(&s.file),
+                })
+                .collect();
+            (sources, config)
+        };
+        let first_dirty = *self.first_dirty.lock();
+        let total: u64 = sources.iter().map(|s| s.size).sum();
+        let dirty: Vec<&Source<I>> =
+            sources.iter().filter(|s| s.next_offset > first_dirty).collect();
+        // Forced, a pass runs even with nothing dirty: tombstones may have expired since.
+        if (dirty.is_empty() && !force) || total == 0 {
+            return Ok(None);
+        }
+        let ratio = dirty.iter().map(|s| s.size).sum::<u64>() as f64 / total as f64;
+        let overdue = config
+            .max_compaction_lag_ms
+            .is_some_and(|lag| dirty.iter().any(|s| now.saturating_sub(s.max_timestamp) > lag));
+        if !force && ratio < config.min_cleanable_dirty_ratio && !overdue {
+            return Ok(None);
+        }
+        let result = self.clean(&sources, first_dirty, now, &config);
+        result.inspect_err(|e| self.poison_with(e)).map_err(AppendError::from).map(Some)
+    }
+
+    fn clean(
+        &self,
+        sources: &[Source<I>],
+        first_dirty: Offset,
+        now: i64,
+        config: &TopicConfig,
+    ) -> Result<CompactionReport, IoError> {
+        let (map, map_end) = compaction::build_key_map(sources, first_dirty, KEY_MAP_ENTRIES_MAX)?;
+        let cleanable: Vec<&Source<I>> = sources.iter().filter(|s| s.base < map_end).collect();
+        let mut report = CompactionReport { keys: map.len() as u64, ..CompactionReport::default() };
+        let owned: Vec<Source<I>> =
+            cleanable.iter().map(|s| Source { file: Arc::clone(&s.file), ..**s }).collect();
+        for range in compaction::groups(&owned, config.segment_bytes) {
+            let group = &owned[range];
+            let base = group[0].base;
+            let bases: Vec<Offset> = group.iter().map(|s| s.base).collect();
+            let cleaned = compaction::clean_group(
+                &self.io,
+                &self.directory,
+                group,
+                &map,
+                map_end,
+                now,
+                config,
+            )?;
+            compaction::commit_swap(&*self.io, &self.directory, base)?;
+            compaction::finish_swap(&*self.io, &self.directory, base, &bases)?;
+            let mut segment = cleaned.segment;
+            let log = self.directory.join(segment::file_name(base, LOG_SUFFIX));
+            segment.file = Arc::new(SegmentFile::open(&self.io, log, OpenMode::Read)?);
+            segment.write_index_files()?;
+            io::sync_directory(&*self.io, &self.directory)
+                .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+            report.segments_in += group.len() as u64;
+            report.segments_out += 1;
+            report.bytes_in += group.iter().map(|s| s.size).sum::<u64>();
+            report.bytes_out += segment.size;
+            report.records_in += cleaned.records_in;
+            report.records_kept += cleaned.records_kept;
+            let mut state = self.state.lock();
+            let at = state
+                .segments
+                .iter()
+                .position(|s| s.base_offset == base)
+                .expect("only the cleaner removes sealed segments, under `maintenance`");
+            let replaced: Vec<Offset> =
+                state.segments[at..at + group.len()].iter().map(|s| s.base_offset).collect();
+            assert_eq!(replaced, bases, "the segments cleaned are still in place");
+            state.segments.splice(at..at + group.len(), [segment]);
+        }
+        *self.first_dirty.lock() = map_end;
+        Ok(report)
     }
 
     /// Sync if there are unsynced records and the last sync is older than `interval_ms`.

@@ -17,6 +17,7 @@
 use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
+use crate::compaction::{self, CLEANED_SUFFIX, SWAP_SUFFIX};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
@@ -49,6 +50,8 @@ pub struct PartitionRecovery {
     /// Segments below the recorded log start whose removal a crash interrupted, removed now
     /// (housekeeping: the partition is still clean).
     pub removed_segments_below_log_start: u32,
+    /// Compaction swaps committed before a crash and finished now (housekeeping too).
+    pub finished_compaction_swaps: u32,
     /// Damage found in synced data, kept in place and reported on reads.
     pub damage: Vec<Corruption>,
     /// Opened read-only: nothing was cut or rewritten; a tail that does not parse was only
@@ -172,9 +175,11 @@ pub(crate) fn recover_partition<I: Io>(
         .and_then(|bytes| Checkpoint::newest(&bytes));
     let entries = io.list(directory).map_err(|e| IoError::new("list", directory, e))?;
     let mut bases = Vec::new();
+    let mut swaps = Vec::new();
     for entry in &entries {
         let path = directory.join(&entry.name);
-        if entry.name.ends_with(TEMPORARY_SUFFIX) {
+        if entry.name.ends_with(TEMPORARY_SUFFIX) || entry.name.ends_with(CLEANED_SUFFIX) {
+            // Half-written replacements, and cleaned segments never committed.
             if read_only {
                 continue;
             }
@@ -182,7 +187,18 @@ pub(crate) fn recover_partition<I: Io>(
             report.removed_temporary_files += 1;
         } else if let Some(base) = segment::parse_log_file_name(&entry.name) {
             bases.push(base);
+        } else if let Some(base) = entry
+            .name
+            .strip_suffix(SWAP_SUFFIX)
+            .and_then(segment::parse_log_file_name)
+            .filter(|_| !read_only)
+        {
+            swaps.push(base);
         }
+    }
+    for base in swaps {
+        finish_committed_swap(io, directory, base, &mut bases)?;
+        report.finished_compaction_swaps += 1;
     }
     bases.sort();
     let mut lost_segments = None;
@@ -340,6 +356,35 @@ struct SealedSegment {
     /// The base offset of the segment after it.
     next_base: Offset,
     read_only: bool,
+}
+
+/// A committed compaction swap `<base>.log.swap`: it replaces every segment whose base lies in
+/// its offset range. Remove those, rename it into place, and put its base in `bases`.
+fn finish_committed_swap<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    base: Offset,
+    bases: &mut Vec<Offset>,
+) -> Result<(), OpenError> {
+    let swap_path = compaction::path_with(directory, base, SWAP_SUFFIX);
+    let file = SegmentFile::open(io, swap_path.clone(), OpenMode::Read)?;
+    let size = file.size()?;
+    let mut end = base;
+    let scanned = segment::scan(&file, 0, size, |_, batch| {
+        end = batch.next_offset();
+        true
+    })?;
+    drop(file);
+    if scanned.damage.is_some() || end == base {
+        // Fsynced before it was committed, so it is whole unless the disk damaged it.
+        let kind = CorruptionKind::Malformed { reason: "a committed compaction swap is damaged" };
+        return Err(Corruption { file: swap_path, position: scanned.position, kind }.into());
+    }
+    let replaced: Vec<Offset> = bases.iter().copied().filter(|&b| b >= base && b < end).collect();
+    compaction::finish_swap(&**io, directory, base, &replaced)?;
+    bases.retain(|b| !replaced.contains(b));
+    bases.push(base);
+    Ok(())
 }
 
 /// Remove a segment's log and index files (whichever exist).

@@ -478,7 +478,7 @@ fn parse_rejects_bad_magic() {
 #[test]
 fn parse_rejects_an_unsupported_version_with_a_valid_checksum() {
     let mut bytes = plain_batch(1);
-    batch_header_mut(&mut bytes).version = U16::new(BATCH_VERSION + 1);
+    batch_header_mut(&mut bytes).version = U16::new(BATCH_VERSION_COMPACTED + 1);
     let checksum_before = batch_checksum(&bytes);
     assert!(matches!(
         parse_result(&bytes),
@@ -486,7 +486,7 @@ fn parse_rejects_an_unsupported_version_with_a_valid_checksum() {
             if actual == checksum_before
     ));
     reseal(&mut bytes);
-    let found = BATCH_VERSION + 1;
+    let found = BATCH_VERSION_COMPACTED + 1;
     let expected = Err(DecodeError::Corrupt(CorruptionKind::UnsupportedVersion { found }));
     assert_eq!(parse_result(&bytes), expected);
 }

@@ -1,0 +1,326 @@
+//! Key-based log compaction: the cleaner's pieces. `Partition::compact` drives them under the
+//! partition's maintenance lock.
+//!
+//! A pass takes the *cleanable* sealed segments (from the log start up to the first one
+//! holding a record younger than `min_compaction_lag_ms`), builds a bounded map from the hash
+//! of each key to its latest offset over the *dirty* part (written since the last pass), and
+//! rewrites the cleanable segments, in groups no larger than `segment_bytes`, keeping a record
+//! unless a later record of its key is in the map, or it is a tombstone (a key with an empty
+//! value) whose segment's newest record is older than `delete_retention_ms`. Records without a
+//! key are always kept. Offsets never change: each output batch is a compacted (version 2)
+//! batch covering the offset range of the source batches it replaces, so a group's output
+//! covers exactly the group's range, gaps and all.
+//!
+//! The swap of a group is crash-safe (docs/format.md, "Compaction"): the output is written to
+//! `<base>.cleaned` and fdatasynced, renamed to `<base>.swap` (the commit point, made durable by
+//! a directory fsync), the sources' files are removed, and `<base>.swap` is renamed to
+//! `<base>.log`. Recovery removes `.cleaned` files and finishes any `.swap`.
+
+use crate::Offset;
+use crate::error::IoError;
+use crate::format::{BatchInfo, RecordView, encode_compacted_batch};
+use crate::io::{self, Io, OpenMode, Operation};
+use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
+use crate::topic::TopicConfig;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_128;
+
+/// Suffix of a cleaned segment being written.
+pub const CLEANED_SUFFIX: &str = ".cleaned";
+/// Suffix of a cleaned segment whose swap is committed.
+pub const SWAP_SUFFIX: &str = ".swap";
+/// Most keys one pass maps (about 40 bytes each): the rest of the dirty part waits for the next
+/// pass.
+pub const KEY_MAP_ENTRIES_MAX: usize = 1 << 20;
+/// Output buffered before a write to the cleaned file.
+const WRITE_CHUNK_BYTES: usize = 4 << 20;
+
+/// A sealed segment a pass may read and replace.
+#[derive(Debug)]
+pub(crate) struct Source<I: Io> {
+    pub base: Offset,
+    pub next_offset: Offset,
+    pub size: u64,
+    pub max_timestamp: i64,
+    pub file: Arc<SegmentFile<I>>,
+}
+
+/// Hash of a key to the offset of its latest record in the mapped range.
+#[derive(Debug, Default)]
+pub(crate) struct KeyMap {
+    latest: HashMap<u128, Offset>,
+}
+
+impl KeyMap {
+    pub fn len(&self) -> usize {
+        self.latest.len()
+    }
+
+    fn superseded(&self, key: &[u8], offset: Offset) -> bool {
+        self.latest.get(&xxh3_128(key)).is_some_and(|&latest| latest > offset)
+    }
+}
+
+/// Map the keys of `sources` from offset `from` on, at most `capacity` distinct keys. Returns
+/// the map and the offset it ends at: records at or past it were not mapped (the map filled).
+pub(crate) fn build_key_map<I: Io>(
+    sources: &[Source<I>],
+    from: Offset,
+    capacity: usize,
+) -> Result<(KeyMap, Offset), IoError> {
+    let mut map = KeyMap::default();
+    let mut end = from;
+    for source in sources.iter().filter(|s| s.next_offset > from) {
+        let mut full = false;
+        segment::scan(&source.file, 0, source.size, |_, batch| {
+            // Whole batches only: a batch's records are all mapped or none.
+            let new_keys = batch
+                .records()
+                .filter(|r| r.offset() >= from)
+                .filter_map(|r| r.key())
+                .filter(|k| !map.latest.contains_key(&xxh3_128(k)))
+                .count();
+            if map.len() + new_keys > capacity && map.len() > 0 {
+                full = true;
+                return false;
+            }
+            for record in batch.records().filter(|r| r.offset() >= from) {
+                if let Some(key) = record.key() {
+                    map.latest.insert(xxh3_128(key), record.offset());
+                }
+            }
+            end = end.max(batch.next_offset());
+            true
+        })?;
+        if full {
+            break;
+        }
+    }
+    Ok((map, end))
+}
+
+/// What cleaning one group produced.
+#[derive(Debug)]
+pub(crate) struct Cleaned<I: Io> {
+    pub segment: Segment<I>,
+    pub records_in: u64,
+    pub records_kept: u64,
+}
+
+/// Write the cleaned version of `group` (consecutive sources) to `<base>.cleaned`, fdatasync
+/// it, and return it as a segment whose file path is already the final `<base>.log`.
+pub(crate) fn clean_group<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    group: &[Source<I>],
+    map: &KeyMap,
+    map_end: Offset,
+    now_ms: i64,
+    config: &TopicConfig,
+) -> Result<Cleaned<I>, IoError> {
+    let base = group[0].base;
+    let end = group.last().expect("a group holds a segment").next_offset;
+    let cleaned = path_with(directory, base, CLEANED_SUFFIX);
+    match io.remove_file(&cleaned) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(IoError::new("remove", &cleaned, error)),
+    }
+    let file = SegmentFile::open(io, cleaned.clone(), OpenMode::CreateNew)?;
+    let mut segment = Segment::empty(base, file, config.index_interval_bytes, i64::MIN);
+    let mut writer = Writer { segment: &mut segment, buffer: Vec::new(), written: 0 };
+    let mut held: Option<Held> = None;
+    let mut covered = base; // Every offset below this is covered by an emitted batch.
+    let (mut records_in, mut records_kept) = (0, 0);
+    for source in group {
+        let tombstones_expire =
+            now_ms.saturating_sub(source.max_timestamp) > config.delete_retention_ms;
+        let mut failure = None;
+        segment::scan(&source.file, 0, source.size, |_, batch| {
+            let mut kept_bytes = Vec::new();
+            let kept: Vec<RecordView<'_>> = batch
+                .records()
+                .filter(|record| {
+                    records_in += 1;
+                    keep(record, map, map_end, tombstones_expire)
+                })
+                .collect();
+            if kept.is_empty() {
+                return true;
+            }
+            records_kept += kept.len() as u64;
+            // The batch held so far ends where this one's range starts.
+            if let Some(previous) = held.take() {
+                let last = Offset::new(batch.base_offset().get() - 1);
+                if let Err(error) = previous.emit(&mut writer, last, &mut kept_bytes) {
+                    failure = Some(error);
+                    return false;
+                }
+                covered = last.plus(1);
+            }
+            held =
+                Some(Held::of(&kept, covered, batch.max_timestamp(), batch.synced_offset_hint()));
+            true
+        })?;
+        if let Some(error) = failure {
+            return Err(error);
+        }
+    }
+    let last = Offset::new(end.get() - 1);
+    let mut scratch = Vec::new();
+    if let Some(previous) = held {
+        previous.emit(&mut writer, last, &mut scratch)?;
+    } else {
+        // Nothing kept: one empty batch keeps the group's offsets accounted for.
+        let max_timestamp = group.iter().map(|s| s.max_timestamp).max().unwrap_or(i64::MIN);
+        let info = encode_compacted_batch(&mut scratch, base, last, &[], max_timestamp, base);
+        writer.push(&scratch, info)?;
+    }
+    writer.flush()?;
+    let file = &segment.file;
+    file.run(Operation::Fdatasync { file: file.handle })?;
+    assert_eq!(segment.next_offset, end, "a cleaned group covers the group's offsets");
+    Ok(Cleaned { segment, records_in, records_kept })
+}
+
+/// Whether cleaning keeps `record`.
+fn keep(record: &RecordView<'_>, map: &KeyMap, map_end: Offset, tombstones_expire: bool) -> bool {
+    let Some(key) = record.key() else { return true };
+    if record.offset() < map_end && map.superseded(key, record.offset()) {
+        return false;
+    }
+    let tombstone = record.value().is_empty();
+    !(tombstone && tombstones_expire && record.offset() < map_end)
+}
+
+/// The kept records of one source batch, not yet encoded: its range may still grow to cover
+/// the source batches after it that kept nothing.
+struct Held {
+    /// Copies of the records' bytes, re-viewed when encoding.
+    encoded: Vec<u8>,
+    start: Offset,
+    max_timestamp: i64,
+    hint: Offset,
+}
+
+impl Held {
+    fn of(kept: &[RecordView<'_>], start: Offset, max_timestamp: i64, hint: Offset) -> Held {
+        // Encoded now as a batch covering up to its last record; re-encoded with the final
+        // range on emit (kept records are few and small next to the I/O).
+        let last = kept.last().expect("held batches keep a record").offset();
+        let mut encoded = Vec::new();
+        let hint = hint.min(start);
+        encode_compacted_batch(&mut encoded, start, last, kept, max_timestamp, hint);
+        Held { encoded, start, max_timestamp, hint }
+    }
+
+    fn emit<I: Io>(
+        self,
+        writer: &mut Writer<'_, I>,
+        last: Offset,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), IoError> {
+        let batch = crate::format::parse_batch(&self.encoded).expect("a held batch parses");
+        let records: Vec<RecordView<'_>> = batch.records().collect();
+        scratch.clear();
+        let info = encode_compacted_batch(
+            scratch,
+            self.start,
+            last,
+            &records,
+            self.max_timestamp,
+            self.hint,
+        );
+        writer.push(scratch, info)
+    }
+}
+
+/// Buffered writes of output batches to the cleaned file, accounted in its segment.
+struct Writer<'a, I: Io> {
+    segment: &'a mut Segment<I>,
+    buffer: Vec<u8>,
+    written: u64,
+}
+
+impl<I: Io> Writer<'_, I> {
+    fn push(&mut self, batch: &[u8], info: BatchInfo) -> Result<(), IoError> {
+        self.buffer.extend_from_slice(batch);
+        self.segment.on_batch(info);
+        if self.buffer.len() >= WRITE_CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), IoError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let bytes = std::mem::take(&mut self.buffer);
+        let length = bytes.len() as u64;
+        self.segment.file.write(self.written, bytes)?;
+        self.written += length;
+        Ok(())
+    }
+}
+
+/// `<directory>/<base><suffix>`, the suffix after `.log` for cleaner files.
+pub(crate) fn path_with(directory: &Path, base: Offset, suffix: &str) -> PathBuf {
+    directory.join(format!("{}{suffix}", segment::file_name(base, LOG_SUFFIX)))
+}
+
+/// Commit a cleaned group: rename `.cleaned` to `.swap` and fsync the directory. From here a
+/// crash ends with the swap finished by recovery.
+pub(crate) fn commit_swap<I: Io + ?Sized>(
+    io: &I,
+    directory: &Path,
+    base: Offset,
+) -> Result<(), IoError> {
+    let cleaned = path_with(directory, base, CLEANED_SUFFIX);
+    let swap = path_with(directory, base, SWAP_SUFFIX);
+    io.rename(&cleaned, &swap).map_err(|e| IoError::new("rename", &cleaned, e))?;
+    io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
+}
+
+/// Finish a committed swap: remove the sources' files (every segment with a base in
+/// `bases`), rename `.swap` to `.log`, fsync the directory.
+pub(crate) fn finish_swap<I: Io + ?Sized>(
+    io: &I,
+    directory: &Path,
+    base: Offset,
+    sources: &[Offset],
+) -> Result<(), IoError> {
+    for &source in sources {
+        crate::recovery::remove_segment_files(io, directory, source)?;
+    }
+    let swap = path_with(directory, base, SWAP_SUFFIX);
+    let log = directory.join(segment::file_name(base, LOG_SUFFIX));
+    io.rename(&swap, &log).map_err(|e| IoError::new("rename", &swap, e))?;
+    io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
+}
+
+/// Split `sources` into consecutive groups of at most `segment_bytes` (each at least one
+/// segment) and at most `u32::MAX` offsets, so small cleaned segments merge.
+pub(crate) fn groups<I: Io>(
+    sources: &[Source<I>],
+    segment_bytes: u64,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, source) in sources.iter().enumerate() {
+        let span = source.next_offset.get() - sources[start].base.get();
+        if i > start && (bytes + source.size > segment_bytes || span > u64::from(u32::MAX)) {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += source.size;
+    }
+    if start < sources.len() {
+        out.push(start..sources.len());
+    }
+    out
+}
