@@ -62,11 +62,17 @@ pub enum Canary {
     RetentionRemovesOneTooMany = 22,
     /// A consumer-offset commit in `os` or `interval` mode returns before it is fsynced.
     CommitNotDurable = 23,
+    /// Compaction also drops the latest record of a key (it compares offsets with `>=`).
+    CompactionDropsLatest = 24,
+    /// Compaction drops tombstones at once, ignoring `delete_retention_ms`.
+    CompactionDropsTombstoneEarly = 25,
+    /// Compaction takes the active segment as cleanable too.
+    CompactionTouchesActiveSegment = 26,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 23] = [
+    pub const ALL: [Canary; 26] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -90,6 +96,9 @@ impl Canary {
         Canary::RetentionSkipsLogStart,
         Canary::RetentionRemovesOneTooMany,
         Canary::CommitNotDurable,
+        Canary::CompactionDropsLatest,
+        Canary::CompactionDropsTombstoneEarly,
+        Canary::CompactionTouchesActiveSegment,
     ];
 }
 

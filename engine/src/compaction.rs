@@ -17,6 +17,7 @@
 //! `<base>.log`. Recovery removes `.cleaned` files and finishes any `.swap`.
 
 use crate::Offset;
+use crate::canary::{self, Canary};
 use crate::error::IoError;
 use crate::format::{BatchInfo, RecordView, encode_compacted_batch};
 use crate::io::{self, Io, OpenMode, Operation};
@@ -59,7 +60,11 @@ impl KeyMap {
     }
 
     fn superseded(&self, key: &[u8], offset: Offset) -> bool {
-        self.latest.get(&xxh3_128(key)).is_some_and(|&latest| latest > offset)
+        let latest = self.latest.get(&xxh3_128(key));
+        if canary::active(Canary::CompactionDropsLatest) {
+            return latest.is_some_and(|&latest| latest >= offset);
+        }
+        latest.is_some_and(|&latest| latest > offset)
     }
 }
 
@@ -135,8 +140,9 @@ pub(crate) fn clean_group<I: Io>(
     let mut covered = base; // Every offset below this is covered by an emitted batch.
     let (mut records_in, mut records_kept) = (0, 0);
     for source in group {
-        let tombstones_expire =
-            now_ms.saturating_sub(source.max_timestamp) > config.delete_retention_ms;
+        let tombstones_expire = now_ms.saturating_sub(source.max_timestamp)
+            > config.delete_retention_ms
+            || canary::active(Canary::CompactionDropsTombstoneEarly);
         let mut failure = None;
         segment::scan(&source.file, 0, source.size, |_, batch| {
             let mut kept_bytes = Vec::new();

@@ -106,6 +106,8 @@ pub struct PartitionDescription {
     pub high_watermark: Offset,
     pub segment_count: usize,
     pub size_bytes: u64,
+    /// Compaction passes that rewrote segments since the partition was opened.
+    pub compaction_passes: u64,
 }
 
 #[derive(Debug)]
@@ -127,6 +129,7 @@ pub(crate) struct Partition<I: Io> {
     /// Compaction: every offset below this was cleaned by an earlier pass in this process
     /// (kept in memory only: after a restart the first pass cleans everything once).
     first_dirty: Mutex<Offset>,
+    compaction_passes: AtomicU64,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -224,6 +227,7 @@ impl<I: Io> Partition<I> {
             file_sync: Mutex::new(()),
             maintenance: Mutex::new(()),
             first_dirty: Mutex::new(Offset::ZERO),
+            compaction_passes: AtomicU64::new(0),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -275,6 +279,7 @@ impl<I: Io> Partition<I> {
             high_watermark: self.high_watermark(),
             segment_count: state.segments.len(),
             size_bytes: state.segments.iter().map(|s| s.size).sum(),
+            compaction_passes: self.compaction_passes.load(Ordering::Relaxed),
         }
     }
 
@@ -619,7 +624,12 @@ impl<I: Io> Partition<I> {
             // Sealed segments only, and none holding a record younger than the lag: the active
             // segment and what is above the high watermark are never touched.
             let horizon = now.saturating_sub(config.min_compaction_lag_ms);
-            let sealed = &state.segments[..state.segments.len() - 1];
+            let cleanable = if canary::active(Canary::CompactionTouchesActiveSegment) {
+                state.segments.len()
+            } else {
+                state.segments.len() - 1
+            };
+            let sealed = &state.segments[..cleanable];
             let sources: Vec<Source<I>> = sealed
                 .iter()
                 .take_while(|s| s.index.max_timestamp() <= horizon)
@@ -704,6 +714,7 @@ impl<I: Io> Partition<I> {
             state.segments.splice(at..at + group.len(), [segment]);
         }
         *self.first_dirty.lock() = map_end;
+        self.compaction_passes.fetch_add(1, Ordering::Relaxed);
         Ok(report)
     }
 

@@ -49,6 +49,9 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::RetentionSkipsLogStart => "retention-skips-log-start",
         Canary::RetentionRemovesOneTooMany => "retention-removes-one-too-many",
         Canary::CommitNotDurable => "commit-not-durable",
+        Canary::CompactionDropsLatest => "compaction-drops-latest",
+        Canary::CompactionDropsTombstoneEarly => "compaction-drops-tombstone-early",
+        Canary::CompactionTouchesActiveSegment => "compaction-touches-active-segment",
     }
 }
 

@@ -326,7 +326,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
     println!(
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
          faulty_opens={} direct_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
-         liveness_checks={} topic_changes={} retention_moves={} commits={} oracle_checks={}",
+         liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -341,6 +341,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.topic_changes,
         c.retention_moves,
         c.commits,
+        c.compaction_passes,
         c.oracle_checks
     );
     match &totals.first_failure {

@@ -48,11 +48,14 @@ impl PartitionModel {
     /// never past the end (the active segment is never removed), with `retention_ms` never
     /// past a record younger than that (its segment's newest record
     /// is younger still), and with neither setting never past 0.
+    /// On a compacted topic (`compacted`) records a later record of their key replaced may be
+    /// gone already, and do not hold retention back.
     pub fn retention_bound(
         &self,
         retention_ms: Option<i64>,
         retention_bytes: Option<u64>,
         now_ms: i64,
+        compacted: bool,
     ) -> u64 {
         if retention_ms.is_none() && retention_bytes.is_none() {
             return 0;
@@ -62,15 +65,20 @@ impl PartitionModel {
         // unsynced batches cut), and every sealed segment before it may go.
         let mut bound: u64 = batches.iter().map(|b| b.records.len() as u64).sum();
         if let Some(ms) = retention_ms {
-            let mut offset = 0;
-            'batches: for batch in &batches {
-                for record in &batch.records {
-                    if record.timestamp >= now_ms.saturating_sub(ms) {
-                        bound = bound.min(offset);
-                        break 'batches;
-                    }
-                    offset += 1;
+            let records: Vec<&ModelRecord> = batches.iter().flat_map(|b| &b.records).collect();
+            let mut last_of_key = std::collections::BTreeMap::new();
+            for (offset, record) in records.iter().enumerate() {
+                if let Some(key) = &record.key {
+                    last_of_key.insert(key.as_slice(), offset);
                 }
+            }
+            let young = records.iter().enumerate().find(|(offset, record)| {
+                let replaced = compacted
+                    && record.key.as_ref().is_some_and(|k| last_of_key[k.as_slice()] != *offset);
+                record.timestamp >= now_ms.saturating_sub(ms) && !replaced
+            });
+            if let Some((offset, _)) = young {
+                bound = bound.min(offset as u64);
             }
         }
         bound
@@ -148,6 +156,11 @@ pub struct Model {
     /// most one).
     pub retention_ms: Option<i64>,
     pub retention_bytes: Option<u64>,
+    /// The topic is compacted (`cleanup = compact` or `compact+delete`): reads skip removed
+    /// offsets, and the latest record of every key stays.
+    pub compacted: bool,
+    /// Its `delete_retention_ms`: a tombstone may go once it is older than that.
+    pub delete_retention_ms: i64,
 }
 
 impl Model {
@@ -161,6 +174,8 @@ impl Model {
             scratch_partitions: 1,
             retention_ms: None,
             retention_bytes: None,
+            compacted: false,
+            delete_retention_ms: 0,
         }
     }
 
@@ -215,7 +230,8 @@ impl Model {
 
     /// The highest log start retention may have reached in `partition` by `now_ms`.
     pub fn retention_bound(&self, partition: usize, now_ms: i64) -> u64 {
-        self.partitions[partition].retention_bound(self.retention_ms, self.retention_bytes, now_ms)
+        let partition = &self.partitions[partition];
+        partition.retention_bound(self.retention_ms, self.retention_bytes, now_ms, self.compacted)
     }
 
     /// After recovery found `count` records in `partition` (already checked against the

@@ -7,7 +7,7 @@
 use crate::disk::Faults;
 use crate::model::ModelRecord;
 use crate::rng::{PER_MILLION, Rng};
-use chronik_engine::{Durability, TopicConfig};
+use chronik_engine::{Cleanup, Durability, TopicConfig};
 
 /// The topic the workload writes.
 pub const TOPIC: &str = "events";
@@ -19,7 +19,7 @@ pub const PARTITIONS_MAX: u32 = 4;
 pub const BATCH_RECORDS_MAX: u64 = 8;
 /// Largest value.
 pub const VALUE_BYTES_MAX: u64 = 2000;
-/// Distinct keys: small, so that later compaction workloads see overwrites.
+/// Distinct keys unless a seed draws more: small, so that compaction sees overwrites.
 pub const KEYS_MAX: u64 = 16;
 
 /// Simulated cost of each kind of disk call, in microseconds.
@@ -68,6 +68,8 @@ pub struct Swarm {
     pub scratch: TopicConfig,
     /// Weight of steps that commit a consumer position.
     pub commit_weight: u64,
+    /// Distinct keys the workload writes.
+    pub keys: u64,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -145,6 +147,7 @@ impl Swarm {
                 ..TopicConfig::default()
             },
             commit_weight: 0,
+            keys: KEYS_MAX,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
         // third of the seeds keep records by age, a third by size, the rest forever.
@@ -154,6 +157,20 @@ impl Swarm {
             _ => {}
         }
         swarm.commit_weight = rng.between(0, 10);
+        // A third of the seeds compact their topic (a few of those also keep it by retention):
+        // mostly keyed records, a random dirty ratio, tombstones kept 0 to 5 s.
+        if rng.chance(PER_MILLION / 3) {
+            swarm.topic.cleanup =
+                if rng.chance(PER_MILLION / 4) { Cleanup::CompactDelete } else { Cleanup::Compact };
+            swarm.topic.min_cleanable_dirty_ratio = rng.below(11) as f64 / 10.0;
+            swarm.topic.delete_retention_ms = rng.between(0, 5_000).cast_signed();
+            swarm.key_per_million =
+                rng.between(u64::from(PER_MILLION) / 2, u64::from(PER_MILLION)) as u32;
+            // Sometimes many keys, so that some keys' latest records sit in sealed segments.
+            if rng.chance(PER_MILLION / 2) {
+                swarm.keys = rng.between(KEYS_MAX, 400);
+            }
+        }
         swarm
     }
 }
@@ -220,7 +237,7 @@ impl Swarm {
             .map(|_| {
                 let key = rng
                     .chance(self.key_per_million)
-                    .then(|| format!("key-{}", rng.below(KEYS_MAX)).into_bytes());
+                    .then(|| format!("key-{}", rng.below(self.keys)).into_bytes());
                 let length = rng.between(0, self.value_bytes_max) as usize;
                 let timestamp = if rng.chance(self.explicit_timestamp_per_million) {
                     now_ms - rng.below(10_000).cast_signed() + 500
