@@ -18,7 +18,7 @@
 
 use crate::Offset;
 use crate::canary::{self, Canary};
-use crate::error::IoError;
+use crate::error::{Corruption, IoError};
 use crate::format::{BatchInfo, RecordView, encode_compacted_batch};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
@@ -37,6 +37,22 @@ pub const SWAP_SUFFIX: &str = ".swap";
 pub const KEY_MAP_ENTRIES_MAX: usize = 1 << 20;
 /// Output buffered before a write to the cleaned file.
 const WRITE_CHUNK_BYTES: usize = 4 << 20;
+
+/// Why a pass failed.
+#[derive(Debug)]
+pub(crate) enum CleanError {
+    /// An I/O error: the engine is poisoned (fail-stop).
+    Io(IoError),
+    /// A source segment is damaged: this partition is left as it is and not compacted again
+    /// until reopened; the damage is reported on reads anyway.
+    Damaged(Corruption),
+}
+
+impl From<IoError> for CleanError {
+    fn from(error: IoError) -> Self {
+        CleanError::Io(error)
+    }
+}
 
 /// A sealed segment a pass may read and replace.
 #[derive(Debug)]
@@ -74,12 +90,12 @@ pub(crate) fn build_key_map<I: Io>(
     sources: &[Source<I>],
     from: Offset,
     capacity: usize,
-) -> Result<(KeyMap, Offset), IoError> {
+) -> Result<(KeyMap, Offset), CleanError> {
     let mut map = KeyMap::default();
     let mut end = from;
     for source in sources.iter().filter(|s| s.next_offset > from) {
         let mut full = false;
-        segment::scan(&source.file, 0, source.size, |_, batch| {
+        let scanned = segment::scan(&source.file, 0, source.size, |_, batch| {
             // Whole batches only: a batch's records are all mapped or none.
             let new_keys = batch
                 .records()
@@ -99,6 +115,9 @@ pub(crate) fn build_key_map<I: Io>(
             end = end.max(batch.next_offset());
             true
         })?;
+        if let Some(corruption) = scanned.corruption(&source.file.path).filter(|_| !full) {
+            return Err(CleanError::Damaged(corruption));
+        }
         if full {
             break;
         }
@@ -124,14 +143,14 @@ pub(crate) fn clean_group<I: Io>(
     map_end: Offset,
     now_ms: i64,
     config: &TopicConfig,
-) -> Result<Cleaned<I>, IoError> {
+) -> Result<Cleaned<I>, CleanError> {
     let base = group[0].base;
     let end = group.last().expect("a group holds a segment").next_offset;
     let cleaned = path_with(directory, base, CLEANED_SUFFIX);
     match io.remove_file(&cleaned) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => return Err(IoError::new("remove", &cleaned, error)),
+        Err(error) => return Err(IoError::new("remove", &cleaned, error).into()),
     }
     let file = SegmentFile::open(io, cleaned.clone(), OpenMode::CreateNew)?;
     let mut segment = Segment::empty(base, file, config.index_interval_bytes, i64::MIN);
@@ -144,7 +163,7 @@ pub(crate) fn clean_group<I: Io>(
             > config.delete_retention_ms
             || canary::active(Canary::CompactionDropsTombstoneEarly);
         let mut failure = None;
-        segment::scan(&source.file, 0, source.size, |_, batch| {
+        let scanned = segment::scan(&source.file, 0, source.size, |_, batch| {
             let mut kept_bytes = Vec::new();
             let kept: Vec<RecordView<'_>> = batch
                 .records()
@@ -171,7 +190,13 @@ pub(crate) fn clean_group<I: Io>(
             true
         })?;
         if let Some(error) = failure {
-            return Err(error);
+            return Err(error.into());
+        }
+        if let Some(corruption) = scanned.corruption(&source.file.path) {
+            // Never write a group with records missing: leave the sources as they are.
+            drop(writer);
+            let _ = io.remove_file(&cleaned);
+            return Err(CleanError::Damaged(corruption));
         }
     }
     let last = Offset::new(end.get() - 1);

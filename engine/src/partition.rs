@@ -7,7 +7,7 @@
 
 use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
-use crate::compaction::{self, KEY_MAP_ENTRIES_MAX, Source};
+use crate::compaction::{self, CleanError, KEY_MAP_ENTRIES_MAX, Source};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
@@ -108,6 +108,9 @@ pub struct PartitionDescription {
     pub size_bytes: u64,
     /// Compaction passes that rewrote segments since the partition was opened.
     pub compaction_passes: u64,
+    /// Compaction met damage in a segment and stopped for this partition until it is
+    /// reopened (reads report the damage where they meet it).
+    pub compaction_blocked: bool,
 }
 
 #[derive(Debug)]
@@ -130,6 +133,8 @@ pub(crate) struct Partition<I: Io> {
     /// (kept in memory only: after a restart the first pass cleans everything once).
     first_dirty: Mutex<Offset>,
     compaction_passes: AtomicU64,
+    /// Damage found by compaction in a source segment: no more passes until reopened.
+    compaction_blocked: Mutex<Option<Corruption>>,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -228,6 +233,7 @@ impl<I: Io> Partition<I> {
             maintenance: Mutex::new(()),
             first_dirty: Mutex::new(Offset::ZERO),
             compaction_passes: AtomicU64::new(0),
+            compaction_blocked: Mutex::new(None),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -280,6 +286,7 @@ impl<I: Io> Partition<I> {
             segment_count: state.segments.len(),
             size_bytes: state.segments.iter().map(|s| s.size).sum(),
             compaction_passes: self.compaction_passes.load(Ordering::Relaxed),
+            compaction_blocked: self.compaction_blocked.lock().is_some(),
         }
     }
 
@@ -615,6 +622,9 @@ impl<I: Io> Partition<I> {
         }
         let _maintenance = self.maintenance.lock();
         self.poison.check()?;
+        if self.compaction_blocked.lock().is_some() {
+            return Ok(None);
+        }
         let (sources, config) = {
             let state = self.state.lock();
             let config = state.config;
@@ -659,8 +669,18 @@ impl<I: Io> Partition<I> {
         if !force && ratio < config.min_cleanable_dirty_ratio && !overdue {
             return Ok(None);
         }
-        let result = self.clean(&sources, first_dirty, now, &config);
-        result.inspect_err(|e| self.poison_with(e)).map_err(AppendError::from).map(Some)
+        match self.clean(&sources, first_dirty, now, &config) {
+            Ok(report) => Ok(Some(report)),
+            Err(CleanError::Io(error)) => {
+                self.poison_with(&error);
+                Err(error.into())
+            }
+            Err(CleanError::Damaged(corruption)) => {
+                // This partition stays as it is; the others go on being compacted.
+                *self.compaction_blocked.lock() = Some(corruption);
+                Ok(None)
+            }
+        }
     }
 
     fn clean(
@@ -669,7 +689,7 @@ impl<I: Io> Partition<I> {
         first_dirty: Offset,
         now: i64,
         config: &TopicConfig,
-    ) -> Result<CompactionReport, IoError> {
+    ) -> Result<CompactionReport, CleanError> {
         let (map, map_end) = compaction::build_key_map(sources, first_dirty, KEY_MAP_ENTRIES_MAX)?;
         let cleanable: Vec<&Source<I>> = sources.iter().filter(|s| s.base < map_end).collect();
         let mut report = CompactionReport { keys: map.len() as u64, ..CompactionReport::default() };

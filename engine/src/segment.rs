@@ -276,6 +276,19 @@ pub struct ScanEnd {
     pub damage: Option<DecodeError>,
 }
 
+impl ScanEnd {
+    /// The damage the scan stopped at, as a `Corruption` of `file`.
+    pub fn corruption(&self, file: &Path) -> Option<crate::error::Corruption> {
+        let kind = match self.damage.as_ref()? {
+            DecodeError::Corrupt(kind) => kind.clone(),
+            &DecodeError::Incomplete { needed, available } => {
+                crate::error::CorruptionKind::Truncated { needed, available }
+            }
+        };
+        Some(crate::error::Corruption { file: file.to_path_buf(), position: self.position, kind })
+    }
+}
+
 /// Visit the valid batches of `file` from `start` to `end` in order, reading in bounded
 /// chunks. `visit` returns `false` to stop early.
 pub fn scan<I: Io>(

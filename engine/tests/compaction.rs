@@ -213,3 +213,34 @@ fn an_interrupted_swap_is_finished_or_undone_at_open() {
     assert_eq!(common::read_all(&engine, TOPIC, 0, 0, 1 << 20), expected);
     assert!(!partition.join("00000000000000000000.log.swap").exists());
 }
+
+/// Damage in a sealed segment stops compaction of that partition, without poisoning the
+/// engine or touching its files, and the other topics are still compacted.
+#[test]
+fn damage_stops_compaction_of_one_log_only() {
+    let directory = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(common::EPOCH_MS);
+    let (engine, _) = common::open_with_clock(directory.path(), Durability::Sync, clock.clone());
+    engine.create_topic(TOPIC, config()).unwrap();
+    fill(&engine, &clock, 40);
+    engine.create_topic("other", config()).unwrap();
+    for i in 0..400 {
+        let key = format!("k{}", i % 10);
+        engine.append("other", 0, &[Record::new(Some(key.as_bytes()), &[b'o'; 80])]).unwrap();
+    }
+    drop(engine);
+    let partition = common::partition_directory(directory.path(), TOPIC, 0);
+    let logs = common::log_files(&partition);
+    common::flip_byte(&logs[1], 100);
+    let before = common::snapshot(&partition);
+
+    let clock = ManualClock::new(common::EPOCH_MS + 60_000);
+    let (engine, _) = common::open_with_clock(directory.path(), Durability::Sync, clock);
+    assert_eq!(engine.compact_topic(TOPIC).unwrap()[0], None);
+    assert!(engine.poisoned().is_none(), "damage is not an I/O failure");
+    assert!(engine.describe_topic(TOPIC).unwrap().partitions[0].compaction_blocked);
+    assert!(engine.compact_topic("other").unwrap()[0].is_some(), "the other log is compacted");
+    engine.tick().unwrap();
+    drop(engine);
+    assert_eq!(common::snapshot(&partition), before, "the damaged log is left as it was");
+}
