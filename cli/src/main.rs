@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 failure, 2 usage error, 3 corrupted data found.
 
+mod compact;
 mod consume;
 mod demo;
 mod produce;
@@ -40,6 +41,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Produce a click stream into a fresh topic, read it back, and report throughput.
     Demo(demo::DemoArgs),
+    /// Compact every partition of a compacted topic now; print the sizes before and after.
+    Compact(compact::CompactArgs),
 }
 
 /// Parse `sync`, `os` or `interval:MS`.
@@ -118,6 +121,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Produce(args) => produce::run(&data()?, &args),
         Command::Consume(args) => consume::run(&data()?, &args),
         Command::Demo(args) => demo::run(&data()?, &args),
+        Command::Compact(args) => compact::run(&data()?, &args),
     }
 }
 

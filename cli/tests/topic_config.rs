@@ -119,3 +119,35 @@ fn a_consumer_group_resumes_across_commands() {
     let listed = stdout(&chronik(&data, &["topic", "list"], None));
     assert_eq!(listed, "t\n", "the offsets topic is internal");
 }
+
+/// `chronik compact TOPIC` compacts a compacted topic (sizes before and after, the latest
+/// value of every key still there) and refuses one that is not compacted (exit code 2).
+#[test]
+fn compact_command_keeps_the_latest_of_every_key() {
+    let directory = tempfile::tempdir().unwrap();
+    let data = directory.path().join("data");
+    let create =
+        ["topic", "create", "kv", "--config", "cleanup=compact", "--config", "segment_bytes=4096"];
+    stdout(&chronik(&data, &create, None));
+    for round in 0..5 {
+        let lines: String = (0..200)
+            .map(|i| format!("key{}:value-{round}-{i}\n", i % 20))
+            .collect::<Vec<_>>()
+            .concat();
+        stdout(&chronik(&data, &["produce", "kv", "--key-separator", ":"], Some(&lines)));
+    }
+    let printed = stdout(&chronik(&data, &["compact", "kv"], None));
+    assert!(printed.starts_with("compacted kv: "), "{printed}");
+    let consumed = stdout(&chronik(&data, &["consume", "kv", "--print-key"], None));
+    let mut latest = std::collections::BTreeMap::new();
+    for line in consumed.lines() {
+        let (key, value) = line.split_once('\t').unwrap();
+        latest.insert(key.to_owned(), value.to_owned());
+    }
+    assert_eq!(latest.len(), 20);
+    assert_eq!(latest["key7"], "value-4-187");
+    assert!(consumed.lines().count() < 1000, "compaction removed replaced records");
+    stdout(&chronik(&data, &["topic", "create", "plain"], None));
+    let refused = chronik(&data, &["compact", "plain"], None);
+    assert_eq!(refused.status.code(), Some(2));
+}

@@ -668,6 +668,16 @@ impl<I: Io> Engine<I> {
         Ok(())
     }
 
+    /// Compact one partition now, as [`Engine::compact_topic`] does each.
+    pub fn compact_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Option<CompactionReport>, AppendError> {
+        let partition = self.partition_for_append(topic, partition)?;
+        partition.compact(self.inner.context.clock.now_ms(), true)
+    }
+
     /// Compact every partition of a compacted topic now, whatever its dirty ratio (the lag
     /// bounds still hold). Returns one report per partition, `None` where nothing was
     /// cleanable.
