@@ -67,7 +67,42 @@ pub(crate) struct Source<I: Io> {
 /// Hash of a key to the offset of its latest record in the mapped range.
 #[derive(Debug, Default)]
 pub(crate) struct KeyMap {
-    latest: HashMap<u128, Offset>,
+    latest: HashMap<u128, Offset, BuildKeyHash>,
+}
+
+/// The map's keys are xxh3-128 hashes already: its buckets take their low 64 bits as they are
+/// instead of hashing them again.
+#[derive(Clone, Copy, Debug, Default)]
+struct BuildKeyHash;
+
+#[derive(Default)]
+struct KeyHash(u64);
+
+impl std::hash::BuildHasher for BuildKeyHash {
+    type Hasher = KeyHash;
+
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash(0)
+    }
+}
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u128` keys are hashed; fold any other input in, for completeness.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 = value as u64;
+    }
 }
 
 impl KeyMap {
@@ -95,23 +130,22 @@ pub(crate) fn build_key_map<I: Io>(
     let mut end = from;
     for source in sources.iter().filter(|s| s.next_offset > from) {
         let mut full = false;
+        let mut hashes: Vec<(u128, Offset)> = Vec::new();
         let scanned = segment::scan(&source.file, 0, source.size, |_, batch| {
             // Whole batches only: a batch's records are all mapped or none.
-            let new_keys = batch
-                .records()
-                .filter(|r| r.offset() >= from)
-                .filter_map(|r| r.key())
-                .filter(|k| !map.latest.contains_key(&xxh3_128(k)))
-                .count();
+            hashes.clear();
+            hashes.extend(
+                batch
+                    .records()
+                    .filter(|r| r.offset() >= from)
+                    .filter_map(|r| Some((xxh3_128(r.key()?), r.offset()))),
+            );
+            let new_keys = hashes.iter().filter(|(h, _)| !map.latest.contains_key(h)).count();
             if map.len() + new_keys > capacity && map.len() > 0 {
                 full = true;
                 return false;
             }
-            for record in batch.records().filter(|r| r.offset() >= from) {
-                if let Some(key) = record.key() {
-                    map.latest.insert(xxh3_128(key), record.offset());
-                }
-            }
+            map.latest.extend(hashes.iter().copied());
             end = end.max(batch.next_offset());
             true
         })?;

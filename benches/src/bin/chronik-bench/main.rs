@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! scripts/bench [--quick]        # installs fio, redis-server, nats-server if missing, then this
-//! chronik-bench [--quick] [--out target/bench] [--repeat N] [--only fio,redis,nats,commitlog,small,large,sync]
+//! chronik-bench [--quick] [--out target/bench] [--repeat N] [--only fio,redis,nats,commitlog,small,large,sync,compaction]
 //! ```
 //!
 //! Chronik scenarios, each on io_uring and on pread/pwrite: append (100 B and 1 KiB records,
@@ -67,6 +67,8 @@ enum Group {
     Large,
     /// Chronik: `sync` appends from 1 and 16 writers.
     Sync,
+    /// Chronik: compaction of a keyed topic (every key updated ten times).
+    Compaction,
 }
 
 impl Cli {
@@ -80,6 +82,8 @@ impl Cli {
 struct Sizes {
     small_records: u64,
     large_bytes: u64,
+    /// Distinct keys of the compaction scenario (each updated ten times).
+    compaction_keys: u64,
     sync_seconds: f64,
     peer_records: u64,
     fio_bytes: u64,
@@ -91,6 +95,7 @@ impl Sizes {
             Sizes {
                 small_records: 1_000_000,
                 large_bytes: 256 << 20,
+                compaction_keys: 100_000,
                 sync_seconds: 1.5,
                 peer_records: 200_000,
                 fio_bytes: 256 << 20,
@@ -99,6 +104,7 @@ impl Sizes {
             Sizes {
                 small_records: 5_000_000,
                 large_bytes: 1 << 30,
+                compaction_keys: 1_000_000,
                 sync_seconds: 5.0,
                 peer_records: 1_000_000,
                 fio_bytes: 1 << 30,
@@ -378,6 +384,11 @@ fn chronik_scenarios(
         out.push(report(append_os(&dir, direct, 1024, 64, large_records)?));
         std::fs::remove_dir_all(&dir)?;
     }
+    if cli.runs(Group::Compaction) && !backends.is_empty() {
+        let dir = fresh(base, "compaction")?;
+        out.extend(compaction(&dir, default_backend, sizes.compaction_keys)?.map(report));
+        std::fs::remove_dir_all(&dir)?;
+    }
     let writers: &[u32] = if cli.runs(Group::Sync) { &[1, 16] } else { &[] };
     for &writers in writers {
         for &backend in &backends {
@@ -392,6 +403,65 @@ fn chronik_scenarios(
         }
     }
     Ok(())
+}
+
+/// Compaction: `keys` keys, each updated ten times (round after round, 100 B values, batches
+/// of 1000, `os`), on a compacted topic of 64 MiB segments; then one forced pass over the
+/// partition, timed. Input bandwidth (what the pass read, the sealed segments) and its peak
+/// memory (the rise of the process's peak resident set during the pass, `VmHWM` reset first).
+/// The engine is opened without the background ticker, so nothing compacts early.
+fn compaction(dir: &Path, backend: Backend, keys: u64) -> anyhow::Result<[Measure; 2]> {
+    use chronik::engine::{Engine, runtime::SystemClock};
+    let options = Options { durability: Durability::Os, io_backend: backend, ..Options::default() };
+    let io = chronik::SystemIo::new(backend)?;
+    let (engine, _) = Engine::open(io, Arc::new(SystemClock), dir, options)?;
+    let config = TopicConfig {
+        segment_bytes: 64 << 20,
+        cleanup: chronik::Cleanup::Compact,
+        ..topic_config()
+    };
+    engine.create_topic(TOPIC, config)?;
+    let value = [0x5a_u8; 100];
+    let names: Vec<String> = (0..keys).map(|k| format!("key-{k:09}")).collect();
+    for _round in 0..10 {
+        for chunk in names.chunks(1000) {
+            let records: Vec<Record<'_>> =
+                chunk.iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
+            engine.append(TOPIC, 0, &records)?;
+        }
+    }
+    engine.flush()?;
+    settle();
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_before = proc_status_kib("VmRSS");
+    let start = Instant::now();
+    let report = engine
+        .compact_partition(TOPIC, 0)?
+        .ok_or_else(|| anyhow::anyhow!("the compaction pass found nothing to clean"))?;
+    let elapsed = start.elapsed();
+    let peak = proc_status_kib("VmHWM").saturating_sub(rss_before);
+    let system = format!("chronik {} (peak +{} MiB)", backend.name(), peak / 1024);
+    let scenario = format!("compact {} keys x 10 updates", human(keys as f64));
+    let input = Measure::new(&scenario, &system, report.records_in, report.bytes_in, elapsed);
+    let kept = Measure::new(
+        "compaction output",
+        &system_name(backend),
+        report.records_kept,
+        report.bytes_out,
+        elapsed,
+    );
+    Ok([input, kept])
+}
+
+/// A field of `/proc/self/status` in KiB (0 where there is none).
+fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Let the disk settle before a measurement: write back everything dirty (`sync`), so a
@@ -603,6 +673,16 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
             unit: "x",
         },
     ];
+    let compaction = measures
+        .iter()
+        .find(|m| m.scenario.starts_with("compact ") && m.skipped.is_none())
+        .and_then(|m| m.bytes_per_second);
+    out.push(Ratio {
+        what: "compaction input bandwidth over fio sequential write".into(),
+        value: divide(compaction, fio_write),
+        target: Some(0.5),
+        unit: "x",
+    });
     for scenario in ["append 1 KiB, batch 64, os", "append 100 B, sync, 16 writers"] {
         let value =
             |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
