@@ -3,6 +3,7 @@
 use crate::UsageError;
 use chronik::{Durability, TopicConfig, TopicError};
 use clap::Subcommand;
+use std::fmt::Write as _;
 use std::path::Path;
 
 #[derive(Subcommand, Debug)]
@@ -76,9 +77,11 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
         TopicCommand::Describe { name } => {
             let description = chronik.describe_topic(&name).map_err(chronik::Error::from)?;
             println!("topic {} {}", description.name, settings_line(&description.config));
-            println!("partition  start_offset  end_offset  high_watermark  segments  bytes");
+            let compacted = description.config.cleanup.compacts();
+            let extra = if compacted { "  cleaned_to  dirty_ratio" } else { "" };
+            println!("partition  start_offset  end_offset  high_watermark  segments  bytes{extra}");
             for p in description.partitions {
-                println!(
+                let mut line = format!(
                     "{:>9}  {:>12}  {:>10}  {:>14}  {:>8}  {}",
                     p.partition,
                     p.log_start_offset,
@@ -87,6 +90,17 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
                     p.segment_count,
                     p.size_bytes
                 );
+                if compacted {
+                    let ratio = if p.size_bytes == 0 {
+                        0.0
+                    } else {
+                        p.dirty_bytes as f64 / p.size_bytes as f64
+                    };
+                    let blocked =
+                        if p.compaction_blocked { "  (compaction stopped: damage)" } else { "" };
+                    let _ = write!(line, "  {:>10}  {ratio:>11.2}{blocked}", p.cleaned_offset);
+                }
+                println!("{line}");
             }
         }
         TopicCommand::Delete { name } => {

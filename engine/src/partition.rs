@@ -108,6 +108,11 @@ pub struct PartitionDescription {
     pub size_bytes: u64,
     /// Compaction passes that rewrote segments since the partition was opened.
     pub compaction_passes: u64,
+    /// Every offset below this was cleaned by compaction (0 for a log never compacted).
+    pub cleaned_offset: Offset,
+    /// Bytes of the segments holding offsets at or after `cleaned_offset`: the dirty part
+    /// (`dirty_bytes / size_bytes` is the dirty ratio).
+    pub dirty_bytes: u64,
     /// Compaction met damage in a segment and stopped for this partition until it is
     /// reopened (reads report the damage where they meet it).
     pub compaction_blocked: bool,
@@ -129,8 +134,7 @@ pub(crate) struct Partition<I: Io> {
     file_sync: Mutex<()>,
     /// Serialises retention and compaction; taken before any other lock.
     maintenance: Mutex<()>,
-    /// Compaction: every offset below this was cleaned by an earlier pass in this process
-    /// (kept in memory only: after a restart the first pass cleans everything once).
+    /// Compaction: every offset below this was cleaned by an earlier pass (`cleaner.offset`).
     first_dirty: Mutex<Offset>,
     compaction_passes: AtomicU64,
     /// Damage found by compaction in a source segment: no more passes until reopened.
@@ -214,6 +218,7 @@ impl<I: Io> Partition<I> {
             damaged: recovered.damaged,
             deleted: false,
         };
+        let cleaned = log_start::read_cleaner_offset(&*context.io, &directory);
         let partition = Partition {
             topic: topic.to_owned(),
             id,
@@ -231,7 +236,7 @@ impl<I: Io> Partition<I> {
             }),
             file_sync: Mutex::new(()),
             maintenance: Mutex::new(()),
-            first_dirty: Mutex::new(Offset::ZERO),
+            first_dirty: Mutex::new(cleaned),
             compaction_passes: AtomicU64::new(0),
             compaction_blocked: Mutex::new(None),
             checkpoint: checkpoint.map(Mutex::new),
@@ -277,6 +282,9 @@ impl<I: Io> Partition<I> {
     }
 
     pub fn describe(&self) -> PartitionDescription {
+        // Read before `state`: one guard at a time (a second lock in the same expression would
+        // wait for itself).
+        let cleaned = *self.first_dirty.lock();
         let state = self.state.lock();
         PartitionDescription {
             partition: self.id,
@@ -286,6 +294,13 @@ impl<I: Io> Partition<I> {
             segment_count: state.segments.len(),
             size_bytes: state.segments.iter().map(|s| s.size).sum(),
             compaction_passes: self.compaction_passes.load(Ordering::Relaxed),
+            cleaned_offset: cleaned,
+            dirty_bytes: state
+                .segments
+                .iter()
+                .filter(|s| s.next_offset > cleaned)
+                .map(|s| s.size)
+                .sum(),
             compaction_blocked: self.compaction_blocked.lock().is_some(),
         }
     }
@@ -733,6 +748,7 @@ impl<I: Io> Partition<I> {
             assert_eq!(replaced, bases, "the segments cleaned are still in place");
             state.segments.splice(at..at + group.len(), [segment]);
         }
+        log_start::write_cleaner_offset(&*self.io, &self.directory, map_end)?;
         *self.first_dirty.lock() = map_end;
         self.compaction_passes.fetch_add(1, Ordering::Relaxed);
         Ok(report)
