@@ -110,8 +110,8 @@ impl KeyMap {
         self.latest.len()
     }
 
-    fn superseded(&self, key: &[u8], offset: Offset) -> bool {
-        let latest = self.latest.get(&xxh3_128(key));
+    fn superseded(&self, hash: u128, offset: Offset) -> bool {
+        let latest = self.latest.get(&hash);
         if canary::active(Canary::CompactionDropsLatest) {
             return latest.is_some_and(|&latest| latest >= offset);
         }
@@ -199,12 +199,21 @@ pub(crate) fn clean_group<I: Io>(
         let mut failure = None;
         let scanned = segment::scan(&source.file, 0, source.size, |_, batch| {
             let mut kept_bytes = Vec::new();
-            let kept: Vec<RecordView<'_>> = batch
-                .records()
-                .filter(|record| {
-                    records_in += 1;
-                    keep(record, map, map_end, tombstones_expire)
-                })
+            // Hash every key of the batch first, then look them all up: the lookups are
+            // independent, so their cache misses overlap instead of queueing.
+            let records: Vec<RecordView<'_>> = batch.records().collect();
+            records_in += records.len() as u64;
+            let hashes: Vec<Option<u128>> =
+                records.iter().map(|r| r.key().map(xxh3_128)).collect();
+            let verdicts: Vec<bool> = records
+                .iter()
+                .zip(&hashes)
+                .map(|(record, hash)| keep(record, *hash, map, map_end, tombstones_expire))
+                .collect();
+            let kept: Vec<RecordView<'_>> = records
+                .into_iter()
+                .zip(verdicts)
+                .filter_map(|(record, keep)| keep.then_some(record))
                 .collect();
             if kept.is_empty() {
                 return true;
@@ -250,10 +259,16 @@ pub(crate) fn clean_group<I: Io>(
     Ok(Cleaned { segment, records_in, records_kept })
 }
 
-/// Whether cleaning keeps `record`.
-fn keep(record: &RecordView<'_>, map: &KeyMap, map_end: Offset, tombstones_expire: bool) -> bool {
-    let Some(key) = record.key() else { return true };
-    if record.offset() < map_end && map.superseded(key, record.offset()) {
+/// Whether cleaning keeps `record`, whose key hashes to `hash` (`None`: no key).
+fn keep(
+    record: &RecordView<'_>,
+    hash: Option<u128>,
+    map: &KeyMap,
+    map_end: Offset,
+    tombstones_expire: bool,
+) -> bool {
+    let Some(hash) = hash else { return true };
+    if record.offset() < map_end && map.superseded(hash, record.offset()) {
         return false;
     }
     let tombstone = record.value().is_empty();
