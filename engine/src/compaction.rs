@@ -203,8 +203,7 @@ pub(crate) fn clean_group<I: Io>(
             // independent, so their cache misses overlap instead of queueing.
             let records: Vec<RecordView<'_>> = batch.records().collect();
             records_in += records.len() as u64;
-            let hashes: Vec<Option<u128>> =
-                records.iter().map(|r| r.key().map(xxh3_128)).collect();
+            let hashes: Vec<Option<u128>> = records.iter().map(|r| r.key().map(xxh3_128)).collect();
             let verdicts: Vec<bool> = records
                 .iter()
                 .zip(&hashes)
