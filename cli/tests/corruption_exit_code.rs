@@ -3,26 +3,10 @@
 //! is left as it was. Garbage appended to the active segment is a torn tail: cut and reported,
 //! every acknowledged record kept.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn chronik(data: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_chronik"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        std::io::Write::write_all(&mut input, text.as_bytes()).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
-}
+use common::chronik;
+use std::path::{Path, PathBuf};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

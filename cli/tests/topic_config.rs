@@ -2,27 +2,11 @@
 //! settings are stored, shown by `topic describe`, survive reopening, and a bad one is a usage
 //! error (exit code 2) that changes nothing. Retention set this way removes old segments.
 
-use std::fmt::Write as _;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-fn chronik(data: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_chronik"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        std::io::Write::write_all(&mut input, text.as_bytes()).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
-}
+use common::chronik;
+use std::fmt::Write as _;
+use std::process::Output;
 
 fn stdout(output: &Output) -> String {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

@@ -19,7 +19,7 @@
 use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::error::{Corruption, IoError};
-use crate::format::{BatchInfo, RecordView, encode_compacted_batch};
+use crate::format::{BatchInfo, RecordView, encode_compacted_batch, extend_compacted_batch};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
 use crate::topic::TopicConfig;
@@ -198,7 +198,6 @@ pub(crate) fn clean_group<I: Io>(
             || canary::active(Canary::CompactionDropsTombstoneEarly);
         let mut failure = None;
         let scanned = segment::scan(&source.file, 0, source.size, |_, batch| {
-            let mut kept_bytes = Vec::new();
             // Hash every key of the batch first, then look them all up: the lookups are
             // independent, so their cache misses overlap instead of queueing.
             let records: Vec<RecordView<'_>> = batch.records().collect();
@@ -221,7 +220,7 @@ pub(crate) fn clean_group<I: Io>(
             // The batch held so far ends where this one's range starts.
             if let Some(previous) = held.take() {
                 let last = Offset::new(batch.base_offset().get() - 1);
-                if let Err(error) = previous.emit(&mut writer, last, &mut kept_bytes) {
+                if let Err(error) = previous.emit(&mut writer, last) {
                     failure = Some(error);
                     return false;
                 }
@@ -242,10 +241,10 @@ pub(crate) fn clean_group<I: Io>(
         }
     }
     let last = Offset::new(end.get() - 1);
-    let mut scratch = Vec::new();
     if let Some(previous) = held {
-        previous.emit(&mut writer, last, &mut scratch)?;
+        previous.emit(&mut writer, last)?;
     } else {
+        let mut scratch = Vec::new();
         // Nothing kept: one empty batch keeps the group's offsets accounted for.
         let max_timestamp = group.iter().map(|s| s.max_timestamp).max().unwrap_or(i64::MIN);
         let info = encode_compacted_batch(&mut scratch, base, last, &[], max_timestamp, base);
@@ -277,42 +276,21 @@ fn keep(
 /// The kept records of one source batch, not yet encoded: its range may still grow to cover
 /// the source batches after it that kept nothing.
 struct Held {
-    /// Copies of the records' bytes, re-viewed when encoding.
+    /// The batch, encoded to end at its last kept record; widened on emit.
     encoded: Vec<u8>,
-    start: Offset,
-    max_timestamp: i64,
-    hint: Offset,
 }
 
 impl Held {
     fn of(kept: &[RecordView<'_>], start: Offset, max_timestamp: i64, hint: Offset) -> Held {
-        // Encoded now as a batch covering up to its last record; re-encoded with the final
-        // range on emit (kept records are few and small next to the I/O).
         let last = kept.last().expect("held batches keep a record").offset();
         let mut encoded = Vec::new();
-        let hint = hint.min(start);
-        encode_compacted_batch(&mut encoded, start, last, kept, max_timestamp, hint);
-        Held { encoded, start, max_timestamp, hint }
+        encode_compacted_batch(&mut encoded, start, last, kept, max_timestamp, hint.min(start));
+        Held { encoded }
     }
 
-    fn emit<I: Io>(
-        self,
-        writer: &mut Writer<'_, I>,
-        last: Offset,
-        scratch: &mut Vec<u8>,
-    ) -> Result<(), IoError> {
-        let batch = crate::format::parse_batch(&self.encoded).expect("a held batch parses");
-        let records: Vec<RecordView<'_>> = batch.records().collect();
-        scratch.clear();
-        let info = encode_compacted_batch(
-            scratch,
-            self.start,
-            last,
-            &records,
-            self.max_timestamp,
-            self.hint,
-        );
-        writer.push(scratch, info)
+    fn emit<I: Io>(mut self, writer: &mut Writer<'_, I>, last: Offset) -> Result<(), IoError> {
+        let info = extend_compacted_batch(&mut self.encoded, last);
+        writer.push(&self.encoded, info)
     }
 }
 

@@ -414,29 +414,32 @@ impl Oracle for RetentionBounds {
     }
 
     fn check(&self, context: &Context<'_>, _rng: &mut Rng) -> Result<(), Violation> {
-        for (partition, model) in context.model.partitions.iter().enumerate() {
+        for partition in 0..context.model.partitions.len() {
             let Some(&start) = context.scan.starts.get(partition) else { continue };
-            let violation = |why: String| {
-                Err(Violation::new(self.name(), format!("partition {partition}: {why}")))
-            };
-            if start < model.log_start {
-                return violation(format!(
-                    "log start {start} moved back below {}",
-                    model.log_start
-                ));
-            }
-            if start == model.log_start {
-                continue;
-            }
-            let bound = context.model.retention_bound(partition, context.now_ms);
-            if start > bound {
-                return violation(format!(
-                    "log start {start} past what retention may remove ({bound})"
-                ));
+            if let Some(why) = retention_violation(context.model, partition, start, context.now_ms)
+            {
+                return Err(Violation::new(self.name(), format!("partition {partition}: {why}")));
             }
         }
         Ok(())
     }
+}
+
+/// What is wrong with a log start of `start` for `partition` by `now_ms`, if anything: below
+/// the highest one seen (it moved back), or past what the topic's retention may remove.
+pub fn retention_violation(
+    model: &Model,
+    partition: usize,
+    start: u64,
+    now_ms: i64,
+) -> Option<String> {
+    let seen = model.partitions[partition].log_start;
+    if start < seen {
+        return Some(format!("log start {start} moved back below {seen}"));
+    }
+    let bound = model.retention_bound(partition, now_ms);
+    (start > seen && start > bound)
+        .then(|| format!("log start {start} past what retention may remove ({bound})"))
 }
 
 /// On a compacted topic, compaction removes only records a later record of the same key

@@ -1217,17 +1217,8 @@ impl Sim {
             }
             let violation =
                 |why: String| Err(Violation::new(ORACLE, format!("partition {partition}: {why}")));
-            if start < model.log_start {
-                return violation(format!(
-                    "log start {start} moved back below {}",
-                    model.log_start
-                ));
-            }
-            let bound = self.model.retention_bound(partition, now);
-            if start > bound {
-                return violation(format!(
-                    "log start {start} past what retention may remove ({bound})"
-                ));
+            if let Some(why) = oracle::retention_violation(&self.model, partition, start, now) {
+                return violation(why);
             }
             if let Some(limit) = self.model.retention_bytes {
                 let left = model.bytes_from(start);

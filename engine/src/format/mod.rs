@@ -290,6 +290,31 @@ pub fn encode_compacted_batch(
     }
 }
 
+/// Widen the compacted batch at the start of `batch` to end at `last_offset` (covering offsets
+/// after its last record that compaction removed) and recompute its checksum. Returns its
+/// [`BatchInfo`].
+pub fn extend_compacted_batch(batch: &mut [u8], last_offset: Offset) -> BatchInfo {
+    let (header, _) = BatchHeader::mut_from_prefix(batch).expect("an encoded batch");
+    assert_eq!(header.version.get(), BATCH_VERSION_COMPACTED, "only compacted batches widen");
+    let base = header.base_offset.get();
+    let delta = u32::try_from(last_offset.get() - base)
+        .expect("a compacted batch covers at most u32::MAX offsets");
+    assert!(delta >= header.last_offset_delta.get(), "a batch only widens");
+    header.last_offset_delta = U32::new(delta);
+    let info = BatchInfo {
+        base_offset: Offset::new(base),
+        next_offset: last_offset.plus(1),
+        first_timestamp: header.first_timestamp.get(),
+        max_timestamp: header.max_timestamp.get(),
+        length: header.length.get(),
+    };
+    let length = header.length.get() as usize;
+    let checksum = batch_checksum(&batch[..length]);
+    batch[..CHECKSUM_BYTES].copy_from_slice(&checksum.to_le_bytes());
+    debug_assert!(parse_batch(batch).is_ok(), "a widened batch parses");
+    info
+}
+
 /// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
 /// and recompute its checksum. Lets appenders encode outside the partition lock.
 pub fn set_batch_offsets(batch: &mut [u8], base_offset: Offset, synced_offset_hint: Offset) {
