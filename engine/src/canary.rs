@@ -68,11 +68,17 @@ pub enum Canary {
     CompactionDropsTombstoneEarly = 25,
     /// Compaction takes the active segment as cleanable too.
     CompactionTouchesActiveSegment = 26,
+    /// Committing a compaction swap renames `.cleaned` to `.swap` without fsyncing the
+    /// directory before the sources are removed.
+    SwapWithoutDirectoryFsync = 27,
+    /// Finishing a swap renames `.swap` to `.log` without first fsyncing the directory after
+    /// removing the sources, so a crash may keep the rename and lose a removal.
+    SwapRenameBeforeRemovalsSynced = 28,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 26] = [
+    pub const ALL: [Canary; 28] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -99,6 +105,8 @@ impl Canary {
         Canary::CompactionDropsLatest,
         Canary::CompactionDropsTombstoneEarly,
         Canary::CompactionTouchesActiveSegment,
+        Canary::SwapWithoutDirectoryFsync,
+        Canary::SwapRenameBeforeRemovalsSynced,
     ];
 }
 

@@ -41,8 +41,13 @@ const WRITE_CHUNK_BYTES: usize = 4 << 20;
 /// Why a pass failed.
 #[derive(Debug)]
 pub(crate) enum CleanError {
-    /// An I/O error: the engine is poisoned (fail-stop).
+    /// An I/O error after a group's swap was committed: the engine is poisoned (fail-stop)
+    /// and the next open finishes the swap.
     Io(IoError),
+    /// An I/O error before a group's swap was committed (reading the sources, writing or
+    /// syncing the `.cleaned` file, disk full): the pass is abandoned, the group stays as it
+    /// was (groups swapped before it stay swapped), and the engine goes on serving.
+    Aborted(IoError),
     /// A source segment is damaged: this partition is left as it is and not compacted again
     /// until reopened; the damage is reported on reads anyway.
     Damaged(Corruption),
@@ -51,6 +56,16 @@ pub(crate) enum CleanError {
 impl From<IoError> for CleanError {
     fn from(error: IoError) -> Self {
         CleanError::Io(error)
+    }
+}
+
+impl CleanError {
+    /// The same failure, met before anything was committed.
+    pub(crate) fn before_commit(self) -> Self {
+        match self {
+            CleanError::Io(error) => CleanError::Aborted(error),
+            other => other,
+        }
     }
 }
 
@@ -338,19 +353,33 @@ pub(crate) fn commit_swap<I: Io + ?Sized>(
     let cleaned = path_with(directory, base, CLEANED_SUFFIX);
     let swap = path_with(directory, base, SWAP_SUFFIX);
     io.rename(&cleaned, &swap).map_err(|e| IoError::new("rename", &cleaned, e))?;
+    if crate::canary::active(crate::canary::Canary::SwapWithoutDirectoryFsync) {
+        return Ok(());
+    }
     io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
 }
 
 /// Finish a committed swap: remove the sources' files (every segment with a base in
-/// `bases`), rename `.swap` to `.log`, fsync the directory.
+/// `sources`, and whatever is left of the segment at `base`), fsync the directory, rename
+/// `.swap` to `.log`, fsync the directory.
+///
+/// The fsync between the removals and the rename is what keeps a crash from making the
+/// rename durable without every removal: nothing orders a directory's unsynced changes, and
+/// a cleaned `<base>.log` beside a surviving source would overlap it.
 pub(crate) fn finish_swap<I: Io + ?Sized>(
     io: &I,
     directory: &Path,
     base: Offset,
     sources: &[Offset],
 ) -> Result<(), IoError> {
-    for &source in sources {
+    // The base's own files go too even when its log is already gone: index files left
+    // beside the new log would describe the old one.
+    let others = sources.iter().copied().filter(|&source| source != base);
+    for source in std::iter::once(base).chain(others) {
         crate::recovery::remove_segment_files(io, directory, source)?;
+    }
+    if !crate::canary::active(crate::canary::Canary::SwapRenameBeforeRemovalsSynced) {
+        io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
     let swap = path_with(directory, base, SWAP_SUFFIX);
     let log = directory.join(segment::file_name(base, LOG_SUFFIX));

@@ -18,7 +18,8 @@ use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::{self, FileHandle, Io};
 use crate::partition::{
-    Appended, CompactionReport, Partition, PartitionContext, PartitionDescription,
+    Appended, CompactionFailure, CompactionReport, Partition, PartitionContext,
+    PartitionDescription,
 };
 use crate::recovery::RecoveryReport;
 use crate::segment;
@@ -663,9 +664,27 @@ impl<I: Io> Engine<I> {
         let now = self.inner.context.clock.now_ms();
         for partition in self.all_partitions() {
             partition.apply_retention(now)?;
-            partition.compact(now, false)?;
+            // An abandoned pass leaves its log as it was and is kept for `compaction_error`;
+            // the other partitions go on. Only a poisoned engine stops the tick.
+            if let Err(error) = partition.compact(now, false) {
+                self.inner.context.poison.check()?;
+                debug_assert!(matches!(error, AppendError::Io(_)), "{error}");
+            }
         }
         Ok(())
+    }
+
+    /// The last compaction pass of a partition that was abandoned on an I/O error (reading
+    /// its segments, writing the cleaned copy, disk full), while no pass has succeeded since.
+    /// The group that failed is as it was (groups swapped before it stay swapped), and the
+    /// partition is served as usual; the tick tries again after a back-off of 1 s doubling
+    /// per failure in a row, up to a minute.
+    pub fn compaction_error(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<Option<CompactionFailure>, AppendError> {
+        Ok(self.partition_for_append(topic, partition)?.compaction_failure())
     }
 
     /// Compact one partition now, as [`Engine::compact_topic`] does each.

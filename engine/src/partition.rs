@@ -94,6 +94,9 @@ pub struct CompactionReport {
     pub records_kept: u64,
     /// Distinct keys in the pass's key map.
     pub keys: u64,
+    /// Writing the new segments' index files or `cleaner.offset` failed (derived data: the
+    /// pass stands, and the next open rebuilds the indexes or cleans from further back).
+    pub derived_files_failed: bool,
 }
 
 /// A partition as [`crate::Engine::describe_topic`] reports it.
@@ -116,7 +119,29 @@ pub struct PartitionDescription {
     /// Compaction met damage in a segment and stopped for this partition until it is
     /// reopened (reads report the damage where they meet it).
     pub compaction_blocked: bool,
+    /// Compaction passes abandoned on an I/O error before a group's commit (that group is as
+    /// it was; the tick retries after a back-off). See [`Engine::compaction_error`].
+    ///
+    /// [`Engine::compaction_error`]: crate::Engine::compaction_error
+    pub compaction_failures: u64,
 }
+
+/// A compaction pass abandoned on an I/O error before it committed anything.
+#[derive(Clone, Debug)]
+pub struct CompactionFailure {
+    /// The error, as its `Display` wrote it (operation, file and cause).
+    pub message: String,
+    pub kind: std::io::ErrorKind,
+    /// Failures in a row, for the back-off.
+    pub streak: u32,
+    /// Engine clock time before which the tick does not try this partition again.
+    pub retry_at_ms: i64,
+}
+
+/// First back-off after an abandoned compaction pass; it doubles per failure in a row.
+const COMPACTION_BACKOFF_MS: i64 = 1_000;
+/// Longest back-off between compaction attempts after failures.
+const COMPACTION_BACKOFF_MAX_MS: i64 = 60_000;
 
 #[derive(Debug)]
 pub(crate) struct Partition<I: Io> {
@@ -139,6 +164,9 @@ pub(crate) struct Partition<I: Io> {
     compaction_passes: AtomicU64,
     /// Damage found by compaction in a source segment: no more passes until reopened.
     compaction_blocked: Mutex<Option<Corruption>>,
+    /// The last abandoned pass (an I/O error before its commit) and when to try again.
+    compaction_failure: Mutex<Option<CompactionFailure>>,
+    compaction_failures: AtomicU64,
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
@@ -239,6 +267,8 @@ impl<I: Io> Partition<I> {
             first_dirty: Mutex::new(cleaned),
             compaction_passes: AtomicU64::new(0),
             compaction_blocked: Mutex::new(None),
+            compaction_failure: Mutex::new(None),
+            compaction_failures: AtomicU64::new(0),
             checkpoint: checkpoint.map(Mutex::new),
             watermark: Mutex::new(end),
             watermark_changed: Condvar::new(),
@@ -302,7 +332,13 @@ impl<I: Io> Partition<I> {
                 .map(|s| s.size)
                 .sum(),
             compaction_blocked: self.compaction_blocked.lock().is_some(),
+            compaction_failures: self.compaction_failures.load(Ordering::Relaxed),
         }
+    }
+
+    /// The last abandoned compaction pass, while no pass has succeeded since.
+    pub fn compaction_failure(&self) -> Option<CompactionFailure> {
+        self.compaction_failure.lock().clone()
     }
 
     fn poison_with(&self, error: &IoError) {
@@ -630,7 +666,12 @@ impl<I: Io> Partition<I> {
     /// One compaction pass (see [`crate::compaction`]) if the topic is compacted and due: its
     /// dirty ratio reached `min_cleanable_dirty_ratio`, a dirty segment is older than
     /// `max_compaction_lag_ms`, or `force`. Returns what it did, or `None` if nothing was due.
-    /// Any I/O error poisons the engine; the next open finishes or undoes the swap in flight.
+    ///
+    /// An I/O error before a group's swap is committed abandons the pass (groups swapped
+    /// before it stay swapped; the failing group is left as it was): the error is returned
+    /// without poisoning and kept for [`Partition::
+    /// compaction_failure`], and passes that are not forced wait for a back-off. An I/O error
+    /// at or after a commit poisons the engine; the next open finishes the swap in flight.
     pub fn compact(&self, now: i64, force: bool) -> Result<Option<CompactionReport>, AppendError> {
         if self.checkpoint.is_none() {
             return Ok(None);
@@ -638,6 +679,11 @@ impl<I: Io> Partition<I> {
         let _maintenance = self.maintenance.lock();
         self.poison.check()?;
         if self.compaction_blocked.lock().is_some() {
+            return Ok(None);
+        }
+        let backing_off =
+            self.compaction_failure.lock().as_ref().is_some_and(|f| now < f.retry_at_ms);
+        if backing_off && !force {
             return Ok(None);
         }
         let (sources, config) = {
@@ -685,7 +731,22 @@ impl<I: Io> Partition<I> {
             return Ok(None);
         }
         match self.clean(&sources, first_dirty, now, &config) {
-            Ok(report) => Ok(Some(report)),
+            Ok(report) => {
+                *self.compaction_failure.lock() = None;
+                Ok(Some(report))
+            }
+            Err(CleanError::Aborted(error)) => {
+                self.compaction_failures.fetch_add(1, Ordering::Relaxed);
+                let mut failure = self.compaction_failure.lock();
+                let streak = failure.as_ref().map_or(0, |f| f.streak).saturating_add(1);
+                let backoff = COMPACTION_BACKOFF_MS
+                    .saturating_mul(1 << streak.min(16).saturating_sub(1))
+                    .min(COMPACTION_BACKOFF_MAX_MS);
+                let retry_at_ms = now.saturating_add(backoff);
+                let (message, kind) = (error.to_string(), error.source.kind());
+                *failure = Some(CompactionFailure { message, kind, streak, retry_at_ms });
+                Err(error.into())
+            }
             Err(CleanError::Io(error)) => {
                 self.poison_with(&error);
                 Err(error.into())
@@ -705,7 +766,8 @@ impl<I: Io> Partition<I> {
         now: i64,
         config: &TopicConfig,
     ) -> Result<CompactionReport, CleanError> {
-        let (map, map_end) = compaction::build_key_map(sources, first_dirty, KEY_MAP_ENTRIES_MAX)?;
+        let (map, map_end) = compaction::build_key_map(sources, first_dirty, KEY_MAP_ENTRIES_MAX)
+            .map_err(CleanError::before_commit)?;
         let cleanable: Vec<&Source<I>> = sources.iter().filter(|s| s.base < map_end).collect();
         let mut report = CompactionReport { keys: map.len() as u64, ..CompactionReport::default() };
         let owned: Vec<Source<I>> =
@@ -722,15 +784,29 @@ impl<I: Io> Partition<I> {
                 map_end,
                 now,
                 config,
-            )?;
+            )
+            .map_err(|e| {
+                // Best effort: the next pass and the next open remove it too.
+                let _ = self.io.remove_file(&compaction::path_with(
+                    &self.directory,
+                    base,
+                    compaction::CLEANED_SUFFIX,
+                ));
+                e.before_commit()
+            })?;
             compaction::commit_swap(&*self.io, &self.directory, base)?;
             compaction::finish_swap(&*self.io, &self.directory, base, &bases)?;
             let mut segment = cleaned.segment;
             let log = self.directory.join(segment::file_name(base, LOG_SUFFIX));
             segment.file = Arc::new(SegmentFile::open(&self.io, log, OpenMode::Read)?);
-            segment.write_index_files()?;
-            io::sync_directory(&*self.io, &self.directory)
-                .map_err(|e| IoError::new("fsync", &self.directory, e))?;
+            // Index files are derived: the swap is complete without them, the in-memory index
+            // serves, and the next open rebuilds what is missing or half written. A disk that
+            // fills here costs this partition nothing but a rebuild.
+            let indexed = segment.write_index_files().and_then(|()| {
+                io::sync_directory(&*self.io, &self.directory)
+                    .map_err(|e| IoError::new("fsync", &self.directory, e))
+            });
+            report.derived_files_failed |= indexed.is_err();
             report.segments_in += group.len() as u64;
             report.segments_out += 1;
             report.bytes_in += group.iter().map(|s| s.size).sum::<u64>();
@@ -748,7 +824,9 @@ impl<I: Io> Partition<I> {
             assert_eq!(replaced, bases, "the segments cleaned are still in place");
             state.segments.splice(at..at + group.len(), [segment]);
         }
-        log_start::write_cleaner_offset(&*self.io, &self.directory, map_end)?;
+        // Advisory too: absent or stale, the next open cleans from an earlier offset again.
+        let recorded = log_start::write_cleaner_offset(&*self.io, &self.directory, map_end);
+        report.derived_files_failed |= recorded.is_err();
         *self.first_dirty.lock() = map_end;
         self.compaction_passes.fetch_add(1, Ordering::Relaxed);
         Ok(report)

@@ -201,6 +201,9 @@ pub(crate) fn recover_partition<I: Io>(
         report.finished_compaction_swaps += 1;
     }
     bases.sort();
+    if !read_only {
+        remove_orphan_indexes(io, directory, &entries, &bases, &mut report)?;
+    }
     let mut lost_segments = None;
     if bases.is_empty() {
         // Topic creation always makes a first segment: its absence means lost files. Start
@@ -384,6 +387,32 @@ fn finish_committed_swap<I: Io>(
     compaction::finish_swap(&**io, directory, base, &replaced)?;
     bases.retain(|b| !replaced.contains(b));
     bases.push(base);
+    Ok(())
+}
+
+/// Index files whose segment log is gone (a crash kept a removal of the log but not of its
+/// indexes): they would describe whatever log a later swap puts under that name.
+fn remove_orphan_indexes<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    entries: &[crate::io::DirectoryEntry],
+    bases: &[Offset],
+    report: &mut PartitionRecovery,
+) -> Result<(), IoError> {
+    for entry in entries {
+        let base = [INDEX_SUFFIX, TIME_INDEX_SUFFIX].iter().find_map(|suffix| {
+            let stem = entry.name.strip_suffix(suffix)?;
+            segment::parse_log_file_name(&format!("{stem}{LOG_SUFFIX}"))
+        });
+        if base.is_some_and(|base| bases.binary_search(&base).is_err()) {
+            let path = directory.join(&entry.name);
+            match io.remove_file(&path) {
+                Ok(()) => report.removed_temporary_files += 1,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(IoError::new("remove", &path, error)),
+            }
+        }
+    }
     Ok(())
 }
 

@@ -52,6 +52,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::CompactionDropsLatest => "compaction-drops-latest",
         Canary::CompactionDropsTombstoneEarly => "compaction-drops-tombstone-early",
         Canary::CompactionTouchesActiveSegment => "compaction-touches-active-segment",
+        Canary::SwapWithoutDirectoryFsync => "swap-without-directory-fsync",
+        Canary::SwapRenameBeforeRemovalsSynced => "swap-rename-before-removals-synced",
     }
 }
 
@@ -90,7 +92,17 @@ pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
     Caught { canary, by: None, detail: String::new(), seeds: max_seeds }
 }
 
-/// Hunt every canary of the catalogue.
+/// Canaries whose bug the swarm reaches too rarely to hunt it within the bound, each with
+/// the targeted test that builds its scenario on purpose and proves it caught.
+pub const TARGETED: [(Canary, &str); 1] =
+    [(Canary::SwapRenameBeforeRemovalsSynced, "sim/tests/compaction_swap.rs")];
+
+/// The canaries the swarm hunts: the catalogue but the targeted ones.
+pub fn hunted() -> impl Iterator<Item = Canary> {
+    Canary::ALL.into_iter().filter(|c| TARGETED.iter().all(|(t, _)| t != c))
+}
+
+/// Hunt every canary of [`hunted`].
 pub fn hunt_all(max_seeds: u64, options: &RunOptions) -> Vec<Caught> {
-    Canary::ALL.iter().map(|&canary| hunt(canary, max_seeds, options)).collect()
+    hunted().map(|canary| hunt(canary, max_seeds, options)).collect()
 }

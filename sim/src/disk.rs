@@ -21,10 +21,12 @@
 //! [`SimDisk::crash`] models a power loss:
 //! - every handle is closed and every lock released; handle numbers are never reused, so a
 //!   leaked engine's stale handles fail instead of aliasing new ones;
-//! - every directory independently either loses all its entry changes since its last fsync
-//!   (created entries vanish, removed ones come back, renames revert) or, with probability
-//!   [`Faults::directory_kept_per_million`], keeps them all (the kernel may have written the
-//!   directory back on its own). Either way the result becomes its durable set;
+//! - every directory independently loses all its entry changes since its last fsync (created
+//!   entries vanish, removed ones come back, renames revert) or, with the probabilities in
+//!   [`Faults`], keeps them all (the kernel wrote the directory back on its own), keeps a
+//!   random prefix of them (a journaling file system commits them in order), or keeps a random
+//!   subset of them (a directory's blocks written back independently; a rename within one
+//!   directory stays whole, one across two may not). The result becomes its durable set;
 //! - every file is rebuilt from its durable image plus its pending changes: each pending write
 //!   is cut at 512-byte sector boundaries and each piece is independently kept, torn (a random
 //!   prefix of it is kept) or dropped; each pending size change is kept or lost; the surviving
@@ -47,11 +49,8 @@
 //! own checks missed. The operations of one [`Io::submit`] batch run in a seeded random order
 //! (the trait allows them to run concurrently); their completions come back in order.
 //!
-//! Not modelled yet: writes that
-//! report an error after transferring some bytes; a crash keeping only a prefix of one
-//! directory's unsynced entry changes (a journaling file system commits them in order; here a
-//! directory keeps all or none); misdirected writes; timestamps. Disk full is implemented but
-//! the engine test does not switch it on yet.
+//! Not modelled yet: writes that report an error after transferring some bytes; misdirected
+//! writes; timestamps. Disk full is implemented but the engine test does not switch it on yet.
 
 use crate::rng::Rng;
 use chronik_engine::io::{
@@ -89,6 +88,10 @@ pub struct Faults {
     pub resize_kept_per_million: u32,
     /// At a crash, a directory keeps its unsynced entry changes instead of reverting them.
     pub directory_kept_per_million: u32,
+    /// At a crash, a directory keeps a random prefix of its unsynced entry changes.
+    pub directory_prefix_per_million: u32,
+    /// At a crash, a directory keeps a random subset of its unsynced entry changes.
+    pub directory_subset_per_million: u32,
 }
 
 impl Faults {
@@ -102,6 +105,8 @@ impl Faults {
         sector_torn_per_million: 300_000,
         resize_kept_per_million: 500_000,
         directory_kept_per_million: 0,
+        directory_prefix_per_million: 0,
+        directory_subset_per_million: 0,
     };
 }
 
@@ -114,6 +119,8 @@ impl Default for Faults {
 /// Counters of what the disk did, for tests and run summaries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Every call that counts against an armed power cut.
+    pub calls: u64,
     pub reads: u64,
     pub writes: u64,
     pub syncs: u64,
@@ -164,6 +171,49 @@ enum Pending {
 struct DirectoryNode {
     current: BTreeMap<String, InodeId>,
     durable: BTreeMap<String, InodeId>,
+    /// The entry changes of every operation since the last fsync, in order: a name set to an
+    /// inode or removed.
+    unsynced: Vec<Vec<(String, Option<InodeId>)>>,
+}
+
+impl DirectoryNode {
+    /// One namespace operation's changes to this directory, made and lost at a crash together
+    /// (a rename within one directory is one operation).
+    fn change(&mut self, changes: Vec<(String, Option<InodeId>)>) {
+        for (name, inode) in &changes {
+            match inode {
+                Some(inode) => self.current.insert(name.clone(), *inode),
+                None => self.current.remove(name),
+            };
+        }
+        self.unsynced.push(changes);
+    }
+
+    fn set(&mut self, name: String, inode: Option<InodeId>) {
+        self.change(vec![(name, inode)]);
+    }
+
+    fn sync(&mut self) {
+        self.durable = self.current.clone();
+        self.unsynced.clear();
+    }
+
+    /// A crash: the durable set plus the unsynced operations `keep` selects, applied in order.
+    fn crash(&mut self, mut keep: impl FnMut(usize) -> bool) {
+        let mut entries = self.durable.clone();
+        for (i, changes) in std::mem::take(&mut self.unsynced).into_iter().enumerate() {
+            if keep(i) {
+                for (name, inode) in changes {
+                    match inode {
+                        Some(inode) => entries.insert(name, inode),
+                        None => entries.remove(&name),
+                    };
+                }
+            }
+        }
+        self.current = entries;
+        self.sync();
+    }
 }
 
 #[derive(Debug)]
@@ -188,6 +238,10 @@ struct State {
     fail_next_file_syncs: u32,
     /// Operations left before the power is cut; `None` when no cut is armed.
     power_left: Option<u64>,
+    /// Directory entry changes (creates, renames, removes) left before the power is cut.
+    entry_changes_left: Option<u64>,
+    /// Directory fsyncs left until the one the power is cut at.
+    directory_syncs_left: Option<u64>,
     stats: Stats,
     /// FNV-1a over every call and its outcome, to compare two runs of a seed cheaply.
     trace: u64,
@@ -257,6 +311,8 @@ impl State {
             fail_next_syncs: 0,
             fail_next_file_syncs: 0,
             power_left: None,
+            entry_changes_left: None,
+            directory_syncs_left: None,
             stats: Stats::default(),
             trace: 0xCBF2_9CE4_8422_2325,
         }
@@ -280,6 +336,7 @@ impl State {
 
     /// Counts one call against an armed power cut; once it is reached every call fails.
     fn check_power(&mut self) -> io::Result<()> {
+        self.stats.calls += 1;
         match &mut self.power_left {
             None => Ok(()),
             Some(0) => Err(error(io::ErrorKind::BrokenPipe, "simulated power cut")),
@@ -372,7 +429,7 @@ impl State {
                     return Err(error(io::ErrorKind::AlreadyExists, format!("{}", path.display())));
                 }
                 let inode = self.allocate_inode(Inode::File(FileNode::default()));
-                self.directory_mut(parent)?.current.insert(name, inode);
+                self.directory_mut(parent)?.set(name, Some(inode));
                 inode
             }
             OpenMode::Read | OpenMode::ReadWrite | OpenMode::ReadWriteDirect => {
@@ -395,7 +452,7 @@ impl State {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let (parent, name) = self.parent(path)?;
                 let inode = self.allocate_inode(Inode::File(FileNode::default()));
-                self.directory_mut(parent)?.current.insert(name, inode);
+                self.directory_mut(parent)?.set(name, Some(inode));
                 inode
             }
             Err(e) => return Err(e),
@@ -499,6 +556,14 @@ impl State {
         if fdatasync && is_directory {
             return Err(error(io::ErrorKind::InvalidInput, "fdatasync of a directory handle"));
         }
+        if is_directory && let Some(left) = &mut self.directory_syncs_left {
+            *left -= 1;
+            if *left == 0 {
+                self.directory_syncs_left = None;
+                self.power_left = Some(0);
+                return self.check_power().map(|()| 0);
+            }
+        }
         let injected_file = self.fail_next_file_syncs > 0 && !is_directory;
         let injected = self.fail_next_syncs > 0 || injected_file;
         if injected || self.rng.chance(self.faults.sync_error_per_million) {
@@ -514,8 +579,7 @@ impl State {
             return Err(eio("fsync"));
         }
         if is_directory {
-            let directory = self.directory_mut(inode)?;
-            directory.durable = directory.current.clone();
+            self.directory_mut(inode)?.sync();
             self.stats.directory_syncs += 1;
         } else {
             let node = self.file_mut(inode)?;
@@ -589,7 +653,7 @@ impl State {
             return Err(error(io::ErrorKind::AlreadyExists, format!("{}", path.display())));
         }
         let inode = self.allocate_inode(Inode::Directory(DirectoryNode::default()));
-        self.directory_mut(parent)?.current.insert(name, inode);
+        self.directory_mut(parent)?.set(name, Some(inode));
         Ok(0)
     }
 
@@ -634,8 +698,13 @@ impl State {
                 _ => {}
             }
         }
-        self.directory_mut(from_parent)?.current.remove(&from_name);
-        self.directory_mut(to_parent)?.current.insert(to_name, inode);
+        if from_parent == to_parent {
+            let changes = vec![(from_name, None), (to_name, Some(inode))];
+            self.directory_mut(from_parent)?.change(changes);
+        } else {
+            self.directory_mut(from_parent)?.set(from_name, None);
+            self.directory_mut(to_parent)?.set(to_name, Some(inode));
+        }
         Ok(0)
     }
 
@@ -643,7 +712,7 @@ impl State {
         let (parent, name) = self.parent(path)?;
         let inode = self.resolve(path)?;
         self.file_mut(inode)?;
-        self.directory_mut(parent)?.current.remove(&name);
+        self.directory_mut(parent)?.set(name, None);
         Ok(0)
     }
 
@@ -653,7 +722,7 @@ impl State {
         if !self.directory(inode)?.current.is_empty() {
             return Err(error(io::ErrorKind::DirectoryNotEmpty, format!("{}", path.display())));
         }
-        self.directory_mut(parent)?.current.remove(&name);
+        self.directory_mut(parent)?.set(name, None);
         Ok(0)
     }
 }
@@ -664,6 +733,8 @@ impl State {
         self.handles.clear();
         self.locks.clear();
         self.power_left = None;
+        self.entry_changes_left = None;
+        self.directory_syncs_left = None;
         self.fail_next_syncs = 0;
         self.fail_next_file_syncs = 0;
         self.stats.crashes += 1;
@@ -671,13 +742,7 @@ impl State {
         // BTreeMap order makes the draws, and so the outcome, a function of the seed.
         for inode in self.inodes.values_mut() {
             match inode {
-                Inode::Directory(directory) => {
-                    if rng.chance(faults.directory_kept_per_million) {
-                        directory.durable = directory.current.clone();
-                    } else {
-                        directory.current = directory.durable.clone();
-                    }
-                }
+                Inode::Directory(directory) => crash_directory(directory, &faults, rng),
                 Inode::File(file) => crash_file(file, &faults, rng),
             }
         }
@@ -777,6 +842,25 @@ impl State {
 }
 
 /// Rebuild one file after a crash from its durable image and its pending changes.
+/// A crash outcome for one directory's unsynced entry changes: all kept, a prefix kept (a
+/// journaling file system commits them in order), any subset kept (the changes sit in
+/// directory blocks written back independently), or none.
+fn crash_directory(directory: &mut DirectoryNode, faults: &Faults, rng: &mut Rng) {
+    let changes = directory.unsynced.len();
+    let roll = rng.below(u64::from(crate::rng::PER_MILLION)) as u32;
+    let prefix_end = faults.directory_kept_per_million + faults.directory_prefix_per_million;
+    if roll < faults.directory_kept_per_million {
+        directory.crash(|_| true);
+    } else if roll < prefix_end {
+        let kept = rng.index(changes + 1);
+        directory.crash(|i| i < kept);
+    } else if roll < prefix_end + faults.directory_subset_per_million {
+        directory.crash(|_| rng.chance(crate::rng::PER_MILLION / 2));
+    } else {
+        directory.crash(|_| false);
+    }
+}
+
 fn crash_file(file: &mut FileNode, faults: &Faults, rng: &mut Rng) {
     let mut survivors = Vec::new();
     for change in std::mem::take(&mut file.pending) {
@@ -861,11 +945,36 @@ impl SimDisk {
         self.state.lock().power_left = Some(operations);
     }
 
+    /// Cut the power right after the next `changes` (at least one) directory entry changes
+    /// (creates, renames, removes) have succeeded, whatever other calls come between them:
+    /// every call after the last of them fails until [`SimDisk::crash`].
+    pub fn cut_power_after_entry_changes(&self, changes: u64) {
+        assert!(changes > 0, "cut_power_after(0) cuts it now");
+        self.state.lock().entry_changes_left = Some(changes);
+    }
+
+    /// Cut the power at the `syncs`-th (at least the first) directory fsync from now: it
+    /// fails, and so does every call after it until [`SimDisk::crash`].
+    pub fn cut_power_at_directory_sync(&self, syncs: u64) {
+        assert!(syncs > 0, "cut_power_after(0) cuts it now");
+        self.state.lock().directory_syncs_left = Some(syncs);
+    }
+
     /// Disarm a power cut that has not been reached.
     pub fn restore_power(&self) {
         let mut state = self.state.lock();
         assert!(state.power_left != Some(0), "the power is already cut: crash first");
         state.power_left = None;
+        state.entry_changes_left = None;
+        state.directory_syncs_left = None;
+    }
+
+    /// Whether a power cut is armed, reached or not.
+    pub fn power_cut_armed(&self) -> bool {
+        let state = self.state.lock();
+        state.power_left.is_some()
+            || state.entry_changes_left.is_some()
+            || state.directory_syncs_left.is_some()
     }
 
     /// Whether an armed power cut has been reached.
@@ -901,6 +1010,22 @@ impl SimDisk {
     /// Handles currently open: zero after an engine closed cleanly.
     pub fn open_handles(&self) -> usize {
         self.state.lock().handles.len()
+    }
+
+    /// Count a directory entry change (`result` ok) against a cut armed by
+    /// [`SimDisk::cut_power_after_entry_changes`].
+    fn entry_changed<T>(&self, result: io::Result<T>) -> io::Result<T> {
+        let mut state = self.state.lock();
+        if result.is_ok()
+            && let Some(left) = &mut state.entry_changes_left
+        {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                state.entry_changes_left = None;
+                state.power_left = Some(0);
+            }
+        }
+        result
     }
 
     /// Run a namespace call: count it against a power cut and record it in the trace.
@@ -939,7 +1064,11 @@ impl Io for SimDisk {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
-        self.call("open", path, |state| state.open(path, mode), |handle| handle.0)
+        let result = self.call("open", path, |state| state.open(path, mode), |handle| handle.0);
+        if matches!(mode, OpenMode::CreateNew | OpenMode::CreateNewDirect) {
+            return self.entry_changed(result);
+        }
+        result
     }
 
     fn close(&self, file: FileHandle) {
@@ -964,7 +1093,8 @@ impl Io for SimDisk {
     }
 
     fn create_directory(&self, path: &Path) -> io::Result<()> {
-        self.call("create_directory", path, |s| s.create_directory(path), |_| 0).map(|_| ())
+        let result = self.call("create_directory", path, |s| s.create_directory(path), |_| 0);
+        self.entry_changed(result).map(|_| ())
     }
 
     fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
@@ -975,15 +1105,18 @@ impl Io for SimDisk {
         let mut state = self.state.lock();
         state.record(to.as_os_str().as_encoded_bytes());
         drop(state);
-        self.call("rename", from, |state| state.rename(from, to), |_| 0).map(|_| ())
+        let result = self.call("rename", from, |state| state.rename(from, to), |_| 0);
+        self.entry_changed(result).map(|_| ())
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.call("remove_file", path, |state| state.remove_file(path), |_| 0).map(|_| ())
+        let result = self.call("remove_file", path, |state| state.remove_file(path), |_| 0);
+        self.entry_changed(result).map(|_| ())
     }
 
     fn remove_directory(&self, path: &Path) -> io::Result<()> {
-        self.call("remove_directory", path, |s| s.remove_directory(path), |_| 0).map(|_| ())
+        let result = self.call("remove_directory", path, |s| s.remove_directory(path), |_| 0);
+        self.entry_changed(result).map(|_| ())
     }
 
     fn lock(&self, path: &Path) -> io::Result<FileHandle> {

@@ -98,6 +98,9 @@ enum Command {
         max_seeds: u64,
         #[arg(long, default_value_t = OPS_DEFAULT)]
         ops: u64,
+        /// Hunt only these canaries (comma-separated names); all of them when absent.
+        #[arg(long, value_delimiter = ',', value_parser = parse_canary)]
+        only: Vec<Canary>,
     },
 }
 
@@ -111,9 +114,8 @@ struct Reduction {
     /// Workload steps drawn but not run, such as `3-7,9`.
     #[arg(long, value_parser = parse_skip)]
     skip: Option<StepRanges>,
-    /// Switch on one mutation canary: ack-before-fsync, retry-fsync-after-failure,
-    /// skip-directory-fsync-on-roll, recovery-cuts-past-synced, skip-checksum-on-read,
-    /// index-before-data.
+    /// Switch on one mutation canary, by the name `canaries` prints (such as
+    /// ack-before-fsync or swap-without-directory-fsync).
     #[arg(long, value_parser = parse_canary)]
     canary: Option<Canary>,
 }
@@ -199,7 +201,7 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
             Ok(swarm(start, limit, jobs, ops))
         }
         Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
-        Command::Canaries { max_seeds, ops } => Ok(run_canaries(max_seeds, ops)),
+        Command::Canaries { max_seeds, ops, ref only } => Ok(run_canaries(max_seeds, ops, only)),
     }
 }
 
@@ -326,7 +328,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
     println!(
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
          faulty_opens={} direct_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
-         liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} oracle_checks={}",
+         liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} \
+         compactions_abandoned={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -342,6 +345,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.retention_moves,
         c.commits,
         c.compaction_passes,
+        c.compactions_abandoned,
         c.oracle_checks
     );
     match &totals.first_failure {
@@ -387,7 +391,7 @@ fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
 }
 
 /// Hunt every canary (single-threaded: the active canary is process-global) and print a table.
-fn run_canaries(max_seeds: u64, ops: u64) -> bool {
+fn run_canaries(max_seeds: u64, ops: u64, only: &[Canary]) -> bool {
     let options = RunOptions { ops, ..RunOptions::default() };
     // A canary that panics on purpose is reported as a `no_panic` violation in the table; the
     // default hook would print its backtrace as if the simulator had crashed.
@@ -396,7 +400,9 @@ fn run_canaries(max_seeds: u64, ops: u64) -> bool {
     println!("{:<31} | {:<15} | oracle", "canary", "seeds to catch");
     println!("{:-<31}-|-{:-<15}-|-{:-<24}", "", "", "");
     let mut all_caught = true;
-    for caught in canaries::hunt_all(max_seeds, &options) {
+    let chosen: Vec<Canary> =
+        if only.is_empty() { canaries::hunted().collect() } else { only.to_vec() };
+    for caught in chosen.iter().map(|&canary| canaries::hunt(canary, max_seeds, &options)) {
         let (seeds, oracle) = if let Some((seed, oracle)) = caught.by {
             (format!("{} (seed {seed})", caught.seeds), oracle)
         } else {
@@ -406,6 +412,11 @@ fn run_canaries(max_seeds: u64, ops: u64) -> bool {
         println!("{:<31} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
         if !caught.detail.is_empty() {
             eprintln!("  {:?}: {}", caught.canary, caught.detail);
+        }
+    }
+    if only.is_empty() {
+        for (canary, test) in canaries::TARGETED {
+            println!("{:<31} | {:<15} | targeted test {test}", format!("{canary:?}"), "-");
         }
     }
     std::panic::set_hook(default_hook);

@@ -63,6 +63,18 @@ const LIVENESS_BATCHES: u64 = 3;
 const ROT_READS_PER_PARTITION: u64 = 4;
 /// The consumer group whose commits the workload makes.
 const GROUP: &str = "sim";
+/// Chance (per million) that a tick with no power cut armed arms one inside its maintenance
+/// work (retention, compaction and its segment swaps), where a round's cut rarely lands.
+const TICK_POWER_CUT_PER_MILLION: u32 = 250_000;
+/// The same for a forced compaction, which always has work to do.
+const COMPACT_POWER_CUT_PER_MILLION: u32 = 500_000;
+/// Largest power-cut delay armed by a tick, in disk calls, as a power of two: a compaction
+/// pass makes tens to hundreds of calls, a tick with nothing to do a handful.
+const TICK_POWER_CUT_CALLS_MAX_LOG2: u64 = 9;
+/// Largest power-cut delay armed by a tick, in directory entry changes.
+const TICK_POWER_CUT_ENTRY_CHANGES_MAX: u64 = 12;
+/// Largest power-cut delay armed by a tick, in directory fsyncs.
+const TICK_POWER_CUT_DIRECTORY_SYNCS_MAX: u64 = 4;
 
 /// A kind of fault or event a run can leave out, for shrinking: the run still draws it (so
 /// every later draw keeps its value) but does not act on it.
@@ -225,6 +237,8 @@ pub struct Counters {
     pub commits: u64,
     /// Compaction passes run by ticks.
     pub compaction_passes: u64,
+    /// Compaction passes abandoned on an I/O error without poisoning.
+    pub compactions_abandoned: u64,
 }
 
 impl Counters {
@@ -253,6 +267,7 @@ impl Counters {
         self.retention_moves += other.retention_moves;
         self.commits += other.commits;
         self.compaction_passes += other.compaction_passes;
+        self.compactions_abandoned += other.compactions_abandoned;
     }
 }
 
@@ -378,6 +393,8 @@ struct Sim {
     tails: Vec<Offset>,
     /// Compaction passes the open engine reported after the last tick.
     compaction_passes_seen: u64,
+    /// A tick of this round armed a power cut.
+    tick_armed_cut: bool,
     /// A bit flip ended the run early (after its own checks).
     ended: bool,
     /// The workload's stream: steps and round shapes.
@@ -422,6 +439,7 @@ impl Sim {
             fault_rng: rng.fork(),
             tails: vec![Offset::ZERO; swarm.topic.partitions as usize],
             compaction_passes_seen: 0,
+            tick_armed_cut: false,
             ended: false,
             rng,
             disk,
@@ -694,6 +712,7 @@ impl Sim {
         }
         self.disk.set_faults(self.swarm.crash_faults);
         self.counters.power_cuts_reached += u64::from(self.disk.power_is_cut());
+        let power_cut = power_cut || std::mem::take(&mut self.tick_armed_cut);
         let mut ending = if power_cut {
             Ending::CrashLive
         } else {
@@ -1019,8 +1038,12 @@ impl Sim {
             }
             Step::Tick => {
                 self.counters.ticks += 1;
+                self.maybe_cut_power_in_maintenance("a tick", TICK_POWER_CUT_PER_MILLION);
+                let calls = self.disk.stats().calls;
                 let result = engine.tick();
-                self.trace.event(format!("tick -> {}", ok_or_error(&result)));
+                self.end_maintenance_cut();
+                let calls = self.disk.stats().calls - calls;
+                self.trace.event(format!("tick -> {} ({calls} disk calls)", ok_or_error(&result)));
                 if result.is_ok()
                     && let Durability::Interval { ms } = self.model.durability
                 {
@@ -1049,6 +1072,7 @@ impl Sim {
                 self.after_error(engine, result.err())?
             }
             Step::Scratch => self.scratch(engine)?,
+            Step::Compact { partition } => self.compact(engine, partition)?,
             Step::Commit { partition, offset_per_million } => {
                 self.commit(engine, partition, offset_per_million)?
             }
@@ -1326,6 +1350,92 @@ impl Sim {
 
     /// After a step: an I/O error must have poisoned the engine (fail-stop), and a poisoned
     /// engine must refuse everything until reopened. Either ends the round's workload.
+    /// Sometimes arm a power cut inside the maintenance work about to run (retention,
+    /// compaction and its segment swaps), where a round's cut rarely lands.
+    fn maybe_cut_power_in_maintenance(&mut self, during: &str, per_million: u32) {
+        if !self.disk.power_cut_armed()
+            && self.has(Feature::PowerCuts)
+            && self.fault_rng.chance(per_million)
+        {
+            // Besides a count of calls, a cut may count directory entry changes or directory
+            // fsyncs, so that it lands inside a segment swap's few renames, removes and
+            // commits whatever the reads and writes around them.
+            match self.fault_rng.below(3) {
+                0 => {
+                    let changes = self.fault_rng.between(1, TICK_POWER_CUT_ENTRY_CHANGES_MAX);
+                    self.trace.event(format!(
+                        "power cut armed after {changes} entry changes, in {during}"
+                    ));
+                    self.disk.cut_power_after_entry_changes(changes);
+                }
+                1 => {
+                    let syncs = self.fault_rng.between(1, TICK_POWER_CUT_DIRECTORY_SYNCS_MAX);
+                    self.trace
+                        .event(format!("power cut armed at directory fsync {syncs}, in {during}"));
+                    self.disk.cut_power_at_directory_sync(syncs);
+                }
+                _ => {
+                    let log2 = self.fault_rng.between(2, TICK_POWER_CUT_CALLS_MAX_LOG2);
+                    let calls = self.fault_rng.below(1 << log2);
+                    self.trace.event(format!("power cut armed after {calls} calls, in {during}"));
+                    self.disk.cut_power_after(calls);
+                }
+            }
+            self.tick_armed_cut = true;
+        }
+    }
+
+    /// A cut armed for maintenance that the maintenance did not reach is disarmed: it is
+    /// meant for the maintenance, not for whatever comes next.
+    fn end_maintenance_cut(&mut self) {
+        if self.tick_armed_cut && !self.disk.power_is_cut() {
+            self.disk.restore_power();
+            self.tick_armed_cut = false;
+            self.trace.event("power cut disarmed: not reached".to_owned());
+        }
+    }
+
+    /// A forced compaction of one partition. An I/O error may abandon the pass without
+    /// poisoning (the log is as it was, which the next reads check) or, after a commit,
+    /// poison the engine.
+    fn compact(&mut self, engine: &SimEngine, partition: u32) -> Result<Flow, Violation> {
+        self.maybe_cut_power_in_maintenance("a forced compaction", COMPACT_POWER_CUT_PER_MILLION);
+        let calls = self.disk.stats().calls;
+        let result = engine.compact_partition(TOPIC, partition);
+        self.end_maintenance_cut();
+        let calls = self.disk.stats().calls - calls;
+        self.trace.event(format!(
+            "compact p{partition} -> {} ({calls} disk calls)",
+            match &result {
+                Ok(Some(report)) => format!(
+                    "{} of {} records kept, {} segments into {}",
+                    report.records_kept, report.records_in, report.segments_in, report.segments_out
+                ),
+                Ok(None) => "nothing to do".to_owned(),
+                Err(e) => format!("error: {e}"),
+            }
+        ));
+        match result {
+            Ok(Some(_)) => {
+                self.counters.compaction_passes += 1;
+                self.compaction_passes_seen += 1;
+                Ok(Flow::Continue)
+            }
+            Ok(None) => Ok(Flow::Continue),
+            Err(AppendError::Io(_)) if engine.poisoned().is_none() => {
+                self.faults_seen += 1;
+                self.counters.compactions_abandoned += 1;
+                let kept = engine.compaction_error(TOPIC, partition).ok().flatten();
+                if kept.is_none() {
+                    let detail = format!("partition {partition}: an abandoned pass is not kept");
+                    return Err(Violation::new("compaction_errors", detail));
+                }
+                Ok(Flow::Continue)
+            }
+            Err(error) => self.after_error(engine, Some(error)),
+        }
+    }
+
     fn after_error(
         &mut self,
         engine: &SimEngine,

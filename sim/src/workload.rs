@@ -68,6 +68,8 @@ pub struct Swarm {
     pub scratch: TopicConfig,
     /// Weight of steps that commit a consumer position.
     pub commit_weight: u64,
+    /// Weight of forced compaction steps (compacted topics only).
+    pub compact_weight: u64,
     /// Distinct keys the workload writes.
     pub keys: u64,
 }
@@ -90,7 +92,9 @@ impl Swarm {
             sector_kept_per_million: kept,
             sector_torn_per_million: rng.below(u64::from(PER_MILLION - kept) + 1) as u32,
             resize_kept_per_million: rng.below(u64::from(PER_MILLION) + 1) as u32,
-            directory_kept_per_million: if rng.chance(PER_MILLION / 2) { 500_000 } else { 0 },
+            directory_kept_per_million: if rng.chance(PER_MILLION / 2) { 200_000 } else { 0 },
+            directory_prefix_per_million: if rng.chance(PER_MILLION / 2) { 200_000 } else { 0 },
+            directory_subset_per_million: if rng.chance(PER_MILLION / 2) { 500_000 } else { 0 },
             ..Faults::NONE
         };
         let io_faults = Faults {
@@ -147,6 +151,7 @@ impl Swarm {
                 ..TopicConfig::default()
             },
             commit_weight: 0,
+            compact_weight: 0,
             keys: KEYS_MAX,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
@@ -164,6 +169,7 @@ impl Swarm {
                 if rng.chance(PER_MILLION / 4) { Cleanup::CompactDelete } else { Cleanup::Compact };
             swarm.topic.min_cleanable_dirty_ratio = rng.below(11) as f64 / 10.0;
             swarm.topic.delete_retention_ms = rng.between(0, 5_000).cast_signed();
+            swarm.compact_weight = rng.between(4, 16);
             swarm.key_per_million =
                 rng.between(u64::from(PER_MILLION) / 2, u64::from(PER_MILLION)) as u32;
             // Sometimes many keys, so that some keys' latest records sit in sealed segments.
@@ -194,12 +200,15 @@ pub enum Step {
     Scratch,
     /// Commit a consumer position (taken modulo what is visible) for the group `sim`.
     Commit { partition: u32, offset_per_million: u32 },
+    /// Compact a partition now, whatever its dirty ratio (`Engine::compact_partition`).
+    Compact { partition: u32 },
 }
 
 impl Swarm {
     /// Draw the next step. `now_ms` is the timestamp records get from the clock.
     pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
-        let extra = [self.tail_weight, self.scratch_weight, self.commit_weight];
+        let extra =
+            [self.tail_weight, self.scratch_weight, self.commit_weight, self.compact_weight];
         let weights = [self.weights.as_slice(), &extra].concat();
         let total: u64 = weights.iter().sum();
         let mut roll = rng.below(total.max(1));
@@ -224,10 +233,11 @@ impl Swarm {
             4 => Step::Idle { us: rng.between(1_000, 500_000) },
             5 => Step::Tail { partition, max_bytes: rng.between(1, 16 * 1024) as usize },
             6 => Step::Scratch,
-            _ => Step::Commit {
+            7 => Step::Commit {
                 partition,
                 offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
             },
+            _ => Step::Compact { partition },
         }
     }
 

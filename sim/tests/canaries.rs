@@ -6,16 +6,16 @@
 //! on parallel threads.
 
 use chronik_engine::canary::Canary;
-use chronik_sim::canaries::hunt_all;
+use chronik_sim::canaries::{TARGETED, hunt_all};
 use chronik_sim::run::{RunOptions, run};
 
 /// Seeds per canary in this (debug) test.
-const MAX_SEEDS: u64 = 200;
+const MAX_SEEDS: u64 = 500;
 
 #[test]
 fn every_canary_is_caught_and_none_is_active_afterwards() {
     let caught = hunt_all(MAX_SEEDS, &RunOptions::default());
-    assert_eq!(caught.len(), Canary::ALL.len());
+    assert_eq!(caught.len(), Canary::ALL.len() - TARGETED.len());
     for caught in &caught {
         assert!(caught.by.is_some(), "{:?} not caught within {MAX_SEEDS} seeds", caught.canary);
     }
