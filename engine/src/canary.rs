@@ -74,11 +74,17 @@ pub enum Canary {
     /// Finishing a swap renames `.swap` to `.log` without first fsyncing the directory after
     /// removing the sources, so a crash may keep the rename and lose a removal.
     SwapRenameBeforeRemovalsSynced = 28,
+    /// A transaction writes its commit record before its batches are fdatasynced (and syncs
+    /// them after).
+    TransactionCommittedBeforeDataSynced = 29,
+    /// Recovery keeps a transactional batch at the end of a partition without looking for
+    /// its commit record.
+    RecoveryKeepsUncommittedTransaction = 30,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 28] = [
+    pub const ALL: [Canary; 30] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -107,6 +113,8 @@ impl Canary {
         Canary::CompactionTouchesActiveSegment,
         Canary::SwapWithoutDirectoryFsync,
         Canary::SwapRenameBeforeRemovalsSynced,
+        Canary::TransactionCommittedBeforeDataSynced,
+        Canary::RecoveryKeepsUncommittedTransaction,
     ];
 }
 

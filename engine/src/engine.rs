@@ -102,6 +102,25 @@ impl Poison {
     }
 }
 
+/// A partition a transaction holds, the partition's name, and what its batch got.
+type Held<'a, I> = (Arc<Partition<I>>, (&'a str, u32), Appended);
+
+/// The consumer offsets a transaction commits ([`Engine::commit_transaction`]): for `group`,
+/// each `(topic, partition, offset to read next)`.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupCommit<'a> {
+    pub group: &'a str,
+    pub offsets: &'a [(&'a str, u32, Offset)],
+}
+
+/// One write of a transaction ([`Engine::commit_transaction`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TransactionWrite<'a> {
+    pub topic: &'a str,
+    pub partition: u32,
+    pub records: &'a [Record<'a>],
+}
+
 /// A topic as [`Engine::describe_topic`] reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicDescription {
@@ -194,7 +213,7 @@ impl<I: Io> Engine<I> {
             direct: options.direct_io && !options.read_only,
         };
         let result = Self::open_locked(&context, root);
-        let (topics, report) = match result {
+        let (topics, report, committed) = match result {
             Ok(opened) => opened,
             Err(error) => {
                 if let Some(lock) = lock {
@@ -210,19 +229,15 @@ impl<I: Io> Engine<I> {
             topics: RwLock::new(topics),
             admin: Mutex::new(()),
             lock,
-            committed: Mutex::new(Committed::default()),
+            committed: Mutex::new(committed),
         };
-        let engine = Engine { inner: Arc::new(inner) };
-        // On failure the engine drops here, closing what it opened and releasing the lock.
-        let committed = engine.load_committed()?;
-        *engine.inner.committed.lock() = committed;
-        Ok((engine, report))
+        Ok((Engine { inner: Arc::new(inner) }, report))
     }
 
     fn open_locked(
         context: &PartitionContext<I>,
         root: &Path,
-    ) -> Result<(Topics<I>, RecoveryReport), OpenError> {
+    ) -> Result<(Topics<I>, RecoveryReport, Committed), OpenError> {
         let io = &*context.io;
         let read_only = context.read_only;
         check_data_directory_meta(io, root, read_only)?;
@@ -243,6 +258,11 @@ impl<I: Io> Engine<I> {
             Err(error) if read_only && error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             listed => listed.map_err(|e| IoError::new("list", &topics_directory, e))?,
         };
+        // The offsets topic first: its transaction commit records say which transactional
+        // batch at the end of another partition was committed.
+        let mut entries = entries;
+        entries.sort_by_key(|e| e.name != OFFSETS_TOPIC);
+        let mut committed = Committed::default();
         'topics: for entry in entries.into_iter().filter(|e| e.is_directory) {
             let path = topics_directory.join(&entry.name);
             if entry.name.starts_with('.') && read_only {
@@ -272,7 +292,9 @@ impl<I: Io> Engine<I> {
             let mut partitions = Vec::with_capacity(config.partitions as usize);
             for id in 0..config.partitions {
                 let directory = path.join(id.to_string());
-                let opened = Partition::open(context, directory, &entry.name, id, config);
+                let transaction_end = committed.transaction_end(&entry.name, id);
+                let opened =
+                    Partition::open(context, directory, &entry.name, id, config, transaction_end);
                 let (partition, recovery) = match opened {
                     // A read-only open racing the writer's `delete_topic`.
                     Err(OpenError::Io(e)) if read_only && e.source.kind() == NotFound => {
@@ -283,9 +305,14 @@ impl<I: Io> Engine<I> {
                 report.partitions.push(recovery);
                 partitions.push(Arc::new(partition));
             }
+            if entry.name == OFFSETS_TOPIC
+                && let Some(partition) = partitions.first()
+            {
+                committed = Self::load_committed(partition, &path)?;
+            }
             topics.insert(entry.name, Arc::new(Topic { config: Mutex::new(config), partitions }));
         }
-        Ok((topics, report))
+        Ok((topics, report, committed))
     }
 
     pub fn options(&self) -> Options {
@@ -312,7 +339,31 @@ impl<I: Io> Engine<I> {
             let reason = "names starting with \"__\" are reserved for internal topics";
             return Err(TopicError::InvalidName { name: name.to_owned(), reason });
         }
+        if self.topic(name).is_none() {
+            // A topic of this name deleted before (and a crash before its records were
+            // forgotten): its transactions' ends must not speak for the new one.
+            self.forget_transactions(name).map_err(|e| self.as_topic_error(e, name))?;
+        }
         self.create_any_topic(name, config)
+    }
+
+    /// Tombstone the transaction commit records of `topic` in `__consumer_offsets`, durably.
+    fn forget_transactions(&self, topic: &str) -> Result<(), CommitError> {
+        let mut committed = self.inner.committed.lock();
+        let keys = committed.transaction_keys(topic);
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let encoded: Vec<Vec<u8>> = keys.iter().map(CommitKey::encode).collect();
+        let records: Vec<Record<'_>> = encoded.iter().map(|k| Record::new(Some(k), b"")).collect();
+        self.append(OFFSETS_TOPIC, 0, &records)?;
+        if self.inner.options.durability != Durability::Sync {
+            self.partition_for_append(OFFSETS_TOPIC, 0)?.flush()?;
+        }
+        for key in &keys {
+            committed.remove(key);
+        }
+        Ok(())
     }
 
     fn create_any_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
@@ -351,19 +402,21 @@ impl<I: Io> Engine<I> {
             let directory = final_path.join(id.to_string());
             // The topic is in place on disk but not yet in memory: a failure here poisons
             // too (found by the simulator), and the next open finds the topic whole.
-            let (partition, _) = Partition::open(&self.inner.context, directory, name, id, config)
-                .inspect_err(|e| {
-                    self.inner.context.poison.set(format!("create topic {name}: {e}"));
-                })
-                .map_err(|e| match e {
-                    OpenError::Io(e) => TopicError::Io(e),
-                    OpenError::Corruption(c) => TopicError::Corruption(c),
-                    other => TopicError::Io(IoError::new(
-                        "open new partition",
-                        &self.inner.root,
-                        std::io::Error::other(other.to_string()),
-                    )),
-                })?;
+            let context = &self.inner.context;
+            let (partition, _) =
+                Partition::open(context, directory, name, id, config, Offset::ZERO)
+                    .inspect_err(|e| {
+                        self.inner.context.poison.set(format!("create topic {name}: {e}"));
+                    })
+                    .map_err(|e| match e {
+                        OpenError::Io(e) => TopicError::Io(e),
+                        OpenError::Corruption(c) => TopicError::Corruption(c),
+                        other => TopicError::Io(IoError::new(
+                            "open new partition",
+                            &self.inner.root,
+                            std::io::Error::other(other.to_string()),
+                        )),
+                    })?;
             partitions.push(Arc::new(partition));
         }
         let topic = Topic { config: Mutex::new(config), partitions };
@@ -436,7 +489,22 @@ impl<I: Io> Engine<I> {
         })();
         result
             .inspect_err(|e| self.inner.context.poison.set(format!("delete topic {name}: {e}")))?;
-        Ok(())
+        // Housekeeping (a create of the same name does it too, should this one not happen).
+        self.forget_transactions(name).map_err(|e| self.as_topic_error(e, name))
+    }
+
+    /// A commit error met while managing topic `name`.
+    fn as_topic_error(&self, error: CommitError, name: &str) -> TopicError {
+        match error {
+            CommitError::Topic(e) => e,
+            CommitError::Append(AppendError::Io(e)) => TopicError::Io(e),
+            CommitError::Append(AppendError::Poisoned(p)) => TopicError::Poisoned(p),
+            other => TopicError::Io(IoError::new(
+                "forget transactions",
+                &self.topics_directory().join(name),
+                std::io::Error::other(other.to_string()),
+            )),
+        }
     }
 
     /// Names of all topics but the internal ones (`__consumer_offsets`), sorted.
@@ -466,6 +534,109 @@ impl<I: Io> Engine<I> {
         if keys.is_empty() {
             return Ok(());
         }
+        self.commit_keys(keys)
+    }
+
+    /// Append to several partitions and commit consumer offsets, all or nothing: after a crash
+    /// at any moment, either every write and every offset is there, or none is. Readers see
+    /// a transaction's records only once it has committed, and then all of them (each
+    /// partition's at once). Each `(topic, partition)` gets one batch, the records of all its
+    /// writes in order; offsets are committed for `group` as [`Engine::commit_offsets`] does.
+    ///
+    /// How: each partition's batch is written flagged transactional and fdatasynced while the
+    /// partition is held (appends and other transactions on it wait; partitions are taken in
+    /// name order, so transactions never wait in a cycle); then one batch in
+    /// `__consumer_offsets` holding the group's offsets and, per partition, where the
+    /// transaction's batch ends, is made durable: the commit point. The partitions are then
+    /// released and their records shown. Recovery removes a transactional batch at the end of
+    /// a partition that no commit record covers. Any I/O failure poisons the engine; the next
+    /// open decides by the commit record. Returns the offsets each write got, in the order of
+    /// `writes`.
+    pub fn commit_transaction(
+        &self,
+        writes: &[TransactionWrite<'_>],
+        offsets: Option<GroupCommit<'_>>,
+    ) -> Result<Vec<Appended>, CommitError> {
+        self.check_writable()?;
+        self.inner.context.poison.check().map_err(AppendError::from)?;
+        let mut keys = Vec::new();
+        if let Some(GroupCommit { group, offsets }) = offsets {
+            groups::validate_group(group)?;
+            for &(topic, partition, offset) in offsets {
+                if self.partition(topic, partition).is_err() || groups::is_internal(topic) {
+                    let topic = topic.to_owned();
+                    return Err(CommitError::PartitionNotFound { topic, partition });
+                }
+                let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
+                keys.push((key, offset));
+            }
+        }
+        // One batch per partition, the partitions in name order.
+        let mut merged: BTreeMap<(&str, u32), Vec<Record<'_>>> = BTreeMap::new();
+        for write in writes {
+            if groups::is_internal(write.topic)
+                || self.partition(write.topic, write.partition).is_err()
+            {
+                let (topic, partition) = (write.topic.to_owned(), write.partition);
+                return Err(CommitError::PartitionNotFound { topic, partition });
+            }
+            merged
+                .entry((write.topic, write.partition))
+                .or_default()
+                .extend_from_slice(write.records);
+        }
+        merged.retain(|_, records| !records.is_empty());
+        if merged.is_empty() {
+            return if keys.is_empty() {
+                Ok(Vec::new())
+            } else {
+                self.commit_keys(keys).map(|()| Vec::new())
+            };
+        }
+        let mut held: Vec<Held<'_, I>> = Vec::new();
+        let release = |held: &[Held<'_, I>], committed: bool| {
+            for (partition, _, _) in held {
+                partition.end_transaction(committed);
+            }
+        };
+        for (&(topic, id), records) in &merged {
+            let partition = self.partition_for_append(topic, id)?;
+            match partition.begin_transaction(records) {
+                Ok(appended) => held.push((partition, (topic, id), appended)),
+                Err(error) => {
+                    release(&held, false);
+                    return Err(error.into());
+                }
+            }
+        }
+        let early =
+            crate::canary::active(crate::canary::Canary::TransactionCommittedBeforeDataSynced);
+        let sync_all =
+            || held.iter().try_for_each(|(partition, _, _)| partition.sync_transaction());
+        if let Err(error) = if early { Ok(()) } else { sync_all() } {
+            release(&held, false);
+            return Err(error.into());
+        }
+        for (_, (topic, id), appended) in &held {
+            keys.push((CommitKey::transaction(topic, *id), appended.last_offset.plus(1)));
+        }
+        let committed = self
+            .commit_keys(keys)
+            .and_then(|()| if early { sync_all().map_err(CommitError::from) } else { Ok(()) });
+        release(&held, committed.is_ok());
+        committed?;
+        let by_partition: BTreeMap<(&str, u32), Appended> =
+            held.iter().map(|(_, key, appended)| (*key, *appended)).collect();
+        // A partition written twice got one batch: each write reports the batch's range.
+        Ok(writes
+            .iter()
+            .filter_map(|w| by_partition.get(&(w.topic, w.partition)).copied())
+            .collect())
+    }
+
+    /// Append commit records to `__consumer_offsets` (creating it first) and make them
+    /// durable; then take them into the committed map.
+    fn commit_keys(&self, keys: Vec<(CommitKey, Offset)>) -> Result<(), CommitError> {
         let mut committed = self.inner.committed.lock();
         if self.topic(OFFSETS_TOPIC).is_none() {
             match self.create_any_topic(OFFSETS_TOPIC, groups::offsets_topic_config()) {
@@ -499,20 +670,17 @@ impl<I: Io> Engine<I> {
     }
 
     /// Rebuild the committed offsets from the offsets topic, every record in order.
-    fn load_committed(&self) -> Result<Committed, OpenError> {
+    fn load_committed(partition: &Partition<I>, path: &Path) -> Result<Committed, OpenError> {
         let mut committed = Committed::default();
-        let Some(topic) = self.topic(OFFSETS_TOPIC) else { return Ok(committed) };
-        let Some(partition) = topic.partitions.first() else { return Ok(committed) };
         let end = partition.high_watermark();
         let mut next = partition.describe().log_start_offset;
-        let path = self.topics_directory().join(OFFSETS_TOPIC);
         while next < end {
             let fetch = partition.read(next, 1 << 20).map_err(|error| match error {
                 ReadError::Corruption(corruption) => OpenError::Corruption(corruption),
                 ReadError::Io(error) => OpenError::Io(error),
                 other => OpenError::Io(IoError::new(
                     "read consumer offsets",
-                    &path,
+                    path,
                     std::io::Error::other(other.to_string()),
                 )),
             })?;
@@ -520,7 +688,7 @@ impl<I: Io> Engine<I> {
                 break;
             }
             for record in fetch.records().filter(|r| r.offset() >= next) {
-                committed.apply(&record, &path)?;
+                committed.apply(&record, path)?;
             }
             next = fetch.next_offset();
         }

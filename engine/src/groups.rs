@@ -40,6 +40,12 @@ pub struct CommitKey {
 }
 
 impl CommitKey {
+    /// A transaction commit record's key: the empty group name, which no consumer group may
+    /// take; its value is the offset where the transaction's batch on the partition ended.
+    pub fn transaction(topic: &str, partition: u32) -> CommitKey {
+        CommitKey { group: String::new(), topic: topic.to_owned(), partition }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut key = Vec::with_capacity(8 + self.group.len() + self.topic.len());
         for text in [&self.group, &self.topic] {
@@ -112,6 +118,24 @@ impl Committed {
 
     pub fn insert(&mut self, key: CommitKey, offset: Offset) {
         self.latest.insert(key, offset);
+    }
+
+    /// Where the last committed transaction on a partition ended (0 if none did).
+    pub fn transaction_end(&self, topic: &str, partition: u32) -> Offset {
+        self.get(&CommitKey::transaction(topic, partition)).unwrap_or(Offset::ZERO)
+    }
+
+    /// The transaction commit records of `topic`.
+    pub fn transaction_keys(&self, topic: &str) -> Vec<CommitKey> {
+        self.latest
+            .keys()
+            .filter(|key| key.group.is_empty() && key.topic == topic)
+            .cloned()
+            .collect()
+    }
+
+    pub fn remove(&mut self, key: &CommitKey) {
+        self.latest.remove(key);
     }
 
     pub fn get(&self, key: &CommitKey) -> Option<Offset> {

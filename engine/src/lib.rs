@@ -43,7 +43,7 @@ pub mod topic;
 
 mod engine;
 
-pub use engine::{Durability, Engine, Options, TopicDescription};
+pub use engine::{Durability, Engine, GroupCommit, Options, TopicDescription, TransactionWrite};
 pub use error::{
     AppendError, CommitError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError,
 };

@@ -47,6 +47,18 @@ struct State<I: Io> {
     /// parse (a torn tail the writer has not cut yet). `refresh` waits there instead of taking
     /// those same bytes for a rewrite.
     unread_tail: Option<u64>,
+    /// A transaction holds the partition: its batch is written, not yet committed. Appends
+    /// and other transactions wait (`transaction_done`); syncs and readers stop at the fence.
+    transaction: Option<Fence>,
+}
+
+/// Where an uncommitted transaction's batch starts in the active segment.
+#[derive(Clone, Copy, Debug)]
+struct Fence {
+    offset: Offset,
+    position: u64,
+    /// Before the batch was written: `None` while a transaction waits for its turn.
+    written: bool,
 }
 
 impl<I: Io> State<I> {
@@ -56,6 +68,15 @@ impl<I: Io> State<I> {
 
     fn next_offset(&self) -> Offset {
         self.active().next_offset
+    }
+
+    /// The end of what may be synced and shown: the fence of an uncommitted transaction, or
+    /// the end of the log.
+    fn committed_end(&self) -> (Offset, u64) {
+        match self.transaction {
+            Some(fence) if fence.written => (fence.offset, fence.position),
+            _ => (self.next_offset(), self.active().size),
+        }
     }
 }
 
@@ -159,6 +180,8 @@ pub(crate) struct Partition<I: Io> {
     file_sync: Mutex<()>,
     /// Serialises retention and compaction; taken before any other lock.
     maintenance: Mutex<()>,
+    /// Notified when a transaction leaves the partition (`State::transaction`).
+    transaction_done: Condvar,
     /// Compaction: every offset below this was cleaned by an earlier pass (`cleaner.offset`).
     first_dirty: Mutex<Offset>,
     compaction_passes: AtomicU64,
@@ -222,10 +245,19 @@ impl<I: Io> Partition<I> {
         topic: &str,
         id: u32,
         config: TopicConfig,
+        transaction_end: Offset,
     ) -> Result<(Self, PartitionRecovery), OpenError> {
         let now = context.clock.now_ms();
         let read_only = context.read_only;
-        let recovered = recovery::recover_partition(context, &directory, topic, id, &config, now)?;
+        let recovered = recovery::recover_partition(
+            context,
+            &directory,
+            topic,
+            id,
+            &config,
+            now,
+            transaction_end,
+        )?;
         let active = recovered.segments.last().expect("recovery yields a segment");
         let (base, size, end) = (active.base_offset, active.size, active.next_offset);
         let checkpoint = if read_only {
@@ -245,6 +277,7 @@ impl<I: Io> Partition<I> {
             segments: recovered.segments,
             damaged: recovered.damaged,
             deleted: false,
+            transaction: None,
         };
         let cleaned = log_start::read_cleaner_offset(&*context.io, &directory);
         let partition = Partition {
@@ -264,6 +297,7 @@ impl<I: Io> Partition<I> {
             }),
             file_sync: Mutex::new(()),
             maintenance: Mutex::new(()),
+            transaction_done: Condvar::new(),
             first_dirty: Mutex::new(cleaned),
             compaction_passes: AtomicU64::new(0),
             compaction_blocked: Mutex::new(None),
@@ -356,6 +390,9 @@ impl<I: Io> Partition<I> {
         let encoded = format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
         let written = {
             let mut state = self.state.lock();
+            while state.transaction.is_some() {
+                self.transaction_done.wait(&mut state);
+            }
             self.check_appendable(&state)?;
             if Self::should_roll(&state, batch.len() as u64, now) {
                 self.roll(&mut state, now)?;
@@ -548,7 +585,8 @@ impl<I: Io> Partition<I> {
         let (file, base, position, target) = {
             let state = self.state.lock();
             let active = state.active();
-            (Arc::clone(&active.file), active.base_offset, active.size, active.next_offset)
+            let (target, position) = state.committed_end();
+            (Arc::clone(&active.file), active.base_offset, position, target)
         };
         // Held until the outcome is recorded; see `roll`.
         let file_sync = self.file_sync.lock();
@@ -834,7 +872,7 @@ impl<I: Io> Partition<I> {
 
     /// Sync if there are unsynced records and the last sync is older than `interval_ms`.
     pub fn flush_if_due(&self, interval_ms: u64) -> Result<(), AppendError> {
-        let end = self.state.lock().next_offset();
+        let end = self.state.lock().committed_end().0;
         let (synced, last) = {
             let sync = self.sync.lock();
             (sync.synced, sync.last_sync_ms)
@@ -849,8 +887,100 @@ impl<I: Io> Partition<I> {
         if self.checkpoint.is_none() {
             return Ok(());
         }
-        let end = self.state.lock().next_offset();
+        let end = self.state.lock().committed_end().0;
         self.sync_to(end)
+    }
+
+    /// Start this partition's part of a transaction: wait for the partition to be free, take
+    /// it, and write `records` as one transactional batch, invisible to readers and syncs
+    /// until [`Partition::end_transaction`]. Appends and other transactions wait meanwhile;
+    /// callers take partitions in one global order, so transactions never wait in a cycle.
+    /// On error the partition is released again (and the engine poisoned where I/O failed).
+    pub fn begin_transaction(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        self.poison.check()?;
+        let now = self.clock.now_ms();
+        let mut batch = Vec::new();
+        let encoded = format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
+        format::set_transactional(&mut batch);
+        let mut state = self.state.lock();
+        while state.transaction.is_some() {
+            self.transaction_done.wait(&mut state);
+        }
+        let fence = |state: &State<I>| Fence {
+            offset: state.next_offset(),
+            position: state.active().size,
+            written: false,
+        };
+        state.transaction = Some(fence(&state));
+        let written = (|| {
+            self.check_appendable(&state)?;
+            if Self::should_roll(&state, batch.len() as u64, now) {
+                self.roll(&mut state, now)?;
+            }
+            state.transaction = Some(Fence { written: true, ..fence(&state) });
+            let base = state.next_offset();
+            let hint = self.sync.lock().synced;
+            format::set_batch_offsets(&mut batch, base, hint);
+            let info = BatchInfo {
+                base_offset: base,
+                next_offset: base.plus(encoded.next_offset.get()),
+                ..encoded
+            };
+            let active = state.segments.last_mut().expect("active segment");
+            active.write_at_end(batch).inspect_err(|e| self.poison_with(e))?;
+            active.on_batch(info);
+            Ok(info)
+        })();
+        match written {
+            Ok(info) => {
+                let last_offset = Offset::new(info.next_offset.get() - 1);
+                Ok(Appended { base_offset: info.base_offset, last_offset })
+            }
+            Err(error) => {
+                state.transaction = None;
+                self.transaction_done.notify_all();
+                Err(error)
+            }
+        }
+    }
+
+    /// Make this partition's transactional batch durable (an fdatasync of the active
+    /// segment; the checkpoint is not moved past the fence).
+    pub fn sync_transaction(&self) -> Result<(), AppendError> {
+        self.poison.check()?;
+        let file = Arc::clone(&self.state.lock().active().file);
+        let _file_sync = self.file_sync.lock();
+        file.run(Operation::Fdatasync { file: file.handle }).map_err(|error| {
+            self.poison_with(&error);
+            AppendError::from(error)
+        })
+    }
+
+    /// Release the partition. `committed`: the transaction's commit record is durable, so its
+    /// batch is synced and shown to readers like any durable append.
+    pub fn end_transaction(&self, committed: bool) {
+        let (end, base, position) = {
+            let mut state = self.state.lock();
+            assert!(state.transaction.is_some(), "a transaction holds the partition");
+            state.transaction = None;
+            self.transaction_done.notify_all();
+            let active = state.active();
+            (active.next_offset, active.base_offset, active.size)
+        };
+        if !committed || self.poison.check().is_err() {
+            return;
+        }
+        {
+            let mut sync = self.sync.lock();
+            // `sync_transaction` made everything written so far durable.
+            self.mark_synced(&mut sync, end);
+            Self::wake_covered(&mut sync, false);
+        }
+        self.publish(end);
+        let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never commit");
+        if let Err(error) = checkpoint.lock().record(base, position, end) {
+            self.poison_with(&error);
+        }
     }
 
     /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one

@@ -19,7 +19,7 @@ use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::compaction::{self, CLEANED_SUFFIX, SWAP_SUFFIX};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
-use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
+use crate::format::{self, BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
@@ -52,6 +52,9 @@ pub struct PartitionRecovery {
     pub removed_segments_below_log_start: u32,
     /// Compaction swaps committed before a crash and finished now (housekeeping too).
     pub finished_compaction_swaps: u32,
+    /// Records of a transaction whose commit record never became durable, removed from the
+    /// end of the log (they were never shown to readers).
+    pub rolled_back_records: u64,
     /// Damage found in synced data, kept in place and reported on reads.
     pub damage: Vec<Corruption>,
     /// Opened read-only: nothing was cut or rewritten; a tail that does not parse was only
@@ -79,6 +82,10 @@ impl fmt::Display for PartitionRecovery {
         }
         if self.rebuilt_indexes > 0 {
             write!(f, " rebuilt {} index files;", self.rebuilt_indexes)?;
+        }
+        if self.rolled_back_records > 0 {
+            let records = self.rolled_back_records;
+            write!(f, " rolled back {records} records of an uncommitted transaction;")?;
         }
         if self.removed_segments_below_log_start > 0 {
             let removed = self.removed_segments_below_log_start;
@@ -164,6 +171,7 @@ pub(crate) fn recover_partition<I: Io>(
     partition: u32,
     config: &TopicConfig,
     now_ms: i64,
+    transaction_end: Offset,
 ) -> Result<Recovered<I>, OpenError> {
     let (io, read_only, direct) = (&context.io, context.read_only, context.direct);
     let mut report =
@@ -259,7 +267,14 @@ pub(crate) fn recover_partition<I: Io>(
         }
         segments.push(segment);
     }
-    let active = ActiveSegment { base: *active_base, checkpoint, now_ms, read_only, direct };
+    let active = ActiveSegment {
+        base: *active_base,
+        checkpoint,
+        now_ms,
+        read_only,
+        direct,
+        transaction_end,
+    };
     if !read_only {
         remove_derived_files(io, directory, active.base)?;
     }
@@ -345,6 +360,9 @@ fn corruption<I: Io>(segment: &Segment<I>, damage: &Damage) -> Corruption {
 
 /// The active segment to recover and what is known of it.
 struct ActiveSegment {
+    /// Where the last committed transaction on this partition ended: a transactional batch
+    /// at the end of the log reaching past it was never committed.
+    transaction_end: Offset,
     base: Offset,
     checkpoint: Option<Checkpoint>,
     now_ms: i64,
@@ -467,7 +485,24 @@ fn recover_active<I: Io>(
         size = last_batch_start(&file, size)?;
         file.run(Operation::Truncate { file: file.handle, length: size })?;
     }
-    let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
+    let (mut segment, mut damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
+    let mut rolled_back_at = None;
+    let rollback = !canary::active(Canary::RecoveryKeepsUncommittedTransaction);
+    if damage.is_none() && !active.read_only && segment.size > 0 && rollback {
+        // A transaction writes one batch per partition and holds the partition until its
+        // commit record is durable: only the last batch can be uncommitted.
+        let start = last_batch_start(&segment.file, segment.size)?;
+        let bytes = segment.file.read(start, (segment.size - start) as usize)?;
+        let batch = format::parse_batch(&bytes).ok();
+        if let Some(batch) = batch.filter(format::BatchView::is_transactional)
+            && batch.last_offset() >= active.transaction_end
+        {
+            report.rolled_back_records += u64::from(batch.header().record_count.get());
+            let file = Arc::try_unwrap(segment.file).map_err(|_| ()).expect("recovery's own");
+            (segment, damage) = load_by_scan(file, active.base, start, config, active.now_ms)?;
+            rolled_back_at = Some(start);
+        }
+    }
     // Bytes of this segment that a checkpoint proves were fsynced.
     // A checkpoint naming a later segment than the last one here: a synced segment is gone,
     // and this one was sealed, so every byte of it was synced.
@@ -480,6 +515,8 @@ fn recover_active<I: Io>(
         Some(_) if missing.is_some() => size,
         _ => 0,
     };
+    // The checkpoint never covers an uncommitted transaction's batch; never below a rollback.
+    let checkpointed = rolled_back_at.map_or(checkpointed, |at| checkpointed.min(at));
     let mut damaged = None;
     if let Some(damage) = damage {
         let evidence = later_evidence(&segment.file, damage.position, size, segment.next_offset)?;

@@ -54,6 +54,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::CompactionTouchesActiveSegment => "compaction-touches-active-segment",
         Canary::SwapWithoutDirectoryFsync => "swap-without-directory-fsync",
         Canary::SwapRenameBeforeRemovalsSynced => "swap-rename-before-removals-synced",
+        Canary::TransactionCommittedBeforeDataSynced => "transaction-committed-before-data-synced",
+        Canary::RecoveryKeepsUncommittedTransaction => "recovery-keeps-uncommitted-transaction",
     }
 }
 

@@ -317,6 +317,17 @@ pub fn extend_compacted_batch(batch: &mut [u8], last_offset: Offset) -> BatchInf
 
 /// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
 /// and recompute its checksum. Lets appenders encode outside the partition lock.
+/// Batch attribute: the batch was written by [`crate::Engine::commit_transaction`]. Recovery
+/// keeps such a batch at the end of a partition only if the transaction's commit record (in
+/// `__consumer_offsets`) covers it.
+pub const ATTRIBUTE_TRANSACTIONAL: u16 = 0x0010;
+
+/// Mark an encoded batch transactional; [`set_batch_offsets`] then seals its checksum.
+pub fn set_transactional(batch: &mut [u8]) {
+    let (header, _) = BatchHeader::mut_from_prefix(batch).expect("an encoded batch");
+    header.attributes = U16::new(header.attributes.get() | ATTRIBUTE_TRANSACTIONAL);
+}
+
 pub fn set_batch_offsets(batch: &mut [u8], base_offset: Offset, synced_offset_hint: Offset) {
     let (header, _) = BatchHeader::mut_from_prefix(batch).expect("an encoded batch");
     header.base_offset = U64::new(base_offset.get());
@@ -409,6 +420,11 @@ fn parse(bytes: &[u8], verify_checksum: bool) -> Result<BatchView<'_>, DecodeErr
 impl<'a> BatchView<'a> {
     pub fn header(&self) -> &'a BatchHeader {
         self.header
+    }
+
+    /// Written by a transaction ([`ATTRIBUTE_TRANSACTIONAL`]).
+    pub fn is_transactional(&self) -> bool {
+        self.header.attributes.get() & ATTRIBUTE_TRANSACTIONAL != 0
     }
 
     pub fn base_offset(&self) -> Offset {
