@@ -692,6 +692,11 @@ impl<I: Io> Engine<I> {
             }
             next = fetch.next_offset();
         }
+        if matches!(partition.read(next, 1), Err(ReadError::Corruption(_))) {
+            // Damage (reported by the open) hides the records after it: which transaction
+            // committed is unknown, so none is rolled back.
+            committed.transactions_unknown = true;
+        }
         Ok(committed)
     }
 

@@ -91,6 +91,8 @@ pub fn encode_commit(keys: &[(CommitKey, Offset)]) -> Vec<(Vec<u8>, [u8; 8])> {
 #[derive(Debug, Default)]
 pub struct Committed {
     latest: BTreeMap<CommitKey, Offset>,
+    /// The offsets topic is damaged: commit records after the damage could not be read.
+    pub transactions_unknown: bool,
 }
 
 impl Committed {
@@ -121,7 +123,12 @@ impl Committed {
     }
 
     /// Where the last committed transaction on a partition ended (0 if none did).
+    /// With the offsets topic damaged, every transaction counts as committed: keeping one
+    /// that was not is reported damage, rolling back one that was would be silent loss.
     pub fn transaction_end(&self, topic: &str, partition: u32) -> Offset {
+        if self.transactions_unknown {
+            return Offset::new(u64::MAX);
+        }
         self.get(&CommitKey::transaction(topic, partition)).unwrap_or(Offset::ZERO)
     }
 

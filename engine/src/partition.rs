@@ -268,6 +268,10 @@ impl<I: Io> Partition<I> {
             if recovered.damaged.is_none() {
                 // Recovery fsynced what it kept; record it as evidence for the next recovery.
                 checkpoint.record(base, size, end)?;
+                if recovered.report.rolled_back_records > 0 {
+                    // Durably, so no older slot naming the rolled-back bytes outlives a crash.
+                    checkpoint.sync()?;
+                }
             }
             Some(checkpoint)
         };

@@ -64,7 +64,10 @@ pub struct PartitionRecovery {
 
 impl PartitionRecovery {
     pub fn is_clean(&self) -> bool {
-        self.truncated_bytes == 0 && self.rebuilt_indexes == 0 && self.damage.is_empty()
+        self.truncated_bytes == 0
+            && self.rebuilt_indexes == 0
+            && self.rolled_back_records == 0
+            && self.damage.is_empty()
     }
 }
 
@@ -485,24 +488,7 @@ fn recover_active<I: Io>(
         size = last_batch_start(&file, size)?;
         file.run(Operation::Truncate { file: file.handle, length: size })?;
     }
-    let (mut segment, mut damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
-    let mut rolled_back_at = None;
-    let rollback = !canary::active(Canary::RecoveryKeepsUncommittedTransaction);
-    if damage.is_none() && !active.read_only && segment.size > 0 && rollback {
-        // A transaction writes one batch per partition and holds the partition until its
-        // commit record is durable: only the last batch can be uncommitted.
-        let start = last_batch_start(&segment.file, segment.size)?;
-        let bytes = segment.file.read(start, (segment.size - start) as usize)?;
-        let batch = format::parse_batch(&bytes).ok();
-        if let Some(batch) = batch.filter(format::BatchView::is_transactional)
-            && batch.last_offset() >= active.transaction_end
-        {
-            report.rolled_back_records += u64::from(batch.header().record_count.get());
-            let file = Arc::try_unwrap(segment.file).map_err(|_| ()).expect("recovery's own");
-            (segment, damage) = load_by_scan(file, active.base, start, config, active.now_ms)?;
-            rolled_back_at = Some(start);
-        }
-    }
+    let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
     // Bytes of this segment that a checkpoint proves were fsynced.
     // A checkpoint naming a later segment than the last one here: a synced segment is gone,
     // and this one was sealed, so every byte of it was synced.
@@ -515,8 +501,6 @@ fn recover_active<I: Io>(
         Some(_) if missing.is_some() => size,
         _ => 0,
     };
-    // The checkpoint never covers an uncommitted transaction's batch; never below a rollback.
-    let checkpointed = rolled_back_at.map_or(checkpointed, |at| checkpointed.min(at));
     let mut damaged = None;
     if let Some(damage) = damage {
         let evidence = later_evidence(&segment.file, damage.position, size, segment.next_offset)?;
@@ -563,6 +547,24 @@ fn recover_active<I: Io>(
     // with its synced-offset hints, looking like evidence of synced data after the next crash
     // (found by the simulator: a faulty open's fsync failed after its cut). So the length is
     // set again on every writable open, and an fsync (not an fdatasync) makes it durable.
+    let rollback = !canary::active(Canary::RecoveryKeepsUncommittedTransaction);
+    if damaged.is_none() && !active.read_only && segment.size > 0 && rollback {
+        // After any torn tail is cut: a transaction writes one batch per partition and holds
+        // the partition until its commit record is durable, so only the last whole batch can
+        // be uncommitted. The checkpoint never covers it.
+        let start = last_batch_start(&segment.file, segment.size)?;
+        let bytes = segment.file.read(start, (segment.size - start) as usize)?;
+        let batch = format::parse_batch(&bytes).ok();
+        if let Some(batch) = batch.filter(format::BatchView::is_transactional)
+            && batch.last_offset() >= active.transaction_end
+        {
+            report.rolled_back_records += u64::from(batch.header().record_count.get());
+            let file = Arc::try_unwrap(segment.file).map_err(|_| ()).expect("recovery's own");
+            let (kept, damage) = load_by_scan(file, active.base, start, config, active.now_ms)?;
+            assert!(damage.is_none(), "the batches before a clean last batch scan clean");
+            segment = kept;
+        }
+    }
     if !active.read_only {
         let kept = segment.size;
         rewrite(&segment.file, checkpointed.min(kept), kept)?;

@@ -329,7 +329,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
          faulty_opens={} direct_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} \
-         compactions_abandoned={} oracle_checks={}",
+         compactions_abandoned={} transactions={} failed_transactions={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -346,6 +346,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.commits,
         c.compaction_passes,
         c.compactions_abandoned,
+        c.transactions,
+        c.failed_transactions,
         c.oracle_checks
     );
     match &totals.first_failure {
@@ -397,8 +399,8 @@ fn run_canaries(max_seeds: u64, ops: u64, only: &[Canary]) -> bool {
     // default hook would print its backtrace as if the simulator had crashed.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    println!("{:<31} | {:<15} | oracle", "canary", "seeds to catch");
-    println!("{:-<31}-|-{:-<15}-|-{:-<24}", "", "", "");
+    println!("{:<38} | {:<15} | oracle", "canary", "seeds to catch");
+    println!("{:-<38}-|-{:-<15}-|-{:-<24}", "", "", "");
     let mut all_caught = true;
     let chosen: Vec<Canary> =
         if only.is_empty() { canaries::hunted().collect() } else { only.to_vec() };
@@ -409,14 +411,14 @@ fn run_canaries(max_seeds: u64, ops: u64, only: &[Canary]) -> bool {
             all_caught = false;
             (format!("> {max_seeds}"), "NOT CAUGHT")
         };
-        println!("{:<31} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
+        println!("{:<38} | {seeds:<15} | {oracle}", format!("{:?}", caught.canary));
         if !caught.detail.is_empty() {
             eprintln!("  {:?}: {}", caught.canary, caught.detail);
         }
     }
     if only.is_empty() {
         for (canary, test) in canaries::TARGETED {
-            println!("{:<31} | {:<15} | targeted test {test}", format!("{canary:?}"), "-");
+            println!("{:<38} | {:<15} | targeted test {test}", format!("{canary:?}"), "-");
         }
     }
     std::panic::set_hook(default_hook);

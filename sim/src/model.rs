@@ -161,6 +161,18 @@ pub struct Model {
     pub compacted: bool,
     /// Its `delete_retention_ms`: a tombstone may go once it is older than that.
     pub delete_retention_ms: i64,
+    /// A transaction that failed: its batches (each partition's `uncertain`) and its commit
+    /// are kept or dropped together.
+    pub uncertain_transaction: Option<UncertainTransaction>,
+}
+
+/// What a failed transaction may have left: each listed partition's `uncertain` batch, and
+/// the group's position for `commit_partition`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UncertainTransaction {
+    pub partitions: Vec<u32>,
+    pub commit_partition: u32,
+    pub commit: u64,
 }
 
 impl Model {
@@ -176,6 +188,7 @@ impl Model {
             retention_bytes: None,
             compacted: false,
             delete_retention_ms: 0,
+            uncertain_transaction: None,
         }
     }
 

@@ -33,14 +33,14 @@
 
 use crate::clock::{EPOCH_MS, SimClock};
 use crate::disk::{BitFlip, SimDisk, Stats};
-use crate::model::{Model, ModelBatch, ModelRecord, TopicState};
+use crate::model::{Model, ModelBatch, ModelRecord, TopicState, UncertainTransaction};
 use crate::oracle::{self, Context, Oracle, Scan, SimEngine, Violation};
 use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
 use crate::workload::{SCRATCH, Step, Swarm, TOPIC};
 use chronik_engine::{
-    AppendError, CommitError, Durability, Engine, Offset, OpenError, Options, ReadError, Record,
-    RecoveryReport, TopicError,
+    AppendError, CommitError, Durability, Engine, GroupCommit, Offset, OpenError, Options,
+    ReadError, Record, RecoveryReport, TopicError, TransactionWrite,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -239,6 +239,9 @@ pub struct Counters {
     pub compaction_passes: u64,
     /// Compaction passes abandoned on an I/O error without poisoning.
     pub compactions_abandoned: u64,
+    /// Transactions committed, and failed (each partition's batch kept or dropped together).
+    pub transactions: u64,
+    pub failed_transactions: u64,
 }
 
 impl Counters {
@@ -268,6 +271,8 @@ impl Counters {
         self.commits += other.commits;
         self.compaction_passes += other.compaction_passes;
         self.compactions_abandoned += other.compactions_abandoned;
+        self.transactions += other.transactions;
+        self.failed_transactions += other.failed_transactions;
     }
 }
 
@@ -625,6 +630,7 @@ impl Sim {
         let now_ms = self.now_ms();
         let context = Context { model: &self.model, engine, scan: &scan, topic_exists, now_ms };
         oracle::check_all(&self.oracles, &context, &mut self.check_rng)?;
+        self.check_transaction(engine, &scan)?;
         self.check_commits(engine)?;
         self.counters.oracle_checks += 1;
         self.model.topic = if topic_exists { TopicState::Present } else { TopicState::Absent };
@@ -1073,6 +1079,9 @@ impl Sim {
             }
             Step::Scratch => self.scratch(engine)?,
             Step::Compact { partition } => self.compact(engine, partition)?,
+            Step::Transaction { writes, commit_partition, offset_per_million } => {
+                self.transaction(engine, writes, commit_partition, offset_per_million)?
+            }
             Step::Commit { partition, offset_per_million } => {
                 self.commit(engine, partition, offset_per_million)?
             }
@@ -1165,6 +1174,120 @@ impl Sim {
 
     /// Read `partition` from `from(high watermark)` and check the records against the model;
     /// returns the offset after the last record read, unless the read failed.
+    /// A transaction: one batch to each of `writes`' partitions and a position of the group
+    /// `sim`, all or nothing. Committed, its batches are acknowledged and durable in every
+    /// mode; failed, they and the position are uncertain together (`transactions_atomic`).
+    fn transaction(
+        &mut self,
+        engine: &SimEngine,
+        writes: Vec<(u32, Vec<ModelRecord>)>,
+        commit_partition: u32,
+        offset_per_million: u32,
+    ) -> Result<Flow, Violation> {
+        let now = self.now_ms();
+        let views: Vec<Vec<Record<'_>>> = writes
+            .iter()
+            .map(|(_, records)| {
+                records
+                    .iter()
+                    .map(|r| {
+                        let record = Record::new(r.key.as_deref(), &r.value);
+                        if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
+                    })
+                    .collect()
+            })
+            .collect();
+        let batches: Vec<TransactionWrite<'_>> = writes
+            .iter()
+            .zip(&views)
+            .map(|((partition, _), records)| TransactionWrite {
+                topic: TOPIC,
+                partition: *partition,
+                records,
+            })
+            .collect();
+        let watermark = engine.high_watermark(TOPIC, commit_partition).map_or(0, Offset::get);
+        let offset = watermark * u64::from(offset_per_million) / 1_000_000;
+        let offsets = [(TOPIC, commit_partition, Offset::new(offset))];
+        let result = engine
+            .commit_transaction(&batches, Some(GroupCommit { group: GROUP, offsets: &offsets }));
+        drop(batches);
+        drop(views);
+        let partitions: Vec<u32> = writes.iter().map(|(p, _)| *p).collect();
+        self.trace.event(format!(
+            "transaction {partitions:?}, commit p{commit_partition} {offset} -> {}",
+            match &result {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => format!("error: {e}"),
+            }
+        ));
+        let error = match result {
+            Ok(appended) => {
+                for ((partition, records), appended) in writes.into_iter().zip(appended) {
+                    let next = self.model.partitions[partition as usize].acknowledged_records();
+                    let count = records.len() as u64;
+                    let expected = (Offset::new(next), Offset::new(next + count - 1));
+                    if (appended.base_offset, appended.last_offset) != expected {
+                        let detail =
+                            format!("partition {partition}: {appended:?}, expected {expected:?}");
+                        return Err(Violation::new("offsets_never_reused", detail));
+                    }
+                    self.model.acknowledge(partition, ModelBatch { records, appended_ms: now });
+                    let model = &mut self.model.partitions[partition as usize];
+                    // Its commit made the partition durable, whatever the mode.
+                    model.durable_records = model.acknowledged_records();
+                }
+                let model = &mut self.model.partitions[commit_partition as usize];
+                model.committed = Some(offset);
+                model.uncertain_commit = None;
+                self.counters.transactions += 1;
+                return self.after_error(engine, None);
+            }
+            Err(CommitError::Append(error)) => error,
+            Err(CommitError::Topic(TopicError::Io(error))) => AppendError::Io(error),
+            Err(CommitError::Topic(TopicError::Poisoned(poisoned))) => {
+                AppendError::Poisoned(poisoned)
+            }
+            Err(other) => return Err(Violation::new("commit_errors", other.to_string())),
+        };
+        self.counters.failed_transactions += 1;
+        for (partition, records) in writes {
+            self.model.fail(partition, ModelBatch { records, appended_ms: now });
+        }
+        self.model.partitions[commit_partition as usize].uncertain_commit = Some(offset);
+        self.model.uncertain_transaction =
+            Some(UncertainTransaction { partitions, commit_partition, commit: offset });
+        self.after_error(engine, Some(error))
+    }
+
+    /// After an open: a failed transaction left all of its batches and its position, or
+    /// none of them.
+    fn check_transaction(&mut self, engine: &SimEngine, scan: &Scan) -> Result<(), Violation> {
+        const ORACLE: &str = "transactions_atomic";
+        let Some(transaction) = self.model.uncertain_transaction.take() else { return Ok(()) };
+        if scan.partitions.is_empty() {
+            return Ok(());
+        }
+        let mut kept = Vec::new();
+        for &partition in &transaction.partitions {
+            let model = &self.model.partitions[partition as usize];
+            kept.push(scan.end(partition as usize) > model.acknowledged_records());
+        }
+        let model = &self.model.partitions[transaction.commit_partition as usize];
+        let found =
+            engine.committed_offset(GROUP, TOPIC, transaction.commit_partition).map(Offset::get);
+        if model.committed != Some(transaction.commit) {
+            kept.push(found == Some(transaction.commit));
+        }
+        if kept.iter().any(|&k| k != kept[0]) {
+            let detail = format!(
+                "transaction {transaction:?}: kept per partition, then its position: {kept:?}"
+            );
+            return Err(Violation::new(ORACLE, detail));
+        }
+        Ok(())
+    }
+
     /// Commit a position of the group `sim` for one partition. A commit is durable when it
     /// returns in every durability mode; a failed one may or may not be there after a crash.
     fn commit(

@@ -70,6 +70,8 @@ pub struct Swarm {
     pub commit_weight: u64,
     /// Weight of forced compaction steps (compacted topics only).
     pub compact_weight: u64,
+    /// Weight of transaction steps.
+    pub transaction_weight: u64,
     /// Distinct keys the workload writes.
     pub keys: u64,
 }
@@ -152,6 +154,7 @@ impl Swarm {
             },
             commit_weight: 0,
             compact_weight: 0,
+            transaction_weight: 0,
             keys: KEYS_MAX,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
@@ -162,6 +165,7 @@ impl Swarm {
             _ => {}
         }
         swarm.commit_weight = rng.between(0, 10);
+        swarm.transaction_weight = if rng.chance(PER_MILLION / 2) { rng.between(1, 12) } else { 0 };
         // A third of the seeds compact their topic (a few of those also keep it by retention):
         // mostly keyed records, a random dirty ratio, tombstones kept 0 to 5 s.
         if rng.chance(PER_MILLION / 3) {
@@ -202,13 +206,25 @@ pub enum Step {
     Commit { partition: u32, offset_per_million: u32 },
     /// Compact a partition now, whatever its dirty ratio (`Engine::compact_partition`).
     Compact { partition: u32 },
+    /// `Engine::commit_transaction`: one batch to each of some partitions, and a position of
+    /// the group `sim` for `commit_partition` (taken modulo what is visible).
+    Transaction {
+        writes: Vec<(u32, Vec<ModelRecord>)>,
+        commit_partition: u32,
+        offset_per_million: u32,
+    },
 }
 
 impl Swarm {
     /// Draw the next step. `now_ms` is the timestamp records get from the clock.
     pub fn step(&self, rng: &mut Rng, now_ms: i64) -> Step {
-        let extra =
-            [self.tail_weight, self.scratch_weight, self.commit_weight, self.compact_weight];
+        let extra = [
+            self.tail_weight,
+            self.scratch_weight,
+            self.commit_weight,
+            self.compact_weight,
+            self.transaction_weight,
+        ];
         let weights = [self.weights.as_slice(), &extra].concat();
         let total: u64 = weights.iter().sum();
         let mut roll = rng.below(total.max(1));
@@ -237,7 +253,19 @@ impl Swarm {
                 partition,
                 offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
             },
-            _ => Step::Compact { partition },
+            8 => Step::Compact { partition },
+            _ => {
+                // Some of the partitions, each once, in a random order.
+                let mut partitions: Vec<u32> = (0..self.topic.partitions).collect();
+                rng.shuffle(&mut partitions);
+                partitions.truncate(rng.between(1, u64::from(self.topic.partitions)) as usize);
+                let writes = partitions.into_iter().map(|p| (p, self.batch(rng, now_ms))).collect();
+                Step::Transaction {
+                    writes,
+                    commit_partition: partition,
+                    offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
+                }
+            }
         }
     }
 
