@@ -26,8 +26,9 @@ pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
     AppendError, Cleanup, Clock, CommitError, Corruption, CorruptionKind, Durability, Error, Fetch,
-    Header, Headers, Offset, OpenError, Options, PartitionDescription, PartitionRecovery,
-    ReadError, Record, RecordView, RecoveryReport, TopicConfig, TopicDescription, TopicError,
+    GroupCommit, Header, Headers, Offset, OpenError, Options, PartitionDescription,
+    PartitionRecovery, ReadError, Record, RecordView, RecoveryReport, TopicConfig,
+    TopicDescription, TopicError, TransactionWrite,
 };
 
 /// The engine crate, for what this facade does not re-export.
