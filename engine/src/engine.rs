@@ -315,6 +315,12 @@ impl<I: Io> Engine<I> {
         Ok((topics, report, committed))
     }
 
+    /// The engine clock's time, in milliseconds since the Unix epoch (simulated time under
+    /// the simulator).
+    pub fn now_ms(&self) -> i64 {
+        self.inner.context.clock.now_ms()
+    }
+
     pub fn options(&self) -> Options {
         self.inner.options
     }

@@ -34,6 +34,8 @@ pub use chronik_engine::{
 /// The engine crate, for what this facade does not re-export.
 pub use chronik_engine as engine;
 
+pub mod processor;
+
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;
 use std::ops::Deref;

@@ -1,0 +1,763 @@
+//! Stateful stream processors: one task per input partition, each with named key-value stores
+//! backed by compacted changelog topics, committing its outputs, its store changes and its
+//! input position in one transaction ([`chronik_engine::Engine::commit_transaction`]), so that
+//! after a crash at any moment the restored state and the outputs are exactly those of a run
+//! without the crash.
+//!
+//! A task's loop: restore each store from its changelog (`<application>-<store>-changelog`,
+//! partition = the input partition); start at the position the application's consumer group
+//! committed; read a batch of input, call [`Processor::process`] per record; every
+//! `commit_interval_ms` (and when caught up, and when the pending bytes grow large) commit.
+//! Store writes apply at once (a task reads its own writes) and are coalesced per key until
+//! the commit. A failed commit ends the run: the in-memory state is then ahead of what is
+//! durable, and only a restart (restore) may continue.
+//!
+//! Changelog values carry one leading byte, `1`, before the stored value, so that an empty
+//! stored value is not taken for a tombstone (an empty changelog value: the key was deleted).
+
+use crate::{Appended, CommitError, GroupCommit, Io, Offset, ReadError, Record, RecordView};
+use crate::{TopicConfig, TopicError, TransactionWrite};
+use chronik_engine::Engine;
+use std::collections::BTreeMap;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The first byte of a changelog value that holds a stored value.
+const CHANGELOG_PUT: u8 = 1;
+/// Bytes of input one step reads.
+const STEP_FETCH_BYTES: usize = 1 << 20;
+/// Bytes of changelog one restore read fetches.
+const RESTORE_FETCH_BYTES: usize = 4 << 20;
+/// Pending changelog and output bytes that force a commit before the interval: well under the
+/// engine's batch limit, since one partition's writes of a commit are one batch.
+const PENDING_BYTES_MAX: usize = 4 << 20;
+/// How long an idle worker waits for input before looking again (and at the stop flag).
+const IDLE_WAIT: Duration = Duration::from_millis(20);
+
+/// What a processor returns when it cannot go on; the run stops with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ProcessError(pub String);
+
+impl ProcessError {
+    pub fn new(message: impl Into<String>) -> ProcessError {
+        ProcessError(message.into())
+    }
+}
+
+/// Why a processor run stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessorError {
+    #[error("invalid processor setup: {0}")]
+    Config(String),
+    #[error("partition {partition}: {source}")]
+    Process { partition: u32, source: ProcessError },
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    #[error(
+        "store {store:?}, partition {partition}: the changelog holds a record that is not a store entry at offset {offset}"
+    )]
+    BadChangelog { store: String, partition: u32, offset: u64 },
+    #[error("a worker thread panicked")]
+    Panicked,
+}
+
+/// A stream processor: called for each input record of its partition, in order.
+pub trait Processor: Send {
+    /// Once, after the task's stores are restored and before any record.
+    fn init(&mut self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    /// One input record. Read and write stores and emit records through `ctx`.
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError>;
+
+    /// A timer fired: stream time (the largest input timestamp seen) reached a multiple of
+    /// [`ProcessorConfig::punctuate_stream_ms`] (called before the record that reached it, so
+    /// windows are `[start, end)`; once however many multiples it jumped), or the engine
+    /// clock one of [`ProcessorConfig::punctuate_wall_ms`]. Called between records.
+    fn punctuate(
+        &mut self,
+        _time: Punctuation,
+        _ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    /// Once, when the run stops cleanly, before the last commit.
+    fn close(&mut self, _ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+}
+
+/// Which timer fired, and its time (milliseconds since the epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Punctuation {
+    StreamTime(i64),
+    WallClock(i64),
+}
+
+/// A processor's view of its task: its stores, where its records go, and time.
+#[derive(Debug)]
+pub struct Context<'a> {
+    stores: &'a mut BTreeMap<String, Store>,
+    outputs: &'a mut Outputs,
+    partition: u32,
+    stream_time: i64,
+}
+
+impl Context<'_> {
+    /// The store named `name` (one of [`ProcessorConfig::stores`]).
+    pub fn store(&mut self, name: &str) -> Result<&mut Store, ProcessError> {
+        self.stores.get_mut(name).ok_or_else(|| ProcessError(format!("no store named {name:?}")))
+    }
+
+    /// Emit a record to `topic` (committed with the task's next commit). It goes to the
+    /// partition of its key ([`crate::partition_for_key`]), or without a key to this task's
+    /// partition number modulo the topic's partition count.
+    pub fn emit(&mut self, topic: &str, key: Option<&[u8]>, value: &[u8]) {
+        self.outputs.bytes += key.map_or(0, <[u8]>::len) + value.len() + 32;
+        self.outputs.records.push(Output {
+            topic: topic.to_owned(),
+            key: key.map(<[u8]>::to_vec),
+            value: value.to_vec(),
+        });
+    }
+
+    /// The input partition, which is also this task's store partition.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The largest input timestamp seen so far (`i64::MIN` before the first record).
+    pub fn stream_time(&self) -> i64 {
+        self.stream_time
+    }
+}
+
+/// A key-value store of one task: ordered by key, in memory, restored from its changelog.
+#[derive(Debug, Default, Clone)]
+pub struct Store {
+    data: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Changes since the last commit, one per key (the last write wins): `None` deletes.
+    dirty: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    dirty_bytes: usize,
+}
+
+impl Store {
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.data.get(key).map(Vec::as_slice)
+    }
+
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.data.contains_key(key)
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        self.data.insert(key.to_vec(), value.to_vec());
+        self.mark(key, Some(value.to_vec()));
+    }
+
+    /// Remove `key`; returns whether it was there.
+    pub fn delete(&mut self, key: &[u8]) -> bool {
+        let was = self.data.remove(key).is_some();
+        self.mark(key, None);
+        was
+    }
+
+    fn mark(&mut self, key: &[u8], value: Option<Vec<u8>>) {
+        self.dirty_bytes += key.len() + value.as_ref().map_or(0, Vec::len) + 32;
+        self.dirty.insert(key.to_vec(), value);
+    }
+
+    /// Entries with keys in `range`, in key order.
+    pub fn range<R: RangeBounds<[u8]>>(&self, range: R) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.data
+            .range::<[u8], _>((range.start_bound(), range.end_bound()))
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.data.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Apply one changelog record during a restore.
+    fn restore(&mut self, key: &[u8], value: &[u8]) -> bool {
+        match value.split_first() {
+            None => {
+                self.data.remove(key);
+                true
+            }
+            Some((&CHANGELOG_PUT, stored)) => {
+                self.data.insert(key.to_vec(), stored.to_vec());
+                true
+            }
+            Some(_) => false,
+        }
+    }
+}
+
+/// A changelog topic and the records one commit appends to it.
+type Changelog = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
+#[derive(Debug, Default)]
+struct Outputs {
+    records: Vec<Output>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Output {
+    topic: String,
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+}
+
+/// Progress of one store's restore, for [`ProcessorConfig::on_restore`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestoreProgress<'a> {
+    pub store: &'a str,
+    pub partition: u32,
+    /// Changelog records applied so far, and the changelog's end when the restore began.
+    pub restored: u64,
+    pub end: Offset,
+    pub done: bool,
+}
+
+/// A callback told of restore progress.
+pub type RestoreListener = Arc<dyn Fn(RestoreProgress<'_>) + Send + Sync>;
+
+/// How a processor application runs.
+#[derive(Clone)]
+pub struct ProcessorConfig {
+    /// The application's name: its consumer group, and the prefix of its changelog topics.
+    pub application: String,
+    /// The input topic; one task per partition.
+    pub input: String,
+    /// Store names; each gets a changelog topic `<application>-<store>-changelog`.
+    pub stores: Vec<String>,
+    /// Commit at least this often while there is work (engine clock).
+    pub commit_interval_ms: u64,
+    /// Worker threads for [`Runner::run_until`]; tasks are spread over them.
+    pub threads: usize,
+    pub punctuate_stream_ms: Option<i64>,
+    pub punctuate_wall_ms: Option<i64>,
+    pub on_restore: Option<RestoreListener>,
+}
+
+impl std::fmt::Debug for ProcessorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessorConfig")
+            .field("application", &self.application)
+            .field("input", &self.input)
+            .field("stores", &self.stores)
+            .field("commit_interval_ms", &self.commit_interval_ms)
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessorConfig {
+    pub fn new(application: &str, input: &str) -> ProcessorConfig {
+        ProcessorConfig {
+            application: application.to_owned(),
+            input: input.to_owned(),
+            stores: Vec::new(),
+            commit_interval_ms: 100,
+            threads: 1,
+            punctuate_stream_ms: None,
+            punctuate_wall_ms: None,
+            on_restore: None,
+        }
+    }
+
+    #[must_use]
+    pub fn store(mut self, name: &str) -> ProcessorConfig {
+        self.stores.push(name.to_owned());
+        self
+    }
+
+    #[must_use]
+    pub fn commit_interval_ms(mut self, ms: u64) -> ProcessorConfig {
+        self.commit_interval_ms = ms;
+        self
+    }
+
+    #[must_use]
+    pub fn threads(mut self, threads: usize) -> ProcessorConfig {
+        self.threads = threads;
+        self
+    }
+
+    /// The changelog topic of `store`.
+    pub fn changelog(&self, store: &str) -> String {
+        format!("{}-{store}-changelog", self.application)
+    }
+}
+
+/// What a run did, summed over its tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub records: u64,
+    pub commits: u64,
+    pub emitted: u64,
+    /// Changelog records applied by restores.
+    pub restored: u64,
+}
+
+impl RunStats {
+    fn add(&mut self, other: RunStats) {
+        self.records += other.records;
+        self.commits += other.commits;
+        self.emitted += other.emitted;
+        self.restored += other.restored;
+    }
+}
+
+/// A processor application over an engine: its tasks, restored and ready to run.
+pub struct Runner<I: Io, P: Processor> {
+    engine: Engine<I>,
+    config: ProcessorConfig,
+    tasks: Vec<Task<P>>,
+    /// A failed commit or processor leaves a task's memory ahead of what is durable.
+    failed: bool,
+}
+
+impl<I: Io, P: Processor> std::fmt::Debug for Runner<I, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("config", &self.config)
+            .field("tasks", &self.tasks.len())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Task<P> {
+    partition: u32,
+    processor: P,
+    stores: BTreeMap<String, Store>,
+    /// The next input offset to process.
+    position: Offset,
+    /// The input position as of the last commit.
+    committed_position: Offset,
+    outputs: Outputs,
+    last_commit_ms: i64,
+    stream_time: i64,
+    next_stream_punctuation: Option<i64>,
+    next_wall_punctuation: Option<i64>,
+    stats: RunStats,
+}
+
+impl<I: Io, P: Processor> Runner<I, P> {
+    /// Create the changelog topics that are missing (compacted, as many partitions as the
+    /// input), restore every task's stores, and call each processor's `init`.
+    pub fn new(
+        engine: &Engine<I>,
+        config: ProcessorConfig,
+        mut factory: impl FnMut(u32) -> P,
+    ) -> Result<Runner<I, P>, ProcessorError> {
+        let partitions = engine
+            .partition_count(&config.input)
+            .ok_or_else(|| TopicError::NotFound { name: config.input.clone() })?;
+        if config.commit_interval_ms == 0 || config.threads == 0 {
+            return Err(ProcessorError::Config("commit interval and threads must be > 0".into()));
+        }
+        for store in &config.stores {
+            let topic = config.changelog(store);
+            match engine.partition_count(&topic) {
+                Some(count) if count == partitions => {}
+                Some(count) => {
+                    return Err(ProcessorError::Config(format!(
+                        "changelog {topic} has {count} partitions, the input {partitions}"
+                    )));
+                }
+                None => {
+                    let changelog = TopicConfig {
+                        partitions,
+                        cleanup: crate::Cleanup::Compact,
+                        ..TopicConfig::default()
+                    };
+                    match engine.create_topic(&topic, changelog) {
+                        Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
+        }
+        let now = engine.now_ms();
+        let mut tasks = Vec::with_capacity(partitions as usize);
+        for partition in 0..partitions {
+            let mut stats = RunStats::default();
+            let mut stores = BTreeMap::new();
+            for name in &config.stores {
+                let store = restore(engine, &config, name, partition, &mut stats)?;
+                stores.insert(name.clone(), store);
+            }
+            let position = engine
+                .committed_offset(&config.application, &config.input, partition)
+                .unwrap_or(Offset::ZERO);
+            let mut task = Task {
+                partition,
+                processor: factory(partition),
+                stores,
+                position,
+                committed_position: position,
+                outputs: Outputs::default(),
+                last_commit_ms: now,
+                stream_time: i64::MIN,
+                next_stream_punctuation: None,
+                next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
+                stats,
+            };
+            task.call(Processor::init)?;
+            tasks.push(task);
+        }
+        Ok(Runner { engine: engine.clone(), config, tasks, failed: false })
+    }
+
+    /// Run on the calling thread until every task has processed its input up to the high
+    /// watermark, then commit. Deterministic: what the simulator and tests use.
+    pub fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
+        self.check_usable()?;
+        let result = (|| {
+            for task in &mut self.tasks {
+                while task.step(&self.engine, &self.config)? > 0 {}
+                task.commit(&self.engine, &self.config)?;
+            }
+            Ok(())
+        })();
+        self.finish(result)
+    }
+
+    /// Run the tasks on [`ProcessorConfig::threads`] worker threads until `stop` is set; then
+    /// close the processors and commit.
+    pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunStats, ProcessorError> {
+        self.check_usable()?;
+        let threads = self.config.threads.min(self.tasks.len()).max(1);
+        let (engine, config) = (&self.engine, &self.config);
+        let mut shares: Vec<Vec<&mut Task<P>>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, task) in self.tasks.iter_mut().enumerate() {
+            shares[i % threads].push(task);
+        }
+        let outcomes: Vec<Result<(), ProcessorError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = shares
+                .into_iter()
+                .map(|mut share| scope.spawn(move || work(engine, config, &mut share, stop)))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or(Err(ProcessorError::Panicked))).collect()
+        });
+        let result = outcomes.into_iter().collect::<Result<Vec<()>, _>>().map(|_| ());
+        let result = result.and_then(|()| {
+            for task in &mut self.tasks {
+                task.close(&self.engine, &self.config)?;
+            }
+            Ok(())
+        });
+        self.finish(result)
+    }
+
+    fn check_usable(&self) -> Result<(), ProcessorError> {
+        if self.failed {
+            return Err(ProcessorError::Config(
+                "an earlier run failed: open a new runner to restore the state".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, result: Result<(), ProcessorError>) -> Result<RunStats, ProcessorError> {
+        if let Err(error) = result {
+            self.failed = true;
+            return Err(error);
+        }
+        let mut stats = RunStats::default();
+        for task in &mut self.tasks {
+            stats.add(std::mem::take(&mut task.stats));
+        }
+        Ok(stats)
+    }
+
+    /// A task's store, for inspection (tests, examples).
+    pub fn store(&self, partition: u32, name: &str) -> Option<&Store> {
+        self.tasks.get(partition as usize)?.stores.get(name)
+    }
+
+    /// Every task's input position (the next offset to process).
+    pub fn positions(&self) -> Vec<Offset> {
+        self.tasks.iter().map(|t| t.position).collect()
+    }
+}
+
+fn work<I: Io, P: Processor>(
+    engine: &Engine<I>,
+    config: &ProcessorConfig,
+    tasks: &mut [&mut Task<P>],
+    stop: &AtomicBool,
+) -> Result<(), ProcessorError> {
+    while !stop.load(Ordering::Relaxed) {
+        let mut processed = 0;
+        for task in tasks.iter_mut() {
+            processed += task.step(engine, config)?;
+        }
+        if processed == 0 {
+            for task in tasks.iter_mut() {
+                task.commit_if_due(engine, config, true)?;
+            }
+            if let Some(task) = tasks.first() {
+                engine.wait_for(&config.input, task.partition, task.position, IDLE_WAIT)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read a store's changelog partition from its start to its end into a new store.
+fn restore<I: Io>(
+    engine: &Engine<I>,
+    config: &ProcessorConfig,
+    name: &str,
+    partition: u32,
+    stats: &mut RunStats,
+) -> Result<Store, ProcessorError> {
+    let topic = config.changelog(name);
+    let end = engine.high_watermark(&topic, partition)?;
+    let mut store = Store::default();
+    let mut next = Offset::ZERO;
+    let mut restored = 0;
+    let report = |restored, done| {
+        if let Some(listener) = &config.on_restore {
+            listener(RestoreProgress { store: name, partition, restored, end, done });
+        }
+    };
+    while next < end {
+        let fetch = match engine.read(&topic, partition, next, RESTORE_FETCH_BYTES) {
+            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
+                next = Offset::new(start);
+                continue;
+            }
+            other => other?,
+        };
+        if fetch.is_empty() {
+            break;
+        }
+        for record in fetch.records().filter(|r| r.offset() >= next && r.offset() < end) {
+            let key = record.key().unwrap_or_default();
+            if !store.restore(key, record.value()) {
+                let offset = record.offset().get();
+                return Err(ProcessorError::BadChangelog {
+                    store: name.to_owned(),
+                    partition,
+                    offset,
+                });
+            }
+            restored += 1;
+        }
+        next = fetch.next_offset();
+        report(restored, false);
+    }
+    report(restored, true);
+    stats.restored += restored;
+    Ok(store)
+}
+
+impl<P: Processor> Task<P> {
+    /// Call the processor with a context over this task.
+    fn call(
+        &mut self,
+        f: impl FnOnce(&mut P, &mut Context<'_>) -> Result<(), ProcessError>,
+    ) -> Result<(), ProcessorError> {
+        let mut ctx = Context {
+            stores: &mut self.stores,
+            outputs: &mut self.outputs,
+            partition: self.partition,
+            stream_time: self.stream_time,
+        };
+        f(&mut self.processor, &mut ctx)
+            .map_err(|source| ProcessorError::Process { partition: self.partition, source })
+    }
+
+    /// Process one fetch of input; returns how many records it processed.
+    fn step<I: Io>(
+        &mut self,
+        engine: &Engine<I>,
+        config: &ProcessorConfig,
+    ) -> Result<usize, ProcessorError> {
+        let fetch =
+            match engine.read(&config.input, self.partition, self.position, STEP_FETCH_BYTES) {
+                Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
+                    self.position = Offset::new(start);
+                    return Ok(0);
+                }
+                other => other?,
+            };
+        let mut processed = 0;
+        let from = self.position;
+        for record in fetch.records().filter(|r| r.offset() >= from) {
+            // Timers first: a record at or past a window's end belongs to the next window.
+            self.stream_time = self.stream_time.max(record.timestamp());
+            self.punctuate_stream(config)?;
+            self.call(|processor, ctx| processor.process(&record, ctx))?;
+            self.position = record.offset().plus(1);
+            processed += 1;
+            if self.pending_bytes() > PENDING_BYTES_MAX {
+                self.commit(engine, config)?;
+            }
+        }
+        self.position = self.position.max(fetch.next_offset());
+        self.stats.records += processed as u64;
+        self.commit_if_due(engine, config, false)?;
+        Ok(processed)
+    }
+
+    fn punctuate_stream(&mut self, config: &ProcessorConfig) -> Result<(), ProcessorError> {
+        let Some(every) = config.punctuate_stream_ms.filter(|&ms| ms > 0) else { return Ok(()) };
+        // The first window ends at the first multiple of `every` after the first record.
+        let next = *self
+            .next_stream_punctuation
+            .get_or_insert_with(|| self.stream_time - self.stream_time.rem_euclid(every) + every);
+        if self.stream_time >= next {
+            let time = self.stream_time - self.stream_time.rem_euclid(every);
+            self.next_stream_punctuation = Some(time + every);
+            self.call(|processor, ctx| processor.punctuate(Punctuation::StreamTime(time), ctx))?;
+        }
+        Ok(())
+    }
+
+    fn pending_bytes(&self) -> usize {
+        self.outputs.bytes + self.stores.values().map(|s| s.dirty_bytes).sum::<usize>()
+    }
+
+    fn commit_if_due<I: Io>(
+        &mut self,
+        engine: &Engine<I>,
+        config: &ProcessorConfig,
+        idle: bool,
+    ) -> Result<(), ProcessorError> {
+        let now = engine.now_ms();
+        if let Some(due) = self.next_wall_punctuation.filter(|&due| now >= due) {
+            let every = config.punctuate_wall_ms.unwrap_or(1).max(1);
+            self.next_wall_punctuation = Some(due + every * ((now - due) / every + 1));
+            self.call(|processor, ctx| processor.punctuate(Punctuation::WallClock(now), ctx))?;
+        }
+        let interval = i64::try_from(config.commit_interval_ms).unwrap_or(i64::MAX);
+        let pending = self.pending_bytes() > 0 || self.position != self.committed_position;
+        if pending && (idle || now.saturating_sub(self.last_commit_ms) >= interval) {
+            self.commit(engine, config)?;
+        }
+        Ok(())
+    }
+
+    /// One transaction: every store's changes to its changelog partition, the outputs, and
+    /// the input position.
+    fn commit<I: Io>(
+        &mut self,
+        engine: &Engine<I>,
+        config: &ProcessorConfig,
+    ) -> Result<(), ProcessorError> {
+        if self.pending_bytes() == 0 && self.position == self.committed_position {
+            return Ok(());
+        }
+        let changelogs: Vec<Changelog> = self
+            .stores
+            .iter()
+            .filter(|(_, store)| !store.dirty.is_empty())
+            .map(|(name, store)| {
+                let records = store
+                    .dirty
+                    .iter()
+                    .map(|(key, value)| {
+                        let value = value.as_ref().map_or_else(Vec::new, |v| {
+                            let mut tagged = Vec::with_capacity(v.len() + 1);
+                            tagged.push(CHANGELOG_PUT);
+                            tagged.extend_from_slice(v);
+                            tagged
+                        });
+                        (key.clone(), value)
+                    })
+                    .collect();
+                (config.changelog(name), records)
+            })
+            .collect();
+        let mut outputs: BTreeMap<(String, u32), Vec<usize>> = BTreeMap::new();
+        for (i, output) in self.outputs.records.iter().enumerate() {
+            let count = engine
+                .partition_count(&output.topic)
+                .ok_or_else(|| TopicError::NotFound { name: output.topic.clone() })?;
+            let partition = match &output.key {
+                Some(key) => crate::partition_for_key(key, count),
+                None => self.partition % count,
+            };
+            outputs.entry((output.topic.clone(), partition)).or_default().push(i);
+        }
+        let changelog_records: Vec<Vec<Record<'_>>> = changelogs
+            .iter()
+            .map(|(_, records)| records.iter().map(|(k, v)| Record::new(Some(k), v)).collect())
+            .collect();
+        let output_records: Vec<Vec<Record<'_>>> = outputs
+            .values()
+            .map(|indexes| {
+                indexes
+                    .iter()
+                    .map(|&i| {
+                        let output = &self.outputs.records[i];
+                        Record::new(output.key.as_deref(), &output.value)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut writes: Vec<TransactionWrite<'_>> = Vec::new();
+        for ((topic, _), records) in changelogs.iter().zip(&changelog_records) {
+            writes.push(TransactionWrite { topic, partition: self.partition, records });
+        }
+        for ((topic, partition), records) in outputs.keys().zip(&output_records) {
+            writes.push(TransactionWrite { topic, partition: *partition, records });
+        }
+        let offsets = [(config.input.as_str(), self.partition, self.position)];
+        let group = GroupCommit { group: &config.application, offsets: &offsets };
+        let appended: Vec<Appended> = engine.commit_transaction(&writes, Some(group))?;
+        debug_assert_eq!(appended.len(), writes.len());
+        self.stats.commits += 1;
+        self.stats.emitted += self.outputs.records.len() as u64;
+        drop(writes);
+        drop(output_records);
+        drop(changelog_records);
+        for store in self.stores.values_mut() {
+            store.dirty.clear();
+            store.dirty_bytes = 0;
+        }
+        self.outputs = Outputs::default();
+        self.committed_position = self.position;
+        self.last_commit_ms = engine.now_ms();
+        Ok(())
+    }
+
+    fn close<I: Io>(
+        &mut self,
+        engine: &Engine<I>,
+        config: &ProcessorConfig,
+    ) -> Result<(), ProcessorError> {
+        self.call(Processor::close)?;
+        self.commit(engine, config)
+    }
+}
