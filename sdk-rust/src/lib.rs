@@ -35,6 +35,7 @@ pub use chronik_engine::{
 pub use chronik_engine as engine;
 
 pub mod processor;
+pub mod testing;
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;

@@ -258,6 +258,8 @@ pub struct ProcessorConfig {
     pub stores: Vec<String>,
     /// Commit at least this often while there is work (engine clock).
     pub commit_interval_ms: u64,
+    /// Also commit after this many records since the last commit.
+    pub commit_every_records: Option<u64>,
     /// Worker threads for [`Runner::run_until`]; tasks are spread over them.
     pub threads: usize,
     pub punctuate_stream_ms: Option<i64>,
@@ -284,6 +286,7 @@ impl ProcessorConfig {
             input: input.to_owned(),
             stores: Vec::new(),
             commit_interval_ms: 100,
+            commit_every_records: None,
             threads: 1,
             punctuate_stream_ms: None,
             punctuate_wall_ms: None,
@@ -363,6 +366,8 @@ struct Task<P> {
     committed_position: Offset,
     outputs: Outputs,
     last_commit_ms: i64,
+    /// Records processed since the last commit.
+    uncommitted_records: u64,
     stream_time: i64,
     next_stream_punctuation: Option<i64>,
     next_wall_punctuation: Option<i64>,
@@ -425,6 +430,7 @@ impl<I: Io, P: Processor> Runner<I, P> {
                 committed_position: position,
                 outputs: Outputs::default(),
                 last_commit_ms: now,
+                uncommitted_records: 0,
                 stream_time: i64::MIN,
                 next_stream_punctuation: None,
                 next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
@@ -620,6 +626,10 @@ impl<P: Processor> Task<P> {
             self.call(|processor, ctx| processor.process(&record, ctx))?;
             self.position = record.offset().plus(1);
             processed += 1;
+            self.uncommitted_records += 1;
+            if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n) {
+                self.commit(engine, config)?;
+            }
             if self.pending_bytes() > PENDING_BYTES_MAX {
                 self.commit(engine, config)?;
             }
@@ -748,6 +758,7 @@ impl<P: Processor> Task<P> {
         }
         self.outputs = Outputs::default();
         self.committed_position = self.position;
+        self.uncommitted_records = 0;
         self.last_commit_ms = engine.now_ms();
         Ok(())
     }

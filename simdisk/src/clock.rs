@@ -12,7 +12,7 @@ pub const EPOCH_MS: i64 = 1_704_067_200_000;
 ///
 /// ```
 /// use chronik_engine::Clock;
-/// use chronik_sim::clock::{SimClock, EPOCH_MS};
+/// use chronik_simdisk::clock::{SimClock, EPOCH_MS};
 ///
 /// let clock = SimClock::new(EPOCH_MS);
 /// let engine_side = clock.clone();

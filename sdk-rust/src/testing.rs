@@ -1,0 +1,354 @@
+//! Simulation for users: run your processor over given input on a simulated disk that loses
+//! power at random points (and sometimes fails I/O), restarting it after each crash, over
+//! many seeds, and check that its final stores and outputs equal those of a run without
+//! faults. A processor that keeps state outside its stores, or talks to the world outside its
+//! context, fails here the way it would fail in production.
+//!
+//! ```
+//! use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
+//! use chronik::testing::{InputRecord, Simulation};
+//! use chronik::RecordView;
+//!
+//! struct Counter;
+//! impl Processor for Counter {
+//!     fn process(&mut self, record: &RecordView<'_>, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+//!         let key = record.key().unwrap_or_default();
+//!         let store = ctx.store("counts")?;
+//!         let n = store.get(key).map_or(0, |v| v[0]) + 1;
+//!         store.put(key, &[n]);
+//!         ctx.emit("totals", Some(key), &[n]);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let input = (0..200).map(|i| InputRecord::new(i % 2, Some(vec![(i % 5) as u8]), vec![])).collect();
+//! let simulation = Simulation {
+//!     config: ProcessorConfig::new("counter", "clicks").store("counts"),
+//!     input_partitions: 2,
+//!     outputs: vec![("totals".into(), 2)],
+//!     input,
+//!     seeds: 0..20,
+//!     crashes_max: 4,
+//! };
+//! let report = simulation.run(|_| Counter).expect("exactly once under crashes");
+//! assert!(report.crashes > 0);
+//! ```
+//!
+//! A failure names its seed and how to replay only that one: set `CHRONIK_SIM_SEED=S` (the
+//! run then uses seed `S` alone), or pass `seeds: S..S + 1`.
+
+use crate::processor::{Processor, ProcessorConfig, ProcessorError, Runner};
+use crate::{Durability, Offset, Options, Record, TopicConfig};
+use chronik_engine::Engine;
+use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+
+/// One input record: its partition of the input topic, key, value and timestamp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputRecord {
+    pub partition: u32,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    /// Milliseconds since the epoch; `None` takes the simulated clock's time.
+    pub timestamp: Option<i64>,
+}
+
+impl InputRecord {
+    pub fn new(partition: u32, key: Option<Vec<u8>>, value: Vec<u8>) -> InputRecord {
+        InputRecord { partition, key, value, timestamp: None }
+    }
+
+    #[must_use]
+    pub fn at(mut self, timestamp: i64) -> InputRecord {
+        self.timestamp = Some(timestamp);
+        self
+    }
+}
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct Simulation {
+    /// The application: its name, input topic and stores (threads are ignored: the simulation
+    /// runs on one thread; each seed commits every 1 to 64 records).
+    pub config: ProcessorConfig,
+    pub input_partitions: u32,
+    /// Every topic the processor emits to, with its partition count.
+    pub outputs: Vec<(String, u32)>,
+    pub input: Vec<InputRecord>,
+    pub seeds: Range<u64>,
+    /// Crashes per seed at most; after them the processor runs to the end without faults.
+    pub crashes_max: u32,
+}
+
+/// What the simulation did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimulationReport {
+    pub seeds: u64,
+    /// Power losses and failed runs the processor was restarted after, over all seeds.
+    pub crashes: u64,
+    /// Input records processed by the attempts that ran to the end (a seed's last attempt
+    /// processes what its earlier ones left uncommitted).
+    pub records_processed: u64,
+}
+
+/// A seed whose final state or outputs differ from the fault-free run, or that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("seed {seed}: {detail}\nreplay: CHRONIK_SIM_SEED={seed} (or seeds: {seed}..{})", seed + 1)]
+pub struct SimulationFailure {
+    pub seed: u64,
+    pub detail: String,
+}
+
+/// A store's entries, in key order.
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+/// A partition's records: key and value, in offset order.
+type Records = Vec<(Option<Vec<u8>>, Vec<u8>)>;
+
+/// Final stores (per store and partition) and outputs (per topic and partition, in order).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Outcome {
+    stores: BTreeMap<(String, u32), Entries>,
+    outputs: BTreeMap<(String, u32), Records>,
+}
+
+type SimEngine = Engine<SimDisk>;
+
+/// The earliest power cuts come after at most 2^this many disk calls.
+const CUT_CALLS_MIN_LOG2: u64 = 3;
+
+impl Simulation {
+    /// Run every seed (or only `CHRONIK_SIM_SEED`); stop at the first failure.
+    pub fn run<P, F>(&self, mut factory: F) -> Result<SimulationReport, SimulationFailure>
+    where
+        P: Processor,
+        F: FnMut(u32) -> P,
+    {
+        let seeds = match std::env::var("CHRONIK_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+            Some(seed) => seed..seed + 1,
+            None => self.seeds.clone(),
+        };
+        let failure = |seed, detail: String| SimulationFailure { seed, detail };
+        let disk = SimDisk::new(Rng::new(0));
+        let engine = self.setup(&disk).map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
+        let before = disk.stats().calls;
+        // Committing after every record: the most disk calls a seed's run can make, the range
+        // its power cuts are drawn from.
+        let config = ProcessorConfig { commit_every_records: Some(1), ..self.config.clone() };
+        let mut runner = Runner::new(&engine, config, &mut factory)
+            .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
+        runner
+            .run_until_caught_up()
+            .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
+        let calls = disk.stats().calls - before;
+        let expected = self.outcome(&engine, &runner).map_err(|e| failure(u64::MAX, e))?;
+        drop(runner);
+        drop(engine);
+        let mut report = SimulationReport::default();
+        for seed in seeds {
+            let found = self.run_seed(seed, calls, &mut factory, &mut report)?;
+            if let Some(detail) = difference(&expected, &found) {
+                return Err(failure(seed, detail));
+            }
+            report.seeds += 1;
+        }
+        Ok(report)
+    }
+
+    fn run_seed<P: Processor>(
+        &self,
+        seed: u64,
+        calls: u64,
+        factory: &mut impl FnMut(u32) -> P,
+        report: &mut SimulationReport,
+    ) -> Result<Outcome, SimulationFailure> {
+        let failure = |detail: String| SimulationFailure { seed, detail };
+        let mut rng = Rng::new(seed);
+        let disk = SimDisk::new(rng.fork());
+        let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
+        let kept = rng.below(1_000_001) as u32;
+        let crash_faults = Faults {
+            sector_kept_per_million: kept,
+            sector_torn_per_million: rng.below(u64::from(1_000_000 - kept) + 1) as u32,
+            resize_kept_per_million: rng.below(1_000_001) as u32,
+            directory_kept_per_million: 200_000,
+            directory_subset_per_million: if rng.chance(500_000) { 500_000 } else { 0 },
+            ..Faults::NONE
+        };
+        let io_faults = Faults {
+            read_error_per_million: 2_000,
+            write_error_per_million: 2_000,
+            sync_error_per_million: 2_000,
+            ..crash_faults
+        };
+        disk.set_faults(crash_faults);
+        // Commits every few records, so crashes land between commits as well as inside them;
+        // the outcome must not depend on where the commits fall.
+        let config = ProcessorConfig {
+            commit_every_records: Some(rng.between(1, 64)),
+            ..self.config.clone()
+        };
+        let engine = self.setup_on(&disk, &clock).map_err(|e| failure(format!("setup: {e}")))?;
+        let mut engine = Some(engine);
+        for attempt in 0..=self.crashes_max {
+            let last = attempt == self.crashes_max;
+            let live = match engine.take() {
+                Some(engine) => engine,
+                None => open(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
+            };
+            let with_io_faults = !last && rng.chance(300_000);
+            if !last {
+                // Log-uniform up to the calls of a run committing every record: early and late
+                // cuts alike, whatever the seed's commit cadence.
+                let bits = u64::from(64 - calls.leading_zeros()).max(CUT_CALLS_MIN_LOG2);
+                let log2 = rng.between(CUT_CALLS_MIN_LOG2, bits);
+                disk.cut_power_after(rng.below(1 << log2));
+                if with_io_faults {
+                    disk.set_faults(io_faults);
+                }
+            }
+            let result =
+                Runner::new(&live, config.clone(), &mut *factory).and_then(|mut runner| {
+                    let stats = runner.run_until_caught_up();
+                    stats.map(|stats| (runner, stats))
+                });
+            disk.set_faults(crash_faults);
+            match result {
+                Ok((runner, stats)) if !disk.power_is_cut() && live.poisoned().is_none() => {
+                    report.records_processed += stats.records;
+                    if !last {
+                        disk.restore_power();
+                    }
+                    return self.outcome(&live, &runner).map_err(failure);
+                }
+                Ok(_)
+                | Err(
+                    ProcessorError::Commit(_) | ProcessorError::Read(_) | ProcessorError::Topic(_),
+                ) => {
+                    report.crashes += 1;
+                    drop(live);
+                    if disk.power_is_cut() || rng.chance(500_000) {
+                        // A power loss (or a process killed, then the machine lost power).
+                        disk.crash(&mut rng);
+                    } else {
+                        // The process restarts; the machine did not crash.
+                        disk.restore_power();
+                    }
+                }
+                Err(error) if last => {
+                    return Err(failure(format!("the run without faults failed: {error}")));
+                }
+                Err(error) => {
+                    if !disk.power_is_cut() && live.poisoned().is_none() {
+                        return Err(failure(format!("the processor failed: {error}")));
+                    }
+                    report.crashes += 1;
+                    drop(live);
+                    disk.crash(&mut rng);
+                }
+            }
+        }
+        unreachable!("the last attempt runs without faults and returns")
+    }
+
+    /// A fault-free disk with the topics and the input.
+    fn setup(&self, disk: &SimDisk) -> Result<SimEngine, String> {
+        self.setup_on(disk, &SimClock::new(chronik_simdisk::clock::EPOCH_MS))
+    }
+
+    fn setup_on(&self, disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
+        let engine = open(disk, clock)?;
+        let input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
+        engine.create_topic(&self.config.input, input).map_err(|e| e.to_string())?;
+        for (topic, partitions) in &self.outputs {
+            let config = TopicConfig { partitions: *partitions, ..TopicConfig::default() };
+            engine.create_topic(topic, config).map_err(|e| e.to_string())?;
+        }
+        for record in &self.input {
+            let mut view = Record::new(record.key.as_deref(), &record.value);
+            if let Some(timestamp) = record.timestamp {
+                view = view.with_timestamp(timestamp);
+            }
+            engine
+                .append(&self.config.input, record.partition, &[view])
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(engine)
+    }
+
+    fn outcome<P: Processor>(
+        &self,
+        engine: &SimEngine,
+        runner: &Runner<SimDisk, P>,
+    ) -> Result<Outcome, String> {
+        let mut outcome = Outcome::default();
+        for store in &self.config.stores {
+            for partition in 0..self.input_partitions {
+                let entries = runner
+                    .store(partition, store)
+                    .map(|s| s.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect())
+                    .unwrap_or_default();
+                outcome.stores.insert((store.clone(), partition), entries);
+            }
+        }
+        for (topic, partitions) in &self.outputs {
+            for partition in 0..*partitions {
+                let mut records = Vec::new();
+                let mut from = Offset::ZERO;
+                loop {
+                    let fetch =
+                        engine.read(topic, partition, from, 1 << 20).map_err(|e| e.to_string())?;
+                    if fetch.is_empty() {
+                        break;
+                    }
+                    for record in fetch.records().filter(|r| r.offset() >= from) {
+                        records.push((record.key().map(<[u8]>::to_vec), record.value().to_vec()));
+                    }
+                    from = fetch.next_offset();
+                }
+                outcome.outputs.insert((topic.clone(), partition), records);
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+fn open(disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
+    let options = Options { durability: Durability::Sync, ..Options::default() };
+    Engine::open(disk.clone(), clock.shared(), Path::new("/data"), options)
+        .map(|(engine, _)| engine)
+        .map_err(|e| e.to_string())
+}
+
+/// The first difference between the fault-free outcome and a seed's, described.
+fn difference(expected: &Outcome, found: &Outcome) -> Option<String> {
+    for (key, entries) in &expected.stores {
+        let other = found.stores.get(key).map(Vec::as_slice).unwrap_or_default();
+        if entries.as_slice() != other {
+            let (store, partition) = key;
+            let first = entries.iter().zip(other).position(|(a, b)| a != b);
+            return Some(format!(
+                "store {store:?} partition {partition} differs from the fault-free run: {} \
+                 entries, expected {}; first difference at entry {first:?}",
+                other.len(),
+                entries.len()
+            ));
+        }
+    }
+    for (key, records) in &expected.outputs {
+        let other = found.outputs.get(key).map(Vec::as_slice).unwrap_or_default();
+        if records.as_slice() != other {
+            let (topic, partition) = key;
+            let first = records.iter().zip(other).position(|(a, b)| a != b);
+            return Some(format!(
+                "output {topic:?} partition {partition} differs from the fault-free run: {} \
+                 records, expected {} (duplicated, lost or different); first difference at \
+                 record {first:?}",
+                other.len(),
+                records.len()
+            ));
+        }
+    }
+    None
+}

@@ -1,0 +1,86 @@
+//! `chronik::testing` passes a correct processor over many seeds with crashes, and catches one
+//! that counts on a side channel outside its store (its count survives the crashes in memory,
+//! so what it emits after a restart differs from the fault-free run).
+
+use chronik::RecordView;
+use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
+use chronik::testing::{InputRecord, Simulation};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counts per key in its store and emits each new count.
+struct Counter;
+
+impl Processor for Counter {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        let key = record.key().unwrap_or_default();
+        let store = ctx.store("counts")?;
+        let count = store.get(key).map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())) + 1;
+        store.put(key, &count.to_le_bytes());
+        ctx.emit("totals", Some(key), &count.to_le_bytes());
+        Ok(())
+    }
+}
+
+/// Counts every record in a counter shared outside the store, and emits it.
+struct SideChannel {
+    seen: Arc<AtomicU64>,
+}
+
+impl Processor for SideChannel {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        ctx.emit("totals", record.key(), &seen.to_le_bytes());
+        Ok(())
+    }
+}
+
+fn simulation(seeds: std::ops::Range<u64>) -> Simulation {
+    let input = (0..300_u32)
+        .map(|i| InputRecord::new(i % 3, Some(format!("user-{}", i % 11).into_bytes()), vec![1]))
+        .collect();
+    Simulation {
+        config: ProcessorConfig::new("counter", "clicks").store("counts"),
+        input_partitions: 3,
+        outputs: vec![("totals".to_owned(), 2)],
+        input,
+        seeds,
+        crashes_max: 5,
+    }
+}
+
+#[test]
+fn a_processor_that_keeps_its_state_in_stores_is_exactly_once_under_crashes() {
+    let report = simulation(0..60).run(|_| Counter).unwrap_or_else(|failure| panic!("{failure}"));
+    eprintln!("{report:?}");
+    assert_eq!(report.seeds, 60);
+    assert!(report.crashes >= 60, "the seeds must crash the processor: {report:?}");
+    assert!(report.records_processed > 0, "{report:?}");
+}
+
+#[test]
+fn a_processor_that_counts_on_a_side_channel_is_caught_with_its_seed() {
+    // Each restart creates the processor again, but the counter outlives it.
+    let seen = Arc::new(AtomicU64::new(0));
+    let simulation = simulation(0..60);
+    let first = std::cell::Cell::new(true);
+    let failure = simulation
+        .run(|_| {
+            if first.replace(false) {
+                seen.store(0, Ordering::Relaxed);
+            }
+            SideChannel { seen: Arc::clone(&seen) }
+        })
+        .expect_err("the side channel breaks exactly once");
+    let message = failure.to_string();
+    assert!(message.contains("differs from the fault-free run"), "{message}");
+    assert!(message.contains(&format!("CHRONIK_SIM_SEED={}", failure.seed)), "{message}");
+}
