@@ -80,11 +80,23 @@ pub enum Canary {
     /// Recovery keeps a transactional batch at the end of a partition without looking for
     /// its commit record.
     RecoveryKeepsUncommittedTransaction = 30,
+    /// Stream processors (the `chronik` crate): a commit writes the input position first, in a
+    /// commit of its own, then the outputs and changelog.
+    InputCommittedBeforeOutputs = 31,
+    /// Stream processors: a restore ignores tombstones, so deleted keys come back.
+    RestoreSkipsTombstone = 32,
+    /// Stream processors: a store snapshot is written before the commit, holding uncommitted
+    /// state, with the changelog end as it was before the commit.
+    SnapshotAheadOfChangelog = 33,
+    /// Stream processors: store changes are appended to the changelog on their own, before
+    /// the transaction with the outputs and the input position (state applied, durably,
+    /// before its commit).
+    StateAppliedBeforeCommit = 34,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 30] = [
+    pub const ALL: [Canary; 34] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -115,6 +127,10 @@ impl Canary {
         Canary::SwapRenameBeforeRemovalsSynced,
         Canary::TransactionCommittedBeforeDataSynced,
         Canary::RecoveryKeepsUncommittedTransaction,
+        Canary::InputCommittedBeforeOutputs,
+        Canary::RestoreSkipsTombstone,
+        Canary::SnapshotAheadOfChangelog,
+        Canary::StateAppliedBeforeCommit,
     ];
 }
 

@@ -35,6 +35,8 @@ use std::time::Duration;
 
 const LOCK_FILE: &str = "LOCK";
 const META_FILE: &str = "chronik.meta";
+/// Files applications keep beside their topics ([`Engine::write_state_file`]).
+const STATE_DIRECTORY: &str = "state";
 const TOPICS_DIRECTORY: &str = "topics";
 const CREATING_SUFFIX: &str = ".creating";
 const DELETING_SUFFIX: &str = ".deleting";
@@ -313,6 +315,31 @@ impl<I: Io> Engine<I> {
             topics.insert(entry.name, Arc::new(Topic { config: Mutex::new(config), partitions }));
         }
         Ok((topics, report, committed))
+    }
+
+    /// Write a small file the application keeps beside its topics (stream processors keep
+    /// their store snapshots so), under `<root>/state/`, durably: temporary file, fdatasync,
+    /// rename, directory fsync. `name` is one path component (1 to 200 bytes of ASCII letters,
+    /// digits, `.`, `_`, `-`, not starting with `.`).
+    pub fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<(), TopicError> {
+        self.check_writable()?;
+        self.inner.context.poison.check()?;
+        topic::validate_name(name)?;
+        let io = self.io();
+        let directory = self.inner.root.join(STATE_DIRECTORY);
+        if create_directory_if_missing(io, &directory)? {
+            sync(io, &self.inner.root)?;
+        }
+        segment::write_file_durably(io, &directory.join(name), bytes)?;
+        sync(io, &directory)?;
+        Ok(())
+    }
+
+    /// A file [`Engine::write_state_file`] wrote, if it exists.
+    pub fn read_state_file(&self, name: &str) -> Result<Option<Vec<u8>>, TopicError> {
+        topic::validate_name(name)?;
+        let path = self.inner.root.join(STATE_DIRECTORY).join(name);
+        Ok(segment::read_small_file(self.io(), &path)?)
     }
 
     /// The engine clock's time, in milliseconds since the Unix epoch (simulated time under

@@ -18,6 +18,7 @@
 use crate::{Appended, CommitError, GroupCommit, Io, Offset, ReadError, Record, RecordView};
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
+use chronik_engine::canary::{self, Canary};
 use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 use std::sync::Arc;
@@ -204,6 +205,7 @@ impl Store {
     /// Apply one changelog record during a restore.
     fn restore(&mut self, key: &[u8], value: &[u8]) -> bool {
         match value.split_first() {
+            None if canary::active(Canary::RestoreSkipsTombstone) => true,
             None => {
                 self.data.remove(key);
                 true
@@ -241,6 +243,8 @@ pub struct RestoreProgress<'a> {
     /// Changelog records applied so far, and the changelog's end when the restore began.
     pub restored: u64,
     pub end: Offset,
+    /// The restore began from a local snapshot covering the changelog up to this offset.
+    pub from_snapshot: Option<Offset>,
     pub done: bool,
 }
 
@@ -260,6 +264,10 @@ pub struct ProcessorConfig {
     pub commit_interval_ms: u64,
     /// Also commit after this many records since the last commit.
     pub commit_every_records: Option<u64>,
+    /// Write a snapshot of every store after this many commits, and when a run stops cleanly;
+    /// restores start from the snapshot and read only the changelog after it. `None`: no
+    /// snapshots but at [`Runner::run_until`]'s clean stop; restores read the whole changelog.
+    pub snapshot_every_commits: Option<u64>,
     /// Worker threads for [`Runner::run_until`]; tasks are spread over them.
     pub threads: usize,
     pub punctuate_stream_ms: Option<i64>,
@@ -287,6 +295,7 @@ impl ProcessorConfig {
             stores: Vec::new(),
             commit_interval_ms: 100,
             commit_every_records: None,
+            snapshot_every_commits: None,
             threads: 1,
             punctuate_stream_ms: None,
             punctuate_wall_ms: None,
@@ -316,6 +325,11 @@ impl ProcessorConfig {
     pub fn changelog(&self, store: &str) -> String {
         format!("{}-{store}-changelog", self.application)
     }
+
+    /// The state file of `store`'s snapshot for `partition`.
+    pub fn snapshot_file(&self, store: &str, partition: u32) -> String {
+        format!("{}-{store}-{partition}.snapshot", self.application)
+    }
 }
 
 /// What a run did, summed over its tasks.
@@ -326,6 +340,9 @@ pub struct RunStats {
     pub emitted: u64,
     /// Changelog records applied by restores.
     pub restored: u64,
+    /// Store snapshots restores started from, and snapshots written.
+    pub snapshots_loaded: u64,
+    pub snapshots_written: u64,
 }
 
 impl RunStats {
@@ -334,6 +351,8 @@ impl RunStats {
         self.commits += other.commits;
         self.emitted += other.emitted;
         self.restored += other.restored;
+        self.snapshots_loaded += other.snapshots_loaded;
+        self.snapshots_written += other.snapshots_written;
     }
 }
 
@@ -368,6 +387,7 @@ struct Task<P> {
     last_commit_ms: i64,
     /// Records processed since the last commit.
     uncommitted_records: u64,
+    commits_since_snapshot: u64,
     stream_time: i64,
     next_stream_punctuation: Option<i64>,
     next_wall_punctuation: Option<i64>,
@@ -431,6 +451,7 @@ impl<I: Io, P: Processor> Runner<I, P> {
                 outputs: Outputs::default(),
                 last_commit_ms: now,
                 uncommitted_records: 0,
+                commits_since_snapshot: 0,
                 stream_time: i64::MIN,
                 next_stream_punctuation: None,
                 next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
@@ -450,6 +471,9 @@ impl<I: Io, P: Processor> Runner<I, P> {
             for task in &mut self.tasks {
                 while task.step(&self.engine, &self.config)? > 0 {}
                 task.commit(&self.engine, &self.config)?;
+                if self.config.snapshot_every_commits.is_some() {
+                    task.snapshot(&self.engine, &self.config);
+                }
             }
             Ok(())
         })();
@@ -550,10 +574,32 @@ fn restore<I: Io>(
     let end = engine.high_watermark(&topic, partition)?;
     let mut store = Store::default();
     let mut next = Offset::ZERO;
+    // A snapshot is used only if it covers no more of the changelog than is committed: one
+    // that runs ahead holds state that never committed.
+    let snapshot_name = config.snapshot_file(name, partition);
+    let snapshot = engine
+        .read_state_file(&snapshot_name)
+        .ok()
+        .flatten()
+        .and_then(|bytes| snapshot::decode(&bytes))
+        .filter(|(offset, _)| *offset <= end);
+    let from_snapshot = snapshot.as_ref().map(|(offset, _)| *offset);
+    if let Some((offset, data)) = snapshot {
+        store.data = data;
+        next = offset;
+        stats.snapshots_loaded += 1;
+    }
     let mut restored = 0;
     let report = |restored, done| {
         if let Some(listener) = &config.on_restore {
-            listener(RestoreProgress { store: name, partition, restored, end, done });
+            listener(RestoreProgress {
+                store: name,
+                partition,
+                restored,
+                end,
+                from_snapshot,
+                done,
+            });
         }
     };
     while next < end {
@@ -585,6 +631,92 @@ fn restore<I: Io>(
     report(restored, true);
     stats.restored += restored;
     Ok(store)
+}
+
+/// Store snapshots: every entry of a store and the changelog offset they cover, checksummed.
+///
+/// Layout, little endian: magic `CHSS` (4), version 1 (`u16`), changelog offset (`u64`),
+/// entry count (`u64`), then per entry key length (`u32`), key, value length (`u32`), value;
+/// then the xxh3-64 of everything before it (`u64`). Anything that does not decode is ignored
+/// (the restore reads the whole changelog instead).
+mod snapshot {
+    use crate::Offset;
+    use std::collections::BTreeMap;
+
+    const MAGIC: &[u8; 4] = b"CHSS";
+    const VERSION: u16 = 1;
+
+    /// A store's entries.
+    pub type Data = BTreeMap<Vec<u8>, Vec<u8>>;
+
+    pub fn encode(offset: Offset, data: &Data) -> Vec<u8> {
+        let size: usize = data.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+        let mut bytes = Vec::with_capacity(30 + size);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&offset.get().to_le_bytes());
+        bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        for (key, value) in data {
+            for part in [key, value] {
+                let length = u32::try_from(part.len()).expect("store entries are under 4 GiB");
+                bytes.extend_from_slice(&length.to_le_bytes());
+                bytes.extend_from_slice(part);
+            }
+        }
+        let checksum = chronik_engine::format::key_hash(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        bytes
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<(Offset, Data)> {
+        let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
+        if chronik_engine::format::key_hash(body) != u64::from_le_bytes(checksum.try_into().ok()?) {
+            return None;
+        }
+        let mut rest = body;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, tail) = rest.split_at_checked(n)?;
+            rest = tail;
+            Some(head)
+        };
+        if take(4)? != MAGIC || u16::from_le_bytes(take(2)?.try_into().ok()?) != VERSION {
+            return None;
+        }
+        let offset = Offset::new(u64::from_le_bytes(take(8)?.try_into().ok()?));
+        let count = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let mut data = BTreeMap::new();
+        for _ in 0..count {
+            let mut part = || -> Option<Vec<u8>> {
+                let length = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+                Some(take(length)?.to_vec())
+            };
+            let key = part()?;
+            let value = part()?;
+            data.insert(key, value);
+        }
+        rest.is_empty().then_some((offset, data))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn snapshots_round_trip_and_any_damage_is_refused() {
+            let mut data = BTreeMap::new();
+            data.insert(b"a".to_vec(), b"1".to_vec());
+            data.insert(b"bb".to_vec(), Vec::new());
+            let bytes = encode(Offset::new(42), &data);
+            assert_eq!(decode(&bytes), Some((Offset::new(42), data)));
+            for i in 0..bytes.len() {
+                let mut damaged = bytes.clone();
+                damaged[i] ^= 0x40;
+                assert_eq!(decode(&damaged), None, "byte {i}");
+            }
+            assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
+            assert_eq!(decode(&[]), None);
+        }
+    }
 }
 
 impl<P: Processor> Task<P> {
@@ -688,6 +820,9 @@ impl<P: Processor> Task<P> {
         if self.pending_bytes() == 0 && self.position == self.committed_position {
             return Ok(());
         }
+        if canary::active(Canary::SnapshotAheadOfChangelog) {
+            self.snapshot(engine, config);
+        }
         let changelogs: Vec<Changelog> = self
             .stores
             .iter()
@@ -745,8 +880,17 @@ impl<P: Processor> Task<P> {
         }
         let offsets = [(config.input.as_str(), self.partition, self.position)];
         let group = GroupCommit { group: &config.application, offsets: &offsets };
-        let appended: Vec<Appended> = engine.commit_transaction(&writes, Some(group))?;
-        debug_assert_eq!(appended.len(), writes.len());
+        let early = changelogs.len();
+        let appended: Vec<Appended> = if canary::active(Canary::InputCommittedBeforeOutputs) {
+            engine.commit_transaction(&[], Some(group))?;
+            engine.commit_transaction(&writes, None)?
+        } else if canary::active(Canary::StateAppliedBeforeCommit) {
+            engine.commit_transaction(&writes[..early], None)?;
+            engine.commit_transaction(&writes[early..], Some(group))?
+        } else {
+            engine.commit_transaction(&writes, Some(group))?
+        };
+        debug_assert!(appended.len() <= writes.len());
         self.stats.commits += 1;
         self.stats.emitted += self.outputs.records.len() as u64;
         drop(writes);
@@ -760,7 +904,27 @@ impl<P: Processor> Task<P> {
         self.committed_position = self.position;
         self.uncommitted_records = 0;
         self.last_commit_ms = engine.now_ms();
+        self.commits_since_snapshot += 1;
+        if config.snapshot_every_commits.is_some_and(|n| self.commits_since_snapshot >= n) {
+            self.snapshot(engine, config);
+        }
         Ok(())
+    }
+
+    /// Write every store's snapshot, each with the changelog end it covers: right after a
+    /// commit, so exactly the committed state. A snapshot that fails to write is skipped (the
+    /// restore reads more of the changelog, that is all).
+    fn snapshot<I: Io>(&mut self, engine: &Engine<I>, config: &ProcessorConfig) {
+        for (name, store) in &self.stores {
+            let Ok(end) = engine.high_watermark(&config.changelog(name), self.partition) else {
+                continue;
+            };
+            let bytes = snapshot::encode(end, &store.data);
+            if engine.write_state_file(&config.snapshot_file(name, self.partition), bytes).is_ok() {
+                self.stats.snapshots_written += 1;
+            }
+        }
+        self.commits_since_snapshot = 0;
     }
 
     fn close<I: Io>(
@@ -769,6 +933,8 @@ impl<P: Processor> Task<P> {
         config: &ProcessorConfig,
     ) -> Result<(), ProcessorError> {
         self.call(Processor::close)?;
-        self.commit(engine, config)
+        self.commit(engine, config)?;
+        self.snapshot(engine, config);
+        Ok(())
     }
 }

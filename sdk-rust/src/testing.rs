@@ -71,7 +71,8 @@ impl InputRecord {
 #[derive(Clone, Debug)]
 pub struct Simulation {
     /// The application: its name, input topic and stores (threads are ignored: the simulation
-    /// runs on one thread; each seed commits every 1 to 64 records).
+    /// runs on one thread; each seed commits every 1 to 64 records, and half of them write
+    /// store snapshots every 1 to 6 commits).
     pub config: ProcessorConfig,
     pub input_partitions: u32,
     /// Every topic the processor emits to, with its partition count.
@@ -187,6 +188,8 @@ impl Simulation {
         // the outcome must not depend on where the commits fall.
         let config = ProcessorConfig {
             commit_every_records: Some(rng.between(1, 64)),
+            // Half the seeds restore from snapshots plus the changelog after them.
+            snapshot_every_commits: rng.chance(500_000).then(|| rng.between(1, 6)),
             ..self.config.clone()
         };
         let engine = self.setup_on(&disk, &clock).map_err(|e| failure(format!("setup: {e}")))?;

@@ -56,6 +56,10 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::SwapRenameBeforeRemovalsSynced => "swap-rename-before-removals-synced",
         Canary::TransactionCommittedBeforeDataSynced => "transaction-committed-before-data-synced",
         Canary::RecoveryKeepsUncommittedTransaction => "recovery-keeps-uncommitted-transaction",
+        Canary::InputCommittedBeforeOutputs => "input-committed-before-outputs",
+        Canary::RestoreSkipsTombstone => "restore-skips-tombstone",
+        Canary::SnapshotAheadOfChangelog => "snapshot-ahead-of-changelog",
+        Canary::StateAppliedBeforeCommit => "state-applied-before-commit",
     }
 }
 
@@ -96,8 +100,13 @@ pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
 
 /// Canaries whose bug the swarm reaches too rarely to hunt it within the bound, each with
 /// the targeted test that builds its scenario on purpose and proves it caught.
-pub const TARGETED: [(Canary, &str); 1] =
-    [(Canary::SwapRenameBeforeRemovalsSynced, "sim/tests/compaction_swap.rs")];
+pub const TARGETED: [(Canary, &str); 5] = [
+    (Canary::SwapRenameBeforeRemovalsSynced, "sim/tests/compaction_swap.rs"),
+    (Canary::InputCommittedBeforeOutputs, "sim/tests/processor_canaries.rs"),
+    (Canary::RestoreSkipsTombstone, "sim/tests/processor_canaries.rs"),
+    (Canary::SnapshotAheadOfChangelog, "sim/tests/processor_canaries.rs"),
+    (Canary::StateAppliedBeforeCommit, "sim/tests/processor_canaries.rs"),
+];
 
 /// The canaries the swarm hunts: the catalogue but the targeted ones.
 pub fn hunted() -> impl Iterator<Item = Canary> {
