@@ -116,6 +116,7 @@ pub struct Context<'a> {
     outputs: &'a mut Outputs,
     partition: u32,
     stream_time: i64,
+    input: &'a str,
 }
 
 impl Context<'_> {
@@ -134,6 +135,11 @@ impl Context<'_> {
             key: key.map(<[u8]>::to_vec),
             value: value.to_vec(),
         });
+    }
+
+    /// The input topic of the record being processed (the first input outside `process`).
+    pub fn input(&self) -> &str {
+        self.input
     }
 
     /// The input partition, which is also this task's store partition.
@@ -256,8 +262,10 @@ pub type RestoreListener = Arc<dyn Fn(RestoreProgress<'_>) + Send + Sync>;
 pub struct ProcessorConfig {
     /// The application's name: its consumer group, and the prefix of its changelog topics.
     pub application: String,
-    /// The input topic; one task per partition.
-    pub input: String,
+    /// The input topics, co-partitioned (the same partition count); one task per partition,
+    /// which reads partition `p` of every input, merged in timestamp order (ties: the input
+    /// listed first). The first input is the one [`ProcessorConfig::new`] names.
+    pub inputs: Vec<String>,
     /// Store names; each gets a changelog topic `<application>-<store>-changelog`.
     pub stores: Vec<String>,
     /// Commit at least this often while there is work (engine clock).
@@ -279,7 +287,7 @@ impl std::fmt::Debug for ProcessorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProcessorConfig")
             .field("application", &self.application)
-            .field("input", &self.input)
+            .field("inputs", &self.inputs)
             .field("stores", &self.stores)
             .field("commit_interval_ms", &self.commit_interval_ms)
             .field("threads", &self.threads)
@@ -291,7 +299,7 @@ impl ProcessorConfig {
     pub fn new(application: &str, input: &str) -> ProcessorConfig {
         ProcessorConfig {
             application: application.to_owned(),
-            input: input.to_owned(),
+            inputs: vec![input.to_owned()],
             stores: Vec::new(),
             commit_interval_ms: 100,
             commit_every_records: None,
@@ -301,6 +309,13 @@ impl ProcessorConfig {
             punctuate_wall_ms: None,
             on_restore: None,
         }
+    }
+
+    /// Another input topic (a table to join, say), co-partitioned with the first.
+    #[must_use]
+    pub fn input(mut self, topic: &str) -> ProcessorConfig {
+        self.inputs.push(topic.to_owned());
+        self
     }
 
     #[must_use]
@@ -379,10 +394,12 @@ struct Task<P> {
     partition: u32,
     processor: P,
     stores: BTreeMap<String, Store>,
-    /// The next input offset to process.
-    position: Offset,
-    /// The input position as of the last commit.
-    committed_position: Offset,
+    /// Per input, the next offset to process.
+    positions: Vec<Offset>,
+    /// Per input, the position as of the last commit.
+    committed_positions: Vec<Offset>,
+    /// The input of the record being processed.
+    input: usize,
     outputs: Outputs,
     last_commit_ms: i64,
     /// Records processed since the last commit.
@@ -402,9 +419,22 @@ impl<I: Io, P: Processor> Runner<I, P> {
         config: ProcessorConfig,
         mut factory: impl FnMut(u32) -> P,
     ) -> Result<Runner<I, P>, ProcessorError> {
+        let first =
+            config.inputs.first().ok_or_else(|| ProcessorError::Config("no input".into()))?;
         let partitions = engine
-            .partition_count(&config.input)
-            .ok_or_else(|| TopicError::NotFound { name: config.input.clone() })?;
+            .partition_count(first)
+            .ok_or_else(|| TopicError::NotFound { name: first.clone() })?;
+        for input in &config.inputs {
+            let count = engine
+                .partition_count(input)
+                .ok_or_else(|| TopicError::NotFound { name: input.clone() })?;
+            if count != partitions {
+                return Err(ProcessorError::Config(format!(
+                    "input {input} has {count} partitions, {first} {partitions}: inputs must be \
+                     co-partitioned"
+                )));
+            }
+        }
         if config.commit_interval_ms == 0 || config.threads == 0 {
             return Err(ProcessorError::Config("commit interval and threads must be > 0".into()));
         }
@@ -439,15 +469,22 @@ impl<I: Io, P: Processor> Runner<I, P> {
                 let store = restore(engine, &config, name, partition, &mut stats)?;
                 stores.insert(name.clone(), store);
             }
-            let position = engine
-                .committed_offset(&config.application, &config.input, partition)
-                .unwrap_or(Offset::ZERO);
+            let positions: Vec<Offset> = config
+                .inputs
+                .iter()
+                .map(|input| {
+                    engine
+                        .committed_offset(&config.application, input, partition)
+                        .unwrap_or(Offset::ZERO)
+                })
+                .collect();
             let mut task = Task {
                 partition,
                 processor: factory(partition),
                 stores,
-                position,
-                committed_position: position,
+                committed_positions: positions.clone(),
+                positions,
+                input: 0,
                 outputs: Outputs::default(),
                 last_commit_ms: now,
                 uncommitted_records: 0,
@@ -457,7 +494,7 @@ impl<I: Io, P: Processor> Runner<I, P> {
                 next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
                 stats,
             };
-            task.call(Processor::init)?;
+            task.call(&config.inputs[0], Processor::init)?;
             tasks.push(task);
         }
         Ok(Runner { engine: engine.clone(), config, tasks, failed: false })
@@ -533,9 +570,9 @@ impl<I: Io, P: Processor> Runner<I, P> {
         self.tasks.get(partition as usize)?.stores.get(name)
     }
 
-    /// Every task's input position (the next offset to process).
+    /// Every task's position in its first input (the next offset to process).
     pub fn positions(&self) -> Vec<Offset> {
-        self.tasks.iter().map(|t| t.position).collect()
+        self.tasks.iter().map(|t| t.positions[0]).collect()
     }
 }
 
@@ -555,7 +592,8 @@ fn work<I: Io, P: Processor>(
                 task.commit_if_due(engine, config, true)?;
             }
             if let Some(task) = tasks.first() {
-                engine.wait_for(&config.input, task.partition, task.position, IDLE_WAIT)?;
+                let (input, position) = (&config.inputs[0], task.positions[0]);
+                engine.wait_for(input, task.partition, position, IDLE_WAIT)?;
             }
         }
     }
@@ -723,6 +761,7 @@ impl<P: Processor> Task<P> {
     /// Call the processor with a context over this task.
     fn call(
         &mut self,
+        input: &str,
         f: impl FnOnce(&mut P, &mut Context<'_>) -> Result<(), ProcessError>,
     ) -> Result<(), ProcessorError> {
         let mut ctx = Context {
@@ -730,43 +769,77 @@ impl<P: Processor> Task<P> {
             outputs: &mut self.outputs,
             partition: self.partition,
             stream_time: self.stream_time,
+            input,
         };
         f(&mut self.processor, &mut ctx)
             .map_err(|source| ProcessorError::Process { partition: self.partition, source })
     }
 
-    /// Process one fetch of input; returns how many records it processed.
+    /// Process one fetch of every input, merged by timestamp; returns how many records it
+    /// processed. The merge stops where an input's fetch runs out while that input has more
+    /// (the next step fetches it), so the order never depends on fetch sizes.
     fn step<I: Io>(
         &mut self,
         engine: &Engine<I>,
         config: &ProcessorConfig,
     ) -> Result<usize, ProcessorError> {
-        let fetch =
-            match engine.read(&config.input, self.partition, self.position, STEP_FETCH_BYTES) {
-                Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
-                    self.position = Offset::new(start);
-                    return Ok(0);
-                }
-                other => other?,
-            };
+        let mut fetches = Vec::with_capacity(config.inputs.len());
+        for (i, input) in config.inputs.iter().enumerate() {
+            let fetch =
+                match engine.read(input, self.partition, self.positions[i], STEP_FETCH_BYTES) {
+                    Err(ReadError::OffsetOutOfRange { requested, start, .. })
+                        if requested < start =>
+                    {
+                        self.positions[i] = Offset::new(start);
+                        return Ok(0);
+                    }
+                    other => other?,
+                };
+            let complete = fetch.next_offset() >= engine.high_watermark(input, self.partition)?;
+            fetches.push((fetch, complete));
+        }
+        let mut heads: Vec<_> = fetches
+            .iter()
+            .zip(self.positions.clone())
+            .map(|((fetch, _), from)| {
+                fetch.records().filter(move |r| r.offset() >= from).peekable()
+            })
+            .collect();
         let mut processed = 0;
-        let from = self.position;
-        for record in fetch.records().filter(|r| r.offset() >= from) {
+        loop {
+            let mut next: Option<(i64, usize)> = None;
+            let mut undecided = false;
+            for (i, head) in heads.iter_mut().enumerate() {
+                match head.peek() {
+                    Some(record) if next.is_none_or(|(t, _)| record.timestamp() < t) => {
+                        next = Some((record.timestamp(), i));
+                    }
+                    Some(_) => {}
+                    None => undecided |= !fetches[i].1,
+                }
+            }
+            let Some((_, i)) = next.filter(|_| !undecided) else { break };
+            let record = heads[i].next().expect("peeked");
             // Timers first: a record at or past a window's end belongs to the next window.
             self.stream_time = self.stream_time.max(record.timestamp());
             self.punctuate_stream(config)?;
-            self.call(|processor, ctx| processor.process(&record, ctx))?;
-            self.position = record.offset().plus(1);
+            self.input = i;
+            self.call(&config.inputs[i], |processor, ctx| processor.process(&record, ctx))?;
+            self.positions[i] = record.offset().plus(1);
             processed += 1;
             self.uncommitted_records += 1;
-            if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n) {
-                self.commit(engine, config)?;
-            }
-            if self.pending_bytes() > PENDING_BYTES_MAX {
+            if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n)
+                || self.pending_bytes() > PENDING_BYTES_MAX
+            {
                 self.commit(engine, config)?;
             }
         }
-        self.position = self.position.max(fetch.next_offset());
+        for (i, head) in heads.iter_mut().enumerate() {
+            if head.peek().is_none() {
+                // Past offsets compaction removed at the end of the fetch.
+                self.positions[i] = self.positions[i].max(fetches[i].0.next_offset());
+            }
+        }
         self.stats.records += processed as u64;
         self.commit_if_due(engine, config, false)?;
         Ok(processed)
@@ -781,7 +854,10 @@ impl<P: Processor> Task<P> {
         if self.stream_time >= next {
             let time = self.stream_time - self.stream_time.rem_euclid(every);
             self.next_stream_punctuation = Some(time + every);
-            self.call(|processor, ctx| processor.punctuate(Punctuation::StreamTime(time), ctx))?;
+            let input = &config.inputs[self.input];
+            self.call(input, |processor, ctx| {
+                processor.punctuate(Punctuation::StreamTime(time), ctx)
+            })?;
         }
         Ok(())
     }
@@ -800,10 +876,12 @@ impl<P: Processor> Task<P> {
         if let Some(due) = self.next_wall_punctuation.filter(|&due| now >= due) {
             let every = config.punctuate_wall_ms.unwrap_or(1).max(1);
             self.next_wall_punctuation = Some(due + every * ((now - due) / every + 1));
-            self.call(|processor, ctx| processor.punctuate(Punctuation::WallClock(now), ctx))?;
+            self.call(&config.inputs[0], |processor, ctx| {
+                processor.punctuate(Punctuation::WallClock(now), ctx)
+            })?;
         }
         let interval = i64::try_from(config.commit_interval_ms).unwrap_or(i64::MAX);
-        let pending = self.pending_bytes() > 0 || self.position != self.committed_position;
+        let pending = self.pending_bytes() > 0 || self.positions != self.committed_positions;
         if pending && (idle || now.saturating_sub(self.last_commit_ms) >= interval) {
             self.commit(engine, config)?;
         }
@@ -817,7 +895,7 @@ impl<P: Processor> Task<P> {
         engine: &Engine<I>,
         config: &ProcessorConfig,
     ) -> Result<(), ProcessorError> {
-        if self.pending_bytes() == 0 && self.position == self.committed_position {
+        if self.pending_bytes() == 0 && self.positions == self.committed_positions {
             return Ok(());
         }
         if canary::active(Canary::SnapshotAheadOfChangelog) {
@@ -878,7 +956,12 @@ impl<P: Processor> Task<P> {
         for ((topic, partition), records) in outputs.keys().zip(&output_records) {
             writes.push(TransactionWrite { topic, partition: *partition, records });
         }
-        let offsets = [(config.input.as_str(), self.partition, self.position)];
+        let offsets: Vec<(&str, u32, Offset)> = config
+            .inputs
+            .iter()
+            .zip(&self.positions)
+            .map(|(input, &position)| (input.as_str(), self.partition, position))
+            .collect();
         let group = GroupCommit { group: &config.application, offsets: &offsets };
         let early = changelogs.len();
         let appended: Vec<Appended> = if canary::active(Canary::InputCommittedBeforeOutputs) {
@@ -901,7 +984,7 @@ impl<P: Processor> Task<P> {
             store.dirty_bytes = 0;
         }
         self.outputs = Outputs::default();
-        self.committed_position = self.position;
+        self.committed_positions.clone_from(&self.positions);
         self.uncommitted_records = 0;
         self.last_commit_ms = engine.now_ms();
         self.commits_since_snapshot += 1;
@@ -932,7 +1015,7 @@ impl<P: Processor> Task<P> {
         engine: &Engine<I>,
         config: &ProcessorConfig,
     ) -> Result<(), ProcessorError> {
-        self.call(Processor::close)?;
+        self.call(&config.inputs[0], Processor::close)?;
         self.commit(engine, config)?;
         self.snapshot(engine, config);
         Ok(())

@@ -45,9 +45,11 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-/// One input record: its partition of the input topic, key, value and timestamp.
+/// One input record: which input topic (an index into [`ProcessorConfig::inputs`]), its
+/// partition, key, value and timestamp.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputRecord {
+    pub input: usize,
     pub partition: u32,
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
@@ -57,7 +59,14 @@ pub struct InputRecord {
 
 impl InputRecord {
     pub fn new(partition: u32, key: Option<Vec<u8>>, value: Vec<u8>) -> InputRecord {
-        InputRecord { partition, key, value, timestamp: None }
+        InputRecord { input: 0, partition, key, value, timestamp: None }
+    }
+
+    /// The record goes to input `input` (an index into [`ProcessorConfig::inputs`]).
+    #[must_use]
+    pub fn on(mut self, input: usize) -> InputRecord {
+        self.input = input;
+        self
     }
 
     #[must_use]
@@ -263,7 +272,9 @@ impl Simulation {
     fn setup_on(&self, disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
         let engine = open(disk, clock)?;
         let input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
-        engine.create_topic(&self.config.input, input).map_err(|e| e.to_string())?;
+        for topic in &self.config.inputs {
+            engine.create_topic(topic, input).map_err(|e| e.to_string())?;
+        }
         for (topic, partitions) in &self.outputs {
             let config = TopicConfig { partitions: *partitions, ..TopicConfig::default() };
             engine.create_topic(topic, config).map_err(|e| e.to_string())?;
@@ -274,7 +285,14 @@ impl Simulation {
                 view = view.with_timestamp(timestamp);
             }
             engine
-                .append(&self.config.input, record.partition, &[view])
+                .append(
+                    self.config
+                        .inputs
+                        .get(record.input)
+                        .ok_or("an input record's input is not one of the inputs")?,
+                    record.partition,
+                    &[view],
+                )
                 .map_err(|e| e.to_string())?;
         }
         Ok(engine)

@@ -84,3 +84,57 @@ fn a_processor_that_counts_on_a_side_channel_is_caught_with_its_seed() {
     assert!(message.contains("differs from the fault-free run"), "{message}");
     assert!(message.contains(&format!("CHRONIK_SIM_SEED={}", failure.seed)), "{message}");
 }
+
+/// Clicks joined with a users table (a second input, co-partitioned): each click is emitted
+/// with the user's current name, or "unknown"; a user record with an empty value deletes it.
+struct Join;
+
+impl Processor for Join {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        let key = record.key().unwrap_or_default();
+        if ctx.input() == "users" {
+            let users = ctx.store("users")?;
+            if record.value().is_empty() {
+                users.delete(key);
+            } else {
+                users.put(key, record.value());
+            }
+            return Ok(());
+        }
+        let name = ctx.store("users")?.get(key).unwrap_or(b"unknown").to_vec();
+        let mut enriched = name;
+        enriched.extend_from_slice(b" ");
+        enriched.extend_from_slice(record.value());
+        ctx.emit("enriched", Some(key), &enriched);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stream_table_join_is_exactly_once_and_merges_inputs_by_timestamp() {
+    let mut input = Vec::new();
+    for i in 0..400_i64 {
+        let user = format!("u{}", i % 9).into_bytes();
+        let partition = (i % 9) as u32 % 2;
+        if i % 5 == 0 {
+            // The table changes over time, and some users are deleted now and then.
+            let value = if i % 35 == 0 { Vec::new() } else { format!("name{i}").into_bytes() };
+            input.push(InputRecord::new(partition, Some(user.clone()), value).on(1).at(1_000 + i));
+        }
+        input.push(InputRecord::new(partition, Some(user), b"/page".to_vec()).at(1_000 + i));
+    }
+    let simulation = Simulation {
+        config: ProcessorConfig::new("join", "clicks").input("users").store("users"),
+        input_partitions: 2,
+        outputs: vec![("enriched".to_owned(), 2)],
+        input,
+        seeds: 0..40,
+        crashes_max: 4,
+    };
+    let report = simulation.run(|_| Join).unwrap_or_else(|failure| panic!("{failure}"));
+    assert!(report.crashes > 20, "{report:?}");
+}
