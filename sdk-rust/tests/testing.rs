@@ -119,7 +119,7 @@ fn a_stream_table_join_is_exactly_once_and_merges_inputs_by_timestamp() {
     let mut input = Vec::new();
     for i in 0..400_i64 {
         let user = format!("u{}", i % 9).into_bytes();
-        let partition = (i % 9) as u32 % 2;
+        let partition = u32::try_from(i % 9).unwrap() % 2;
         if i % 5 == 0 {
             // The table changes over time, and some users are deleted now and then.
             let value = if i % 35 == 0 { Vec::new() } else { format!("name{i}").into_bytes() };
