@@ -1,0 +1,90 @@
+//! The processor examples killed with SIGKILL in a loop at random moments (while producing,
+//! restoring, counting or committing), then run to the end: every count exact and exactly one
+//! output record per input record, never a double count or a lost one. The delays come from
+//! a seed (`CHRONIK_KILL_SEED` to replay; the default is fixed).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KILLS: u32 = 8;
+
+/// Input records: the examples are built with the tests' profile, ten times slower in debug.
+fn records() -> String {
+    if cfg!(debug_assertions) { "200000" } else { "2000000" }.to_owned()
+}
+
+/// An example binary: `cargo test` builds the package's examples next to its test binaries.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().unwrap().parent().unwrap();
+    let path = profile.join("examples").join(name);
+    assert!(path.exists(), "{} is not built (cargo test builds examples)", path.display());
+    path
+}
+
+/// splitmix64: a few delays from a seed, without a dependency.
+fn next(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn kill_loop(name: &str) {
+    let binary = example(name);
+    // How long a whole run takes here: kills land within it.
+    let scratch = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let timing = Command::new(&binary).arg(scratch.path()).arg(records()).output().unwrap();
+    assert!(timing.status.success(), "{}", String::from_utf8_lossy(&timing.stderr));
+    let whole = started.elapsed().as_millis() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let mut seed: u64 =
+        std::env::var("CHRONIK_KILL_SEED").map_or(20_261_203, |s| s.parse().unwrap());
+    eprintln!("{name}: kill seed {seed}");
+    let mut finished_early = 0;
+    for kill in 0..KILLS {
+        let delay = Duration::from_millis(whole / 20 + next(&mut seed) % whole.max(1));
+        let mut child = Command::new(&binary)
+            .arg(dir.path())
+            .arg(records())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{name} failed on its own in run {kill}: {status}");
+            finished_early += 1;
+        } else {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+    assert!(finished_early <= KILLS / 2, "most runs must be killed: {finished_early} finished");
+    let output = Command::new(&binary).arg(dir.path()).arg(records()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("exact:"),
+        "{name} after {KILLS} kills ({finished_early} runs finished before their kill):\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn the_click_counter_killed_in_a_loop_never_double_counts_or_loses_a_count() {
+    kill_loop("clicks_count");
+}
+
+#[test]
+fn the_join_killed_in_a_loop_enriches_every_click_once_with_the_right_version() {
+    kill_loop("clicks_join");
+}
