@@ -46,7 +46,9 @@ fn kill_loop(name: &str) {
     eprintln!("{name}: kill seed {seed}");
     let mut finished_early = 0;
     for kill in 0..KILLS {
-        let delay = Duration::from_millis(whole / 20 + next(&mut seed) % whole.max(1));
+        // Short enough that most runs die before the work is done: kills land in producing,
+        // restoring, processing and committing alike.
+        let delay = Duration::from_millis(whole / 50 + next(&mut seed) % (whole / 6).max(1));
         let mut child = Command::new(&binary)
             .arg(dir.path())
             .arg(records())
