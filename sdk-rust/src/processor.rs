@@ -207,22 +207,6 @@ impl Store {
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
-
-    /// Apply one changelog record during a restore.
-    fn restore(&mut self, key: &[u8], value: &[u8]) -> bool {
-        match value.split_first() {
-            None if canary::active(Canary::RestoreSkipsTombstone) => true,
-            None => {
-                self.data.remove(key);
-                true
-            }
-            Some((&CHANGELOG_PUT, stored)) => {
-                self.data.insert(key.to_vec(), stored.to_vec());
-                true
-            }
-            Some(_) => false,
-        }
-    }
 }
 
 /// A changelog topic and the records one commit appends to it.
@@ -276,7 +260,8 @@ pub struct ProcessorConfig {
     /// restores start from the snapshot and read only the changelog after it. `None`: no
     /// snapshots but at [`Runner::run_until`]'s clean stop; restores read the whole changelog.
     pub snapshot_every_commits: Option<u64>,
-    /// Worker threads for [`Runner::run_until`]; tasks are spread over them.
+    /// Worker threads for [`Runner::run_until`], and for restoring the tasks' stores in
+    /// [`Runner::new`]; tasks are spread over them.
     pub threads: usize,
     pub punctuate_stream_ms: Option<i64>,
     pub punctuate_wall_ms: Option<i64>,
@@ -461,14 +446,9 @@ impl<I: Io, P: Processor> Runner<I, P> {
             }
         }
         let now = engine.now_ms();
+        let restored = restore_all(engine, &config, partitions)?;
         let mut tasks = Vec::with_capacity(partitions as usize);
-        for partition in 0..partitions {
-            let mut stats = RunStats::default();
-            let mut stores = BTreeMap::new();
-            for name in &config.stores {
-                let store = restore(engine, &config, name, partition, &mut stats)?;
-                stores.insert(name.clone(), store);
-            }
+        for (partition, (stores, stats)) in (0..partitions).zip(restored) {
             let positions: Vec<Offset> = config
                 .inputs
                 .iter()
@@ -600,6 +580,51 @@ fn work<I: Io, P: Processor>(
     Ok(())
 }
 
+/// What a task starts from: its stores, and what restoring them took.
+type Restored = (BTreeMap<String, Store>, RunStats);
+
+/// Restore every partition's stores, on up to [`ProcessorConfig::threads`] threads.
+fn restore_all<I: Io>(
+    engine: &Engine<I>,
+    config: &ProcessorConfig,
+    partitions: u32,
+) -> Result<Vec<Restored>, ProcessorError> {
+    let one = |partition: u32| -> Result<Restored, ProcessorError> {
+        let mut stats = RunStats::default();
+        let mut stores = BTreeMap::new();
+        for name in &config.stores {
+            stores.insert(name.clone(), restore(engine, config, name, partition, &mut stats)?);
+        }
+        Ok((stores, stats))
+    };
+    let threads = config.threads.clamp(1, partitions.max(1) as usize);
+    if threads == 1 {
+        return (0..partitions).map(one).collect();
+    }
+    let mut slots: Vec<Option<Result<Restored, ProcessorError>>> =
+        (0..partitions).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|worker| {
+                let one = &one;
+                scope.spawn(move || {
+                    (0..partitions)
+                        .filter(|p| *p as usize % threads == worker)
+                        .map(|p| (p, one(p)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for worker in workers {
+            match worker.join() {
+                Ok(done) => done.into_iter().for_each(|(p, r)| slots[p as usize] = Some(r)),
+                Err(_) => slots.iter_mut().for_each(|s| *s = Some(Err(ProcessorError::Panicked))),
+            }
+        }
+    });
+    slots.into_iter().map(|slot| slot.unwrap_or(Err(ProcessorError::Panicked))).collect()
+}
+
 /// Read a store's changelog partition from its start to its end into a new store.
 fn restore<I: Io>(
     engine: &Engine<I>,
@@ -622,8 +647,12 @@ fn restore<I: Io>(
         .and_then(|bytes| snapshot::decode(&bytes))
         .filter(|(offset, _)| *offset <= end);
     let from_snapshot = snapshot.as_ref().map(|(offset, _)| *offset);
+    // The log of changes, snapshot first: sorted by key once at the end (stably, so the last
+    // change of a key wins), the map is then built in one pass instead of a tree insert per
+    // record.
+    let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
     if let Some((offset, data)) = snapshot {
-        store.data = data;
+        changes.extend(data.into_iter().map(|(k, v)| (k, Some(v))));
         next = offset;
         stats.snapshots_loaded += 1;
     }
@@ -652,20 +681,37 @@ fn restore<I: Io>(
             break;
         }
         for record in fetch.records().filter(|r| r.offset() >= next && r.offset() < end) {
-            let key = record.key().unwrap_or_default();
-            if !store.restore(key, record.value()) {
-                let offset = record.offset().get();
-                return Err(ProcessorError::BadChangelog {
-                    store: name.to_owned(),
-                    partition,
-                    offset,
-                });
-            }
             restored += 1;
+            if record.value().is_empty() && canary::active(Canary::RestoreSkipsTombstone) {
+                continue;
+            }
+            let key = record.key().unwrap_or_default().to_vec();
+            let value = match record.value().split_first() {
+                None => None,
+                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
+                Some(_) => {
+                    let offset = record.offset().get();
+                    let store = name.to_owned();
+                    return Err(ProcessorError::BadChangelog { store, partition, offset });
+                }
+            };
+            changes.push((key, value));
         }
         next = fetch.next_offset();
         report(restored, false);
     }
+    changes.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut latest: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(changes.len());
+    let mut changes = changes.into_iter().peekable();
+    while let Some((key, change)) = changes.next() {
+        if changes.peek().is_some_and(|(next_key, _)| *next_key == key) {
+            continue; // A later change of the same key follows.
+        }
+        if let Some(value) = change {
+            latest.push((key, value));
+        }
+    }
+    store.data = latest.into_iter().collect();
     report(restored, true);
     stats.restored += restored;
     Ok(store)
@@ -686,6 +732,8 @@ mod snapshot {
 
     /// A store's entries.
     pub type Data = BTreeMap<Vec<u8>, Vec<u8>>;
+    /// A store's entries in key order.
+    pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 
     pub fn encode(offset: Offset, data: &Data) -> Vec<u8> {
         let size: usize = data.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
@@ -706,7 +754,8 @@ mod snapshot {
         bytes
     }
 
-    pub fn decode(bytes: &[u8]) -> Option<(Offset, Data)> {
+    /// The offset and the entries, in key order.
+    pub fn decode(bytes: &[u8]) -> Option<(Offset, Entries)> {
         let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
         if chronik_engine::format::key_hash(body) != u64::from_le_bytes(checksum.try_into().ok()?) {
             return None;
@@ -722,7 +771,8 @@ mod snapshot {
         }
         let offset = Offset::new(u64::from_le_bytes(take(8)?.try_into().ok()?));
         let count = u64::from_le_bytes(take(8)?.try_into().ok()?);
-        let mut data = BTreeMap::new();
+        // Entries come in key order: collected into a vector, the map is built in one pass.
+        let mut entries = Vec::with_capacity(usize::try_from(count).ok()?.min(body.len() / 8));
         for _ in 0..count {
             let mut part = || -> Option<Vec<u8>> {
                 let length = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
@@ -730,9 +780,10 @@ mod snapshot {
             };
             let key = part()?;
             let value = part()?;
-            data.insert(key, value);
+            entries.push((key, value));
         }
-        rest.is_empty().then_some((offset, data))
+        let sorted = entries.windows(2).all(|pair| pair[0].0 < pair[1].0);
+        (rest.is_empty() && sorted).then_some((offset, entries))
     }
 
     #[cfg(test)]
@@ -745,7 +796,7 @@ mod snapshot {
             data.insert(b"a".to_vec(), b"1".to_vec());
             data.insert(b"bb".to_vec(), Vec::new());
             let bytes = encode(Offset::new(42), &data);
-            assert_eq!(decode(&bytes), Some((Offset::new(42), data)));
+            assert_eq!(decode(&bytes), Some((Offset::new(42), data.into_iter().collect())));
             for i in 0..bytes.len() {
                 let mut damaged = bytes.clone();
                 damaged[i] ^= 0x40;

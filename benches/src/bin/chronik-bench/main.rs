@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! scripts/bench [--quick]        # installs fio, redis-server, nats-server if missing, then this
-//! chronik-bench [--quick] [--out target/bench] [--repeat N] [--only fio,redis,nats,commitlog,small,large,sync,compaction]
+//! chronik-bench [--quick] [--out target/bench] [--repeat N] [--only fio,redis,nats,commitlog,small,large,sync,compaction,processor]
 //! ```
 //!
 //! Chronik scenarios, each on io_uring and on pread/pwrite: append (100 B and 1 KiB records,
@@ -69,6 +69,9 @@ enum Group {
     Sync,
     /// Chronik: compaction of a keyed topic (every key updated ten times).
     Compaction,
+    /// Chronik: a counting stream processor, and restoring its store (changelog only, and
+    /// snapshot plus changelog tail) beside a zero-copy scan of the changelog.
+    Processor,
 }
 
 impl Cli {
@@ -84,6 +87,8 @@ struct Sizes {
     large_bytes: u64,
     /// Distinct keys of the compaction scenario (each updated ten times).
     compaction_keys: u64,
+    /// Input records of the processor scenario.
+    processor_records: u64,
     sync_seconds: f64,
     peer_records: u64,
     fio_bytes: u64,
@@ -96,6 +101,7 @@ impl Sizes {
                 small_records: 1_000_000,
                 large_bytes: 256 << 20,
                 compaction_keys: 100_000,
+                processor_records: 1_000_000,
                 sync_seconds: 1.5,
                 peer_records: 200_000,
                 fio_bytes: 256 << 20,
@@ -105,6 +111,7 @@ impl Sizes {
                 small_records: 5_000_000,
                 large_bytes: 1 << 30,
                 compaction_keys: 1_000_000,
+                processor_records: 4_000_000,
                 sync_seconds: 5.0,
                 peer_records: 1_000_000,
                 fio_bytes: 1 << 30,
@@ -389,6 +396,13 @@ fn chronik_scenarios(
         out.extend(compaction(&dir, default_backend, sizes.compaction_keys)?.map(report));
         std::fs::remove_dir_all(&dir)?;
     }
+    if cli.runs(Group::Processor) && !backends.is_empty() {
+        let dir = fresh(base, "processor")?;
+        out.extend(
+            processor(&dir, default_backend, sizes.processor_records)?.into_iter().map(report),
+        );
+        std::fs::remove_dir_all(&dir)?;
+    }
     let writers: &[u32] = if cli.runs(Group::Sync) { &[1, 16] } else { &[] };
     for &writers in writers {
         for &backend in &backends {
@@ -451,6 +465,139 @@ fn compaction(dir: &Path, backend: Backend, keys: u64) -> anyhow::Result<[Measur
         elapsed,
     );
     Ok([input, kept])
+}
+
+/// Scenario names of the processor group.
+const PROCESS: &str = "process: count 100 B clicks, 2 threads, commit 100 ms";
+const RESTORE_CHANGELOG: &str = "restore store from changelog only";
+const RESTORE_SNAPSHOT: &str = "restore store from snapshot + changelog tail";
+const SCAN_CHANGELOG: &str = "scan the changelog, zero copy";
+
+/// Counts clicks per user in the store "counts".
+struct BenchCounter;
+
+impl chronik::processor::Processor for BenchCounter {
+    fn process(
+        &mut self,
+        record: &chronik::RecordView<'_>,
+        ctx: &mut chronik::processor::Context<'_>,
+    ) -> Result<(), chronik::processor::ProcessError> {
+        let key = record.key().unwrap_or_default();
+        let counts = ctx.store("counts")?;
+        let count = counts.get(key).map_or(0, |v| v.first().copied().unwrap_or(0)).wrapping_add(1);
+        counts.put(key, &[count]);
+        Ok(())
+    }
+}
+
+/// `records` clicks of 100 B over `users` keys, spread over the partitions by key.
+fn produce_clicks(
+    chronik: &Chronik,
+    records: u64,
+    users: u64,
+    partitions: u32,
+) -> anyhow::Result<()> {
+    let value = [0x42_u8; 100];
+    let mut batches: Vec<Vec<String>> = vec![Vec::new(); partitions as usize];
+    for i in 0..records {
+        let key = format!("user-{:08}", (i * 7919) % users);
+        batches[chronik::partition_for_key(key.as_bytes(), partitions) as usize].push(key);
+        if i % 4000 == 3999 || i + 1 == records {
+            for (p, keys) in batches.iter_mut().enumerate() {
+                let batch: Vec<Record<'_>> =
+                    keys.iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
+                if !batch.is_empty() {
+                    chronik.append("clicks", p as u32, &batch)?;
+                }
+                keys.clear();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Processors: `records` 100 B clicks over `records / 4` users in 4 partitions, counted by a
+/// processor on 2 threads committing every 100 ms (each commit one transaction, durable); then
+/// the store restored from a snapshot plus the changelog after it, and from the changelog
+/// alone; beside them, a zero-copy scan of the changelog: what a restore cannot beat.
+fn processor(dir: &Path, backend: Backend, records: u64) -> anyhow::Result<Vec<Measure>> {
+    use chronik::processor::{ProcessorConfig, Runner};
+    let chronik = open(dir, backend, Durability::Os)?;
+    let partitions = 4;
+    chronik.create_topic("clicks", TopicConfig::default().with_partitions(partitions))?;
+    let users = (records / 4).max(1);
+    produce_clicks(&chronik, records, users, partitions)?;
+    chronik.flush()?;
+    settle();
+    let system = system_name(backend);
+    let config = ProcessorConfig::new("bench", "clicks").store("counts").threads(2);
+    let mut runner = Runner::new(chronik.engine(), config.clone(), |_| BenchCounter)?;
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let stats = std::thread::scope(|scope| -> anyhow::Result<_> {
+        let worker = scope.spawn(|| runner.run_until(&stop));
+        while (0..partitions)
+            .map(|p| chronik.committed_offset("bench", "clicks", p).map_or(0, Offset::get))
+            .sum::<u64>()
+            < records
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::Relaxed);
+        worker.join().map_err(|_| anyhow::anyhow!("the processor panicked"))?.map_err(Into::into)
+    })?;
+    let processed = started.elapsed();
+    if stats.records != records {
+        bail!("the processor counted {} records of {records}", stats.records);
+    }
+    let mut out = vec![Measure::new(PROCESS, &system, records, records * 100, processed)];
+    drop(runner);
+
+    // A clean stop wrote snapshots: restore from them (and the changelog after them), then
+    // remove them and restore from the changelog alone.
+    let mut restore = |scenario: &str| -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut runner = Runner::new(chronik.engine(), config.clone(), |_| BenchCounter)?;
+        let elapsed = started.elapsed();
+        let stats = runner.run_until_caught_up()?;
+        let entries: u64 =
+            (0..partitions).map(|p| runner.store(p, "counts").map_or(0, |s| s.len() as u64)).sum();
+        if entries != users {
+            bail!("{scenario}: {entries} users restored, {users} expected");
+        }
+        let restored =
+            if stats.snapshots_loaded > 0 { entries + stats.restored } else { stats.restored };
+        out.push(Measure::new(scenario, &system, restored, 0, elapsed));
+        Ok(())
+    };
+    settle();
+    restore(RESTORE_SNAPSHOT)?;
+    for entry in std::fs::read_dir(dir.join("state"))? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    settle();
+    restore(RESTORE_CHANGELOG)?;
+
+    let changelog = config.changelog("counts");
+    let started = Instant::now();
+    let mut scanned = 0_u64;
+    let mut touched = 0_u64;
+    for p in 0..partitions {
+        let end = chronik.high_watermark(&changelog, p)?;
+        let mut next = Offset::ZERO;
+        while next < end {
+            let fetch = chronik.read(&changelog, p, next, 4 << 20)?;
+            for record in fetch.records() {
+                scanned += 1;
+                touched += record.key().map_or(0, |k| k.len() as u64);
+                touched += u64::from(record.value().first().copied().unwrap_or(0));
+            }
+            next = fetch.next_offset();
+        }
+    }
+    std::hint::black_box(touched);
+    out.push(Measure::new(SCAN_CHANGELOG, &system, scanned, 0, started.elapsed()));
+    Ok(out)
 }
 
 /// A field of `/proc/self/status` in KiB (0 where there is none).
@@ -619,13 +766,48 @@ fn best_records(measures: &[Measure], prefix: &str, system: &str) -> Option<f64>
         .reduce(f64::max)
 }
 
+/// `a / b`, where both were measured and `b` is positive.
+fn divide(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// The processor group's figures: restore rates against their target and the scan.
+fn processor_ratios(measures: &[Measure], uring: &str) -> Vec<Ratio> {
+    let rate = |scenario: &str| find(measures, scenario, uring).and_then(|m| m.records_per_second);
+    vec![
+        Ratio {
+            what: "restore from changelog only, M rec/s".into(),
+            value: rate(RESTORE_CHANGELOG).map(|r| r / 1e6),
+            target: Some(2.0),
+            unit: "M",
+        },
+        Ratio {
+            what: "restore from snapshot + tail, M rec/s".into(),
+            value: rate(RESTORE_SNAPSHOT).map(|r| r / 1e6),
+            target: Some(2.0),
+            unit: "M",
+        },
+        Ratio {
+            what: "restore from changelog over scanning it".into(),
+            value: divide(rate(RESTORE_CHANGELOG), rate(SCAN_CHANGELOG)),
+            target: None,
+            unit: "x",
+        },
+        Ratio {
+            what: "counting processor, M rec/s (commits every 100 ms)".into(),
+            value: rate(PROCESS).map(|r| r / 1e6),
+            target: None,
+            unit: "M",
+        },
+    ]
+}
+
 fn ratios(measures: &[Measure]) -> Vec<Ratio> {
     let uring = system_name(Backend::IoUring);
     let pread = system_name(Backend::Pread);
-    let divide = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-        _ => None,
-    };
     let append_small = best_records(measures, "append 100 B, batch", &uring);
     let redis = find(measures, "append 100 B, pipelined, appendfsync everysec", "redis streams")
         .and_then(|m| m.records_per_second);
@@ -683,6 +865,7 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         target: Some(0.5),
         unit: "x",
     });
+    out.extend(processor_ratios(measures, &uring));
     for scenario in ["append 1 KiB, batch 64, os", "append 100 B, sync, 16 writers"] {
         let value =
             |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
