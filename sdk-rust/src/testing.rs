@@ -108,7 +108,20 @@ pub struct SimulationReport {
 #[error("seed {seed}: {detail}\nreplay: CHRONIK_SIM_SEED={seed} (or seeds: {seed}..{})", seed + 1)]
 pub struct SimulationFailure {
     pub seed: u64,
+    pub kind: FailureKind,
     pub detail: String,
+}
+
+/// What went wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// A store's final entries differ from the fault-free run's: a restore (from the
+    /// changelog, or a snapshot and the changelog after it) did not rebuild the state.
+    State,
+    /// An output partition differs: a record duplicated, lost, reordered or different.
+    Outputs,
+    /// The processor failed without a fault to blame, or the fault-free run failed.
+    Run,
 }
 
 /// A store's entries, in key order.
@@ -139,7 +152,8 @@ impl Simulation {
             Some(seed) => seed..seed + 1,
             None => self.seeds.clone(),
         };
-        let failure = |seed, detail: String| SimulationFailure { seed, detail };
+        let failure =
+            |seed, detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
         let disk = SimDisk::new(Rng::new(0));
         let engine = self.setup(&disk).map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
         let before = disk.stats().calls;
@@ -158,8 +172,8 @@ impl Simulation {
         let mut report = SimulationReport::default();
         for seed in seeds {
             let found = self.run_seed(seed, calls, &mut factory, &mut report)?;
-            if let Some(detail) = difference(&expected, &found) {
-                return Err(failure(seed, detail));
+            if let Some((kind, detail)) = difference(&expected, &found) {
+                return Err(SimulationFailure { seed, kind, detail });
             }
             report.seeds += 1;
         }
@@ -173,7 +187,7 @@ impl Simulation {
         factory: &mut impl FnMut(u32) -> P,
         report: &mut SimulationReport,
     ) -> Result<Outcome, SimulationFailure> {
-        let failure = |detail: String| SimulationFailure { seed, detail };
+        let failure = |detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
         let mut rng = Rng::new(seed);
         let disk = SimDisk::new(rng.fork());
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
@@ -343,17 +357,20 @@ fn open(disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
 }
 
 /// The first difference between the fault-free outcome and a seed's, described.
-fn difference(expected: &Outcome, found: &Outcome) -> Option<String> {
+fn difference(expected: &Outcome, found: &Outcome) -> Option<(FailureKind, String)> {
     for (key, entries) in &expected.stores {
         let other = found.stores.get(key).map(Vec::as_slice).unwrap_or_default();
         if entries.as_slice() != other {
             let (store, partition) = key;
             let first = entries.iter().zip(other).position(|(a, b)| a != b);
-            return Some(format!(
-                "store {store:?} partition {partition} differs from the fault-free run: {} \
+            return Some((
+                FailureKind::State,
+                format!(
+                    "store {store:?} partition {partition} differs from the fault-free run: {} \
                  entries, expected {}; first difference at entry {first:?}",
-                other.len(),
-                entries.len()
+                    other.len(),
+                    entries.len()
+                ),
             ));
         }
     }
@@ -362,12 +379,15 @@ fn difference(expected: &Outcome, found: &Outcome) -> Option<String> {
         if records.as_slice() != other {
             let (topic, partition) = key;
             let first = records.iter().zip(other).position(|(a, b)| a != b);
-            return Some(format!(
-                "output {topic:?} partition {partition} differs from the fault-free run: {} \
+            return Some((
+                FailureKind::Outputs,
+                format!(
+                    "output {topic:?} partition {partition} differs from the fault-free run: {} \
                  records, expected {} (duplicated, lost or different); first difference at \
                  record {first:?}",
-                other.len(),
-                records.len()
+                    other.len(),
+                    records.len()
+                ),
             ));
         }
     }

@@ -88,9 +88,14 @@ impl Drop for Armed {
 /// Run seeds `0..max_seeds` with `canary` on until one fails.
 pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
     let _armed = arm(Some(canary));
+    let processor = PROCESSOR_CANARIES.contains(&canary);
     for seed in 0..max_seeds {
-        let outcome = run(seed, options);
-        if let Some(violation) = outcome.violation {
+        let violation = if processor {
+            crate::processors::run_seed(seed).err()
+        } else {
+            run(seed, options).violation
+        };
+        if let Some(violation) = violation {
             let by = Some((seed, violation.oracle));
             return Caught { canary, by, detail: violation.detail, seeds: seed + 1 };
         }
@@ -100,12 +105,16 @@ pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
 
 /// Canaries whose bug the swarm reaches too rarely to hunt it within the bound, each with
 /// the targeted test that builds its scenario on purpose and proves it caught.
-pub const TARGETED: [(Canary, &str); 5] = [
-    (Canary::SwapRenameBeforeRemovalsSynced, "sim/tests/compaction_swap.rs"),
-    (Canary::InputCommittedBeforeOutputs, "sim/tests/processor_canaries.rs"),
-    (Canary::RestoreSkipsTombstone, "sim/tests/processor_canaries.rs"),
-    (Canary::SnapshotAheadOfChangelog, "sim/tests/processor_canaries.rs"),
-    (Canary::StateAppliedBeforeCommit, "sim/tests/processor_canaries.rs"),
+pub const TARGETED: [(Canary, &str); 1] =
+    [(Canary::SwapRenameBeforeRemovalsSynced, "sim/tests/compaction_swap.rs")];
+
+/// Canaries of the stream-processor runtime, hunted with [`crate::processors`] workloads
+/// instead of engine runs.
+pub const PROCESSOR_CANARIES: [Canary; 4] = [
+    Canary::InputCommittedBeforeOutputs,
+    Canary::RestoreSkipsTombstone,
+    Canary::SnapshotAheadOfChangelog,
+    Canary::StateAppliedBeforeCommit,
 ];
 
 /// The canaries the swarm hunts: the catalogue but the targeted ones.

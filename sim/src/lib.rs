@@ -16,15 +16,17 @@
 //! - [`canaries`]: the mutation canaries of [`chronik_engine::canary`], each hunted by seeds
 //!   until an oracle catches it.
 //! - [`shrink`]: reduce a failing run to fewer steps and fewer kinds of faults.
+//! - [`processors`]: stream-processor workloads (counting, a stream-table join) run by the
+//!   `chronik` crate's runtime under crashes, with the restore-equivalence and exactly-once
+//!   output oracles.
 //! - `src/main.rs`: the `chronik-sim` binary (`run`, `swarm`, `check-determinism`,
 //!   `shrink`, `canaries`).
 //!
-//! Still to come: seeded workloads over stream processors, with their oracles added to
-//! [`oracle::standard`].
 
 pub mod canaries;
 pub mod model;
 pub mod oracle;
+pub mod processors;
 pub mod run;
 pub mod shrink;
 pub mod trace;

@@ -91,6 +91,14 @@ enum Command {
         #[arg(long, default_value_t = OPS_DEFAULT)]
         ops: u64,
     },
+    /// Stream-processor workloads (counting, a stream-table join) under crashes, each seed
+    /// against a fault-free run: restored stores and outputs must be equal.
+    Processors {
+        #[arg(long, default_value_t = 1000)]
+        seeds: u64,
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+    },
     /// Switch each mutation canary on in turn and count the seeds until one is caught.
     Canaries {
         /// Seeds tried per canary before it counts as not caught.
@@ -202,6 +210,7 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
         }
         Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
         Command::Canaries { max_seeds, ops, ref only } => Ok(run_canaries(max_seeds, ops, only)),
+        Command::Processors { seeds, start } => Ok(run_processors(start, seeds)),
     }
 }
 
@@ -393,6 +402,32 @@ fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
 }
 
 /// Hunt every canary (single-threaded: the active canary is process-global) and print a table.
+fn run_processors(start: u64, seeds: u64) -> bool {
+    let started = Instant::now();
+    let (mut crashes, mut counting) = (0, 0);
+    for seed in start..start.saturating_add(seeds) {
+        if chronik_sim::processors::draw(seed).0 == chronik_sim::processors::Workload::Counting {
+            counting += 1;
+        }
+        match chronik_sim::processors::run_seed(seed) {
+            Ok(report) => crashes += report.crashes,
+            Err(violation) => {
+                eprintln!("VIOLATION in seed {seed}: {violation}");
+                eprintln!("replay: chronik-sim processors --start {seed} --seeds 1");
+                return false;
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "processors: seeds={seeds} (counting {counting}, join {}) crashes={crashes} \
+         seeds/s={:.1} failures=0",
+        seeds - counting,
+        seeds as f64 / elapsed.max(1e-9)
+    );
+    true
+}
+
 fn run_canaries(max_seeds: u64, ops: u64, only: &[Canary]) -> bool {
     let options = RunOptions { ops, ..RunOptions::default() };
     // A canary that panics on purpose is reported as a `no_panic` violation in the table; the
