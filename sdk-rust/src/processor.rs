@@ -137,6 +137,23 @@ impl Context<'_> {
         });
     }
 
+    /// The store named `name`, through serde ([`Typed`]).
+    pub fn typed<K, V>(&mut self, name: &str) -> Result<Typed<'_, K, V>, ProcessError> {
+        Ok(self.store(name)?.typed())
+    }
+
+    /// [`Context::emit`] with a key and value encoded as JSON.
+    pub fn emit_json<K: serde::Serialize, V: serde::Serialize>(
+        &mut self,
+        topic: &str,
+        key: Option<&K>,
+        value: &V,
+    ) -> Result<(), ProcessError> {
+        let key = key.map(encode).transpose()?;
+        self.emit(topic, key.as_deref(), &encode(value)?);
+        Ok(())
+    }
+
     /// The input topic of the record being processed (the first input outside `process`).
     pub fn input(&self) -> &str {
         self.input
@@ -153,6 +170,57 @@ impl Context<'_> {
     }
 }
 
+/// A store seen through serde: keys and values of your own types, encoded as JSON. Keys are
+/// ordered by their encoding (for strings and non-negative integers of one width, their own
+/// order). Get one with [`Context::typed`] or [`Store::typed`].
+#[derive(Debug)]
+pub struct Typed<'a, K, V> {
+    store: &'a mut Store,
+    types: std::marker::PhantomData<fn(K, V)>,
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, ProcessError> {
+    serde_json::to_vec(value).map_err(|e| ProcessError(format!("cannot encode: {e}")))
+}
+
+/// Decode JSON bytes (a record's key or value, say) into `T`.
+pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ProcessError> {
+    serde_json::from_slice(bytes).map_err(|e| ProcessError(format!("cannot decode: {e}")))
+}
+
+impl<K, V> Typed<'_, K, V>
+where
+    K: serde::Serialize + serde::de::DeserializeOwned,
+    V: serde::Serialize + serde::de::DeserializeOwned,
+{
+    pub fn get(&self, key: &K) -> Result<Option<V>, ProcessError> {
+        self.store.get(&encode(key)?).map(decode).transpose()
+    }
+
+    pub fn put(&mut self, key: &K, value: &V) -> Result<(), ProcessError> {
+        self.store.put(&encode(key)?, &encode(value)?);
+        Ok(())
+    }
+
+    /// Remove `key`; returns whether it was there.
+    pub fn delete(&mut self, key: &K) -> Result<bool, ProcessError> {
+        Ok(self.store.delete(&encode(key)?))
+    }
+
+    /// Every entry, in the order of the encoded keys.
+    pub fn iter(&self) -> impl Iterator<Item = Result<(K, V), ProcessError>> + '_ {
+        self.store.iter().map(|(k, v)| Ok((decode(k)?, decode(v)?)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.store.is_empty()
+    }
+}
+
 /// A key-value store of one task: ordered by key, in memory, restored from its changelog.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
@@ -165,6 +233,11 @@ pub struct Store {
 impl Store {
     pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
         self.data.get(key).map(Vec::as_slice)
+    }
+
+    /// This store through serde ([`Typed`]).
+    pub fn typed<K, V>(&mut self) -> Typed<'_, K, V> {
+        Typed { store: self, types: std::marker::PhantomData }
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {

@@ -231,3 +231,56 @@ fn worker_threads_process_every_partition_until_stopped() {
     assert_eq!(counts(&runner), expected_counts(1500));
     assert_eq!(totals(&chronik), expected_counts(1500));
 }
+
+/// Per-user statistics as a struct, kept and emitted through serde.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct UserStats {
+    clicks: u64,
+    last_page: String,
+}
+
+struct TypedCounter;
+
+impl Processor for TypedCounter {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        let user = String::from_utf8_lossy(record.key().unwrap_or_default()).into_owned();
+        let mut stats = ctx.typed::<String, UserStats>("stats")?;
+        let mut current = stats.get(&user)?.unwrap_or_default();
+        current.clicks += 1;
+        current.last_page = String::from_utf8_lossy(record.value()).into_owned();
+        stats.put(&user, &current)?;
+        ctx.emit_json("totals", Some(&user), &current)?;
+        Ok(())
+    }
+}
+
+#[test]
+fn typed_stores_and_outputs_round_trip_through_serde_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    setup(&chronik);
+    produce(&chronik, 0, 70);
+    let config = ProcessorConfig::new("typed", "clicks").store("stats");
+    let mut runner = Runner::new(chronik.engine(), config.clone(), |_| TypedCounter).unwrap();
+    runner.run_until_caught_up().unwrap();
+    drop(runner);
+    let runner = Runner::new(chronik.engine(), config, |_| TypedCounter).unwrap();
+    let mut all = BTreeMap::new();
+    for partition in 0..2 {
+        let mut store = runner.store(partition, "stats").unwrap().clone();
+        for entry in store.typed::<String, UserStats>().iter() {
+            let (user, stats) = entry.unwrap();
+            all.insert(user, stats);
+        }
+    }
+    assert_eq!(all.len(), 7);
+    assert!(all.values().all(|s| s.clicks == 10 && s.last_page == "click"), "{all:?}");
+    let fetch = chronik.read("totals", 0, Offset::ZERO, 1 << 20).unwrap();
+    let first = fetch.records().next().unwrap();
+    let decoded: UserStats = chronik::processor::decode(first.value()).unwrap();
+    assert_eq!(decoded.clicks, 1);
+}
