@@ -1,5 +1,626 @@
-//! Python bindings for Chronik.
+//! `chronik._chronik`: the Python extension module behind the `chronik` package (pyo3, abi3 for
+//! Python 3.9 and newer). The pure-Python layer in `python/chronik/` re-exports it.
 //!
-//! Empty on purpose: the Python SDK issue turns this crate into a pyo3 extension module built
-//! with maturin. It already depends on the `chronik` crate so the workspace checks that the
-//! Rust SDK stays usable from here.
+//! Every call that may wait on the disk releases the GIL. Errors become the `ChronikError`
+//! tree (see `python/chronik/_chronik.pyi`); a Rust panic inside a call becomes pyo3's
+//! `PanicException`, never a crash of the interpreter.
+
+use chronik::{
+    AppendError, Chronik, CommitError, Durability, Offset, OpenError, Options, ReadError, Record,
+    TopicConfig, TopicError,
+};
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyTuple};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pyo3::create_exception!(_chronik, ChronikError, PyException, "Any Chronik error.");
+pyo3::create_exception!(_chronik, CorruptionError, ChronikError, "Damaged data was found.");
+pyo3::create_exception!(
+    _chronik,
+    PoisonedError,
+    ChronikError,
+    "An earlier write or fsync failed: reopen the data directory to recover."
+);
+pyo3::create_exception!(_chronik, NotFoundError, ChronikError, "No such topic or partition.");
+pyo3::create_exception!(_chronik, AlreadyExistsError, ChronikError, "The topic exists.");
+pyo3::create_exception!(
+    _chronik,
+    InvalidArgumentError,
+    ChronikError,
+    "A name, config or value is invalid."
+);
+pyo3::create_exception!(
+    _chronik,
+    LockedError,
+    ChronikError,
+    "Another process has the directory open."
+);
+pyo3::create_exception!(
+    _chronik,
+    OffsetOutOfRangeError,
+    ChronikError,
+    "The offset is not in the log."
+);
+pyo3::create_exception!(_chronik, ChronikIoError, ChronikError, "An I/O error.");
+pyo3::create_exception!(_chronik, ClosedError, ChronikError, "The data directory was closed.");
+
+/// The exception for an engine error, by kind. By value, so callers can pass `e.into()`.
+#[allow(clippy::needless_pass_by_value)]
+fn error(error: chronik::Error) -> PyErr {
+    use chronik::Error as E;
+    let message = error.to_string();
+    match error {
+        E::Open(OpenError::Corruption(_))
+        | E::Topic(TopicError::Corruption(_))
+        | E::Read(ReadError::Corruption(_)) => CorruptionError::new_err(message),
+        E::Open(OpenError::Locked { .. }) => LockedError::new_err(message),
+        E::Topic(TopicError::Poisoned(_))
+        | E::Append(AppendError::Poisoned(_))
+        | E::Read(ReadError::Poisoned(_)) => PoisonedError::new_err(message),
+        E::Topic(TopicError::NotFound { .. })
+        | E::Append(AppendError::TopicNotFound { .. } | AppendError::PartitionNotFound { .. })
+        | E::Read(ReadError::TopicNotFound { .. } | ReadError::PartitionNotFound { .. }) => {
+            NotFoundError::new_err(message)
+        }
+        E::Topic(TopicError::AlreadyExists { .. }) => AlreadyExistsError::new_err(message),
+        E::Topic(TopicError::InvalidName { .. } | TopicError::InvalidConfig { .. })
+        | E::Append(AppendError::Empty | AppendError::BatchTooLarge { .. }) => {
+            InvalidArgumentError::new_err(message)
+        }
+        E::Read(ReadError::OffsetOutOfRange { .. }) => OffsetOutOfRangeError::new_err(message),
+        _ => ChronikIoError::new_err(message),
+    }
+}
+
+fn commit_error(error: CommitError) -> PyErr {
+    match error {
+        CommitError::InvalidGroup { .. } => InvalidArgumentError::new_err(error.to_string()),
+        CommitError::PartitionNotFound { .. } => NotFoundError::new_err(error.to_string()),
+        CommitError::Topic(e) => self::error(e.into()),
+        CommitError::Append(e) => self::error(e.into()),
+        other => ChronikIoError::new_err(other.to_string()),
+    }
+}
+
+fn parse_durability(text: &str) -> PyResult<Durability> {
+    match text {
+        "sync" => Ok(Durability::Sync),
+        "os" => Ok(Durability::Os),
+        _ => text
+            .strip_prefix("interval:")
+            .and_then(|ms| ms.parse().ok())
+            .map(|ms| Durability::Interval { ms })
+            .ok_or_else(|| {
+                InvalidArgumentError::new_err(format!(
+                    "durability {text:?}: one of \"sync\", \"os\", \"interval:MS\""
+                ))
+            }),
+    }
+}
+
+/// An open data directory (a context manager: `with chronik.open(path) as db: ...`).
+#[pyclass(name = "Chronik", module = "chronik._chronik", frozen)]
+struct PyChronik {
+    inner: Mutex<Option<Arc<Chronik>>>,
+    path: String,
+}
+
+impl PyChronik {
+    fn get(&self) -> PyResult<Arc<Chronik>> {
+        let inner = self.inner.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
+        inner.clone().ok_or_else(|| ClosedError::new_err("the data directory is closed"))
+    }
+}
+
+/// Open (creating if needed) a data directory, recovering it after a crash. `durability`:
+/// "sync" (the default), "os" or "interval:MS".
+#[pyfunction]
+#[pyo3(signature = (path, durability = "sync"))]
+fn open(py: Python<'_>, path: &str, durability: &str) -> PyResult<PyChronik> {
+    let durability = parse_durability(durability)?;
+    let options = Options { durability, ..Options::default() };
+    let owned = path.to_owned();
+    let chronik = py.detach(move || Chronik::open(&owned, options)).map_err(error)?;
+    Ok(PyChronik { inner: Mutex::new(Some(Arc::new(chronik))), path: path.to_owned() })
+}
+
+fn config_from(partitions: u32, settings: Option<&Bound<'_, PyDict>>) -> PyResult<TopicConfig> {
+    let mut config = TopicConfig::default().with_partitions(partitions);
+    if let Some(settings) = settings {
+        for (key, value) in settings.iter() {
+            let key: String = key.extract()?;
+            let value = value.str()?.to_string();
+            config.set(&key, &value).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
+        }
+    }
+    Ok(config)
+}
+
+#[pymethods]
+impl PyChronik {
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    /// Flush and close; later calls raise `ClosedError`.
+    fn close(&self, py: Python<'_>) {
+        let taken = self.inner.lock().ok().and_then(|mut inner| inner.take());
+        py.detach(move || drop(taken));
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What recovery did at open, one line per partition that was not clean.
+    fn recovery(&self) -> PyResult<Vec<String>> {
+        Ok(self.get()?.recovery().lines())
+    }
+
+    /// Create a topic; `config` takes the settings of `chronik topic create --config`.
+    #[pyo3(signature = (name, partitions = 1, config = None))]
+    fn create_topic(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        partitions: u32,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let config = config_from(partitions, config)?;
+        let chronik = self.get()?;
+        py.detach(|| chronik.create_topic(name, config)).map_err(|e| error(e.into()))
+    }
+
+    fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let chronik = self.get()?;
+        py.detach(|| chronik.delete_topic(name)).map_err(|e| error(e.into()))
+    }
+
+    fn list_topics(&self) -> PyResult<Vec<String>> {
+        Ok(self.get()?.list_topics())
+    }
+
+    /// A dict: `name`, `config` (every setting) and `partitions` (a dict per partition).
+    fn describe_topic<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let description = self.get()?.describe_topic(name).map_err(|e| error(e.into()))?;
+        let out = PyDict::new(py);
+        out.set_item("name", &description.name)?;
+        let config = PyDict::new(py);
+        for (key, value) in description.config.entries() {
+            config.set_item(key, value)?;
+        }
+        out.set_item("config", config)?;
+        let partitions = PyList::empty(py);
+        for p in &description.partitions {
+            let d = PyDict::new(py);
+            d.set_item("partition", p.partition)?;
+            d.set_item("log_start_offset", p.log_start_offset.get())?;
+            d.set_item("log_end_offset", p.log_end_offset.get())?;
+            d.set_item("high_watermark", p.high_watermark.get())?;
+            d.set_item("segments", p.segment_count)?;
+            d.set_item("size_bytes", p.size_bytes)?;
+            partitions.append(d)?;
+        }
+        out.set_item("partitions", partitions)?;
+        Ok(out)
+    }
+
+    /// Change settings of an existing topic, durably.
+    fn alter_topic_config(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        settings: &Bound<'_, PyDict>,
+    ) -> PyResult<()> {
+        let chronik = self.get()?;
+        let mut config = chronik.describe_topic(name).map_err(|e| error(e.into()))?.config;
+        for (key, value) in settings.iter() {
+            let key: String = key.extract()?;
+            config
+                .set(&key, &value.str()?.to_string())
+                .map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
+        }
+        py.detach(|| chronik.alter_topic_config(name, config)).map_err(|e| error(e.into()))
+    }
+
+    fn high_watermark(&self, topic: &str, partition: u32) -> PyResult<u64> {
+        self.get()?.high_watermark(topic, partition).map(Offset::get).map_err(|e| error(e.into()))
+    }
+
+    /// Sync everything written so far.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let chronik = self.get()?;
+        py.detach(|| chronik.flush()).map_err(|e| error(e.into()))
+    }
+
+    fn producer(&self, topic: &str) -> PyResult<PyProducer> {
+        let chronik = self.get()?;
+        let partitions = chronik
+            .partition_count(topic)
+            .ok_or_else(|| NotFoundError::new_err(format!("topic {topic:?} does not exist")))?;
+        Ok(PyProducer { chronik, topic: topic.to_owned(), partitions })
+    }
+
+    /// A consumer of one partition; in `group`, it starts where the group committed.
+    #[pyo3(signature = (topic, partition = 0, group = None))]
+    fn consumer(&self, topic: &str, partition: u32, group: Option<&str>) -> PyResult<PyConsumer> {
+        let chronik = self.get()?;
+        if chronik.partition_count(topic).is_none_or(|count| partition >= count) {
+            return Err(NotFoundError::new_err(format!("{topic:?} has no partition {partition}")));
+        }
+        let position = group
+            .and_then(|g| chronik.committed_offset(g, topic, partition))
+            .unwrap_or(Offset::ZERO);
+        Ok(PyConsumer {
+            chronik,
+            topic: topic.to_owned(),
+            partition,
+            group: group.map(str::to_owned),
+            state: Mutex::new(ConsumerState { position, buffered: Vec::new() }),
+        })
+    }
+}
+
+/// Appends records to one topic.
+#[pyclass(name = "Producer", module = "chronik._chronik", frozen)]
+struct PyProducer {
+    chronik: Arc<Chronik>,
+    topic: String,
+    partitions: u32,
+}
+
+/// One record to append, taken from Python.
+struct Outgoing {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn bytes_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(text) = value.extract::<String>() {
+        return Ok(text.as_bytes().to_vec());
+    }
+    value.extract::<Vec<u8>>().map_err(|_| {
+        InvalidArgumentError::new_err("keys, values and headers are bytes, bytearray or str")
+    })
+}
+
+fn outgoing(
+    key: Option<&Bound<'_, PyAny>>,
+    value: &Bound<'_, PyAny>,
+    headers: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Outgoing> {
+    let key = key.filter(|k| !k.is_none()).map(bytes_of).transpose()?;
+    let mut pairs = Vec::new();
+    if let Some(headers) = headers.filter(|h| !h.is_none()) {
+        let items = if let Ok(dict) = headers.cast::<PyDict>() {
+            dict.items().into_any()
+        } else {
+            headers.clone()
+        };
+        for item in items.try_iter()? {
+            let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+            pairs.push((bytes_of(&k)?, bytes_of(&v)?));
+        }
+    }
+    Ok(Outgoing { key, value: bytes_of(value)?, headers: pairs })
+}
+
+impl PyProducer {
+    fn partition_of(&self, key: Option<&[u8]>, partition: Option<u32>) -> u32 {
+        partition
+            .unwrap_or_else(|| key.map_or(0, |k| chronik::partition_for_key(k, self.partitions)))
+    }
+
+    /// Append each partition's records as one batch, without the GIL.
+    fn append(
+        &self,
+        py: Python<'_>,
+        records: &[Outgoing],
+        partition: Option<u32>,
+    ) -> PyResult<Vec<(u32, u64, u64)>> {
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (i, record) in records.iter().enumerate() {
+            by_partition
+                .entry(self.partition_of(record.key.as_deref(), partition))
+                .or_default()
+                .push(i);
+        }
+        py.detach(|| {
+            let mut out = Vec::with_capacity(by_partition.len());
+            for (partition, indexes) in &by_partition {
+                let headers: Vec<Vec<chronik::Header<'_>>> = indexes
+                    .iter()
+                    .map(|&i| {
+                        records[i]
+                            .headers
+                            .iter()
+                            .map(|(k, v)| chronik::Header { key: k, value: v })
+                            .collect()
+                    })
+                    .collect();
+                let batch: Vec<Record<'_>> = indexes
+                    .iter()
+                    .zip(&headers)
+                    .map(|(&i, headers)| {
+                        Record::new(records[i].key.as_deref(), &records[i].value)
+                            .with_headers(headers)
+                    })
+                    .collect();
+                let appended = self.chronik.append(&self.topic, *partition, &batch)?;
+                out.push((*partition, appended.base_offset.get(), appended.last_offset.get()));
+            }
+            Ok(out)
+        })
+        .map_err(|e: AppendError| error(e.into()))
+    }
+}
+
+#[pymethods]
+impl PyProducer {
+    /// Append one record; returns `(partition, offset)` once acknowledged under the data
+    /// directory's durability. The partition is the key's (or 0 without a key) unless given.
+    #[pyo3(signature = (key, value, headers = None, partition = None))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        key: Option<&Bound<'_, PyAny>>,
+        value: &Bound<'_, PyAny>,
+        headers: Option<&Bound<'_, PyAny>>,
+        partition: Option<u32>,
+    ) -> PyResult<(u32, u64)> {
+        let record = outgoing(key, value, headers)?;
+        let appended = self.append(py, std::slice::from_ref(&record), partition)?;
+        let (partition, base, _) = appended[0];
+        Ok((partition, base))
+    }
+
+    /// Append many records, `(key, value)` or `(key, value, headers)` each: one batch per
+    /// partition, one acknowledgement each. Returns `(partition, first offset, last offset)`
+    /// per batch.
+    #[pyo3(signature = (records, partition = None))]
+    fn send_batch(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+        partition: Option<u32>,
+    ) -> PyResult<Vec<(u32, u64, u64)>> {
+        let mut outgoing_records = Vec::new();
+        for item in records.try_iter()? {
+            let item = item?;
+            let tuple = item.cast::<PyTuple>().map_err(|_| {
+                InvalidArgumentError::new_err(
+                    "records are (key, value) or (key, value, headers) tuples",
+                )
+            })?;
+            let key = tuple.get_item(0)?;
+            let value = tuple.get_item(1)?;
+            let headers = if tuple.len() > 2 { Some(tuple.get_item(2)?) } else { None };
+            outgoing_records.push(outgoing(Some(&key), &value, headers.as_ref())?);
+        }
+        if outgoing_records.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.append(py, &outgoing_records, partition)
+    }
+
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+}
+
+/// A record read from a partition. `key` and `value` are memoryviews over the bytes of the
+/// fetch they came in (one copy per fetch, none per record); `bytes(record.value)` copies.
+#[pyclass(name = "Record", module = "chronik._chronik", frozen, get_all)]
+struct PyRecord {
+    offset: u64,
+    timestamp: i64,
+    key: Option<Py<PyAny>>,
+    value: Py<PyAny>,
+    headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+}
+
+#[pymethods]
+impl PyRecord {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let length = self.value.bind(py).len().unwrap_or(0);
+        format!(
+            "Record(offset={}, timestamp={}, value=<{length} bytes>)",
+            self.offset, self.timestamp
+        )
+    }
+}
+
+struct ConsumerState {
+    position: Offset,
+    /// Records fetched and not yet handed out by iteration, in order.
+    buffered: Vec<Py<PyRecord>>,
+}
+
+/// Reads one partition in order (an iterator: `for record in consumer`, until caught up).
+#[pyclass(name = "Consumer", module = "chronik._chronik", frozen)]
+struct PyConsumer {
+    chronik: Arc<Chronik>,
+    topic: String,
+    partition: u32,
+    group: Option<String>,
+    state: Mutex<ConsumerState>,
+}
+
+const FETCH_BYTES: usize = 1 << 20;
+
+impl PyConsumer {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, ConsumerState>> {
+        self.state.lock().map_err(|_| ChronikError::new_err("consumer lock poisoned"))
+    }
+
+    /// Fetch from `from` (moved to the log start if retention removed it), without the GIL;
+    /// the records at or after it, and where the next fetch starts.
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        from: Offset,
+        timeout: Option<f64>,
+    ) -> PyResult<(Vec<Py<PyRecord>>, Offset)> {
+        let (fetch, from) = py
+            .detach(|| {
+                let read = |from| self.chronik.read(&self.topic, self.partition, from, FETCH_BYTES);
+                let mut from = from;
+                let mut fetch = match read(from) {
+                    Err(ReadError::OffsetOutOfRange { requested, start, .. })
+                        if requested < start =>
+                    {
+                        from = Offset::new(start);
+                        read(from)?
+                    }
+                    other => other?,
+                };
+                if fetch.is_empty()
+                    && let Some(seconds) = timeout.filter(|s| *s > 0.0)
+                {
+                    let wait = Duration::from_secs_f64(seconds.min(86_400.0));
+                    if self.chronik.wait_for(&self.topic, self.partition, from, wait)? {
+                        fetch = read(from)?;
+                    }
+                }
+                Ok((fetch, from))
+            })
+            .map_err(|e: ReadError| error(e.into()))?;
+        let next = from.max(fetch.next_offset());
+        if fetch.is_empty() {
+            return Ok((Vec::new(), next));
+        }
+        let buffer = PyBytes::new(py, fetch.as_bytes());
+        let view = PyMemoryView::from(buffer.as_any())?;
+        let base = fetch.as_bytes().as_ptr() as usize;
+        let slice = |bytes: &[u8]| -> PyResult<Py<PyAny>> {
+            let start = bytes.as_ptr() as usize - base;
+            let index = |i: usize| {
+                isize::try_from(i).map_err(|_| ChronikIoError::new_err("fetch too large"))
+            };
+            let slice = PySlice::new(py, index(start)?, index(start + bytes.len())?, 1);
+            Ok(view.get_item(slice)?.unbind())
+        };
+        let mut records = Vec::new();
+        for record in fetch.records().filter(|r| r.offset() >= from) {
+            let headers = record
+                .headers()
+                .map(|h| (PyBytes::new(py, h.key).unbind(), PyBytes::new(py, h.value).unbind()))
+                .collect();
+            let record = PyRecord {
+                offset: record.offset().get(),
+                timestamp: record.timestamp(),
+                key: record.key().map(slice).transpose()?,
+                value: slice(record.value())?,
+                headers,
+            };
+            records.push(Py::new(py, record)?);
+        }
+        Ok((records, next))
+    }
+}
+
+#[pymethods]
+impl PyConsumer {
+    /// Up to `max_records` records from the position on (all of one fetch, about 1 MiB, when
+    /// not given); waits up to `timeout` seconds when caught up. Moves the position past them.
+    #[pyo3(signature = (max_records = None, timeout = None))]
+    fn poll(
+        &self,
+        py: Python<'_>,
+        max_records: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Py<PyRecord>>> {
+        let mut state = self.lock()?;
+        let mut records: Vec<Py<PyRecord>> = std::mem::take(&mut state.buffered);
+        if records.is_empty() {
+            let (fetched, next) = self.fetch(py, state.position, timeout)?;
+            records = fetched;
+            if records.is_empty() {
+                state.position = next;
+                return Ok(records);
+            }
+        }
+        if let Some(max) = max_records.filter(|&m| m < records.len()) {
+            state.buffered = records.split_off(max);
+        }
+        if let Some(last) = records.last() {
+            state.position = Offset::new(last.get().offset + 1);
+        }
+        Ok(records)
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyRecord>>> {
+        Ok(self.poll(py, Some(1), None)?.into_iter().next())
+    }
+
+    /// The offset of the next record this consumer reads.
+    #[getter]
+    fn position(&self) -> PyResult<u64> {
+        Ok(self.lock()?.position.get())
+    }
+
+    fn seek(&self, offset: u64) -> PyResult<()> {
+        let mut state = self.lock()?;
+        state.position = Offset::new(offset);
+        state.buffered.clear();
+        Ok(())
+    }
+
+    /// Commit the position for the consumer's group, durably.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        let group = self
+            .group
+            .clone()
+            .ok_or_else(|| InvalidArgumentError::new_err("this consumer is in no group"))?;
+        let position = self.lock()?.position;
+        let offsets = [(self.topic.as_str(), self.partition, position)];
+        py.detach(|| self.chronik.commit_offsets(&group, &offsets)).map_err(commit_error)
+    }
+
+    /// What the group committed last for this partition, if anything.
+    fn committed(&self) -> Option<u64> {
+        let group = self.group.as_deref()?;
+        self.chronik.committed_offset(group, &self.topic, self.partition).map(Offset::get)
+    }
+
+    #[getter]
+    fn group(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+}
+
+#[pymodule]
+fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(open, m)?)?;
+    m.add_class::<PyChronik>()?;
+    m.add_class::<PyProducer>()?;
+    m.add_class::<PyConsumer>()?;
+    m.add_class::<PyRecord>()?;
+    m.add("ChronikError", py.get_type::<ChronikError>())?;
+    m.add("CorruptionError", py.get_type::<CorruptionError>())?;
+    m.add("PoisonedError", py.get_type::<PoisonedError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("AlreadyExistsError", py.get_type::<AlreadyExistsError>())?;
+    m.add("InvalidArgumentError", py.get_type::<InvalidArgumentError>())?;
+    m.add("LockedError", py.get_type::<LockedError>())?;
+    m.add("OffsetOutOfRangeError", py.get_type::<OffsetOutOfRangeError>())?;
+    m.add("IoError", py.get_type::<ChronikIoError>())?;
+    m.add("ClosedError", py.get_type::<ClosedError>())?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+"""The Python package against the real engine: topics, producing, consuming, groups, errors."""
+
+import pytest
+
+import chronik
+
+
+@pytest.fixture
+def db(tmp_path):
+    with chronik.open(str(tmp_path / "data")) as opened:
+        yield opened
+
+
+def test_produce_and_consume_round_trip_with_keys_headers_and_timestamps(db):
+    db.create_topic("clicks", partitions=2)
+    producer = db.producer("clicks")
+    partition, offset = producer.send(b"user-1", b"/home", headers={"source": b"web"})
+    assert offset == 0
+    partition_again, next_offset = producer.send("user-1", "/cart")
+    assert (partition_again, next_offset) == (partition, 1)
+    records = list(db.consumer("clicks", partition=partition))
+    assert [r.offset for r in records] == [0, 1]
+    assert [bytes(r.value) for r in records] == [b"/home", b"/cart"]
+    assert bytes(records[0].key) == b"user-1"
+    assert records[0].headers == [(b"source", b"web")]
+    assert records[0].timestamp > 0
+    assert isinstance(records[0].value, memoryview)
+
+
+def test_send_batch_appends_one_batch_per_partition_in_order(db):
+    db.create_topic("events", partitions=3)
+    producer = db.producer("events")
+    batches = producer.send_batch([(f"k{i % 5}", f"v{i}") for i in range(1000)])
+    assert sum(last - first + 1 for _, first, last in batches) == 1000
+    seen = []
+    for partition in range(3):
+        seen.extend(bytes(r.value).decode() for r in db.consumer("events", partition=partition))
+    assert sorted(seen) == sorted(f"v{i}" for i in range(1000))
+    # Within a key, the order of sending is kept.
+    consumer = db.consumer("events", partition=batches[0][0])
+    values = [int(bytes(r.value)[1:]) for r in consumer]
+    assert values == sorted(values)
+
+
+def test_poll_seek_and_groups_resume_where_they_committed(db):
+    db.create_topic("log")
+    db.producer("log").send_batch([(None, str(i)) for i in range(100)], partition=0)
+    consumer = db.consumer("log", group="billing")
+    first = consumer.poll(max_records=10)
+    assert [r.offset for r in first] == list(range(10))
+    consumer.commit()
+    assert consumer.committed() == 10
+    rest = db.consumer("log", group="billing").poll()
+    assert rest[0].offset == 10 and rest[-1].offset == 99
+    consumer.seek(95)
+    assert [r.offset for r in consumer.poll()] == [95, 96, 97, 98, 99]
+    assert consumer.poll(timeout=0.01) == []
+
+
+def test_topics_are_managed_and_described(db):
+    db.create_topic("t", partitions=2, config={"cleanup": "compact", "retention_ms": 60000})
+    assert db.list_topics() == ["t"]
+    described = db.describe_topic("t")
+    assert described["config"]["cleanup"] == "compact"
+    assert len(described["partitions"]) == 2
+    db.alter_topic_config("t", {"retention_ms": 1000})
+    assert db.describe_topic("t")["config"]["retention_ms"] == "1000"
+    db.delete_topic("t")
+    assert db.list_topics() == []
+
+
+def test_errors_are_typed(tmp_path, db):
+    with pytest.raises(chronik.NotFoundError):
+        db.producer("missing")
+    db.create_topic("t")
+    with pytest.raises(chronik.AlreadyExistsError):
+        db.create_topic("t")
+    with pytest.raises(chronik.InvalidArgumentError):
+        db.create_topic("bad name!")
+    with pytest.raises(chronik.InvalidArgumentError):
+        db.create_topic("u", config={"cleanup": "sometimes"})
+    with pytest.raises(chronik.InvalidArgumentError):
+        chronik.open(str(tmp_path / "x"), durability="eventually")
+    with pytest.raises(chronik.LockedError):
+        chronik.open(db.path)
+    assert issubclass(chronik.CorruptionError, chronik.ChronikError)
+    db.close()
+    with pytest.raises(chronik.ClosedError):
+        db.list_topics()
+
+
+def test_records_survive_a_reopen(tmp_path):
+    path = str(tmp_path / "data")
+    with chronik.open(path, durability="os") as db:
+        db.create_topic("t")
+        db.producer("t").send_batch([(None, b"x" * i) for i in range(1, 50)])
+    with chronik.open(path) as db:
+        assert db.high_watermark("t", 0) == 49
+        assert [len(r.value) for r in db.consumer("t")] == list(range(1, 50))
