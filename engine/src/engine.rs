@@ -554,6 +554,20 @@ impl<I: Io> Engine<I> {
         group: &str,
         offsets: &[(&str, u32, Offset)],
     ) -> Result<(), CommitError> {
+        let keys = self.commit_keys_of(group, offsets)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.commit_keys(keys)
+    }
+
+    /// The commit records of `group`'s `offsets`, checked: a valid group name, and existing
+    /// partitions of user topics.
+    fn commit_keys_of(
+        &self,
+        group: &str,
+        offsets: &[(&str, u32, Offset)],
+    ) -> Result<Vec<(CommitKey, Offset)>, CommitError> {
         groups::validate_group(group)?;
         let mut keys = Vec::with_capacity(offsets.len());
         for &(topic, partition, offset) in offsets {
@@ -564,10 +578,7 @@ impl<I: Io> Engine<I> {
             let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
             keys.push((key, offset));
         }
-        if keys.is_empty() {
-            return Ok(());
-        }
-        self.commit_keys(keys)
+        Ok(keys)
     }
 
     /// Append to several partitions and commit consumer offsets, all or nothing: after a crash
@@ -592,18 +603,10 @@ impl<I: Io> Engine<I> {
     ) -> Result<Vec<Appended>, CommitError> {
         self.check_writable()?;
         self.inner.context.poison.check().map_err(AppendError::from)?;
-        let mut keys = Vec::new();
-        if let Some(GroupCommit { group, offsets }) = offsets {
-            groups::validate_group(group)?;
-            for &(topic, partition, offset) in offsets {
-                if self.partition(topic, partition).is_err() || groups::is_internal(topic) {
-                    let topic = topic.to_owned();
-                    return Err(CommitError::PartitionNotFound { topic, partition });
-                }
-                let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
-                keys.push((key, offset));
-            }
-        }
+        let mut keys = match offsets {
+            Some(GroupCommit { group, offsets }) => self.commit_keys_of(group, offsets)?,
+            None => Vec::new(),
+        };
         // One batch per partition, the partitions in name order.
         let mut merged: BTreeMap<(&str, u32), Vec<Record<'_>>> = BTreeMap::new();
         for write in writes {

@@ -397,27 +397,7 @@ impl<I: Io> Partition<I> {
             while state.transaction.is_some() {
                 self.transaction_done.wait(&mut state);
             }
-            self.check_appendable(&state)?;
-            if Self::should_roll(&state, batch.len() as u64, now) {
-                self.roll(&mut state, now)?;
-            }
-            let base = state.next_offset();
-            // Read after a roll, which syncs: the hint is as strong as it can be.
-            let hint = self.sync.lock().synced;
-            format::set_batch_offsets(&mut batch, base, hint);
-            let info = BatchInfo {
-                base_offset: base,
-                next_offset: base.plus(encoded.next_offset.get()),
-                ..encoded
-            };
-            let active = state.segments.last_mut().expect("active segment");
-            active.write_at_end(batch).inspect_err(|e| {
-                if !canary::active(Canary::WriteErrorNotPoisoned) {
-                    self.poison_with(e);
-                }
-            })?;
-            active.on_batch(info);
-            info
+            self.write_batch(&mut state, batch, encoded, now, |_| {})?
         };
         match self.durability {
             Durability::Sync if canary::active(Canary::AckBeforeFsync) => {
@@ -434,6 +414,41 @@ impl<I: Io> Partition<I> {
             return Ok(Appended { base_offset, last_offset: Offset::new(last_offset.get() - 1) });
         }
         Ok(Appended { base_offset: written.base_offset, last_offset })
+    }
+
+    /// Write an encoded batch at the end of the log under the `state` lock: check the
+    /// partition takes appends, roll if due, call `after_roll`, patch the offsets and the
+    /// synced-offset hint, write (a failure poisons), and index it.
+    fn write_batch(
+        &self,
+        state: &mut State<I>,
+        mut batch: Vec<u8>,
+        encoded: BatchInfo,
+        now: i64,
+        after_roll: impl FnOnce(&mut State<I>),
+    ) -> Result<BatchInfo, AppendError> {
+        self.check_appendable(state)?;
+        if Self::should_roll(state, batch.len() as u64, now) {
+            self.roll(state, now)?;
+        }
+        after_roll(state);
+        let base = state.next_offset();
+        // Read after a roll, which syncs: the hint is as strong as it can be.
+        let hint = self.sync.lock().synced;
+        format::set_batch_offsets(&mut batch, base, hint);
+        let info = BatchInfo {
+            base_offset: base,
+            next_offset: base.plus(encoded.next_offset.get()),
+            ..encoded
+        };
+        let active = state.segments.last_mut().expect("active segment");
+        active.write_at_end(batch).inspect_err(|e| {
+            if !canary::active(Canary::WriteErrorNotPoisoned) {
+                self.poison_with(e);
+            }
+        })?;
+        active.on_batch(info);
+        Ok(info)
     }
 
     fn check_appendable(&self, state: &State<I>) -> Result<(), AppendError> {
@@ -916,25 +931,9 @@ impl<I: Io> Partition<I> {
             written: false,
         };
         state.transaction = Some(fence(&state));
-        let written = (|| {
-            self.check_appendable(&state)?;
-            if Self::should_roll(&state, batch.len() as u64, now) {
-                self.roll(&mut state, now)?;
-            }
-            state.transaction = Some(Fence { written: true, ..fence(&state) });
-            let base = state.next_offset();
-            let hint = self.sync.lock().synced;
-            format::set_batch_offsets(&mut batch, base, hint);
-            let info = BatchInfo {
-                base_offset: base,
-                next_offset: base.plus(encoded.next_offset.get()),
-                ..encoded
-            };
-            let active = state.segments.last_mut().expect("active segment");
-            active.write_at_end(batch).inspect_err(|e| self.poison_with(e))?;
-            active.on_batch(info);
-            Ok(info)
-        })();
+        let written = self.write_batch(&mut state, batch, encoded, now, |state| {
+            state.transaction = Some(Fence { written: true, ..fence(state) });
+        });
         match written {
             Ok(info) => {
                 let last_offset = Offset::new(info.next_offset.get() - 1);

@@ -126,14 +126,20 @@ fn open(py: Python<'_>, path: &str, durability: &str) -> PyResult<PyChronik> {
     Ok(PyChronik { inner: Mutex::new(Some(Arc::new(chronik))), path: path.to_owned() })
 }
 
+/// Apply `settings` (the keys of `chronik topic create --config`) to `config`, in order.
+fn apply_settings(config: &mut TopicConfig, settings: &Bound<'_, PyDict>) -> PyResult<()> {
+    for (key, value) in settings.iter() {
+        let key: String = key.extract()?;
+        let value = value.str()?.to_string();
+        config.set(&key, &value).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
+    }
+    Ok(())
+}
+
 fn config_from(partitions: u32, settings: Option<&Bound<'_, PyDict>>) -> PyResult<TopicConfig> {
     let mut config = TopicConfig::default().with_partitions(partitions);
     if let Some(settings) = settings {
-        for (key, value) in settings.iter() {
-            let key: String = key.extract()?;
-            let value = value.str()?.to_string();
-            config.set(&key, &value).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
-        }
+        apply_settings(&mut config, settings)?;
     }
     Ok(config)
 }
@@ -222,12 +228,7 @@ impl PyChronik {
     ) -> PyResult<()> {
         let chronik = self.get()?;
         let mut config = chronik.describe_topic(name).map_err(|e| error(e.into()))?.config;
-        for (key, value) in settings.iter() {
-            let key: String = key.extract()?;
-            config
-                .set(&key, &value.str()?.to_string())
-                .map_err(|e| InvalidArgumentError::new_err(e.to_string()))?;
-        }
+        apply_settings(&mut config, settings)?;
         py.detach(|| chronik.alter_topic_config(name, config)).map_err(|e| error(e.into()))
     }
 
