@@ -34,6 +34,10 @@ const RESTORE_FETCH_BYTES: usize = 4 << 20;
 /// Pending changelog and output bytes that force a commit before the interval: well under the
 /// engine's batch limit, since one partition's writes of a commit are one batch.
 const PENDING_BYTES_MAX: usize = 4 << 20;
+/// Records one [`Processor::process_batch`] call gets at most. Commits for pending bytes are
+/// considered between batches, so this also bounds how far past [`PENDING_BYTES_MAX`] a
+/// commit's batches may grow.
+pub const BATCH_RECORDS_MAX: usize = 1024;
 /// How long an idle worker waits for input before looking again (and at the stop flag).
 const IDLE_WAIT: Duration = Duration::from_millis(20);
 
@@ -84,6 +88,25 @@ pub trait Processor: Send {
         ctx: &mut Context<'_>,
     ) -> Result<(), ProcessError>;
 
+    /// A run of records of one input, in offset order, between which no timer fires and no
+    /// commit falls: the runner hands records over through this. The default calls
+    /// [`Processor::process`] for each, with `ctx.stream_time()` advanced to each record.
+    /// Override it to take something once per batch instead of once per record (the Python
+    /// SDK takes the GIL once per batch) or to process records together. When it is called,
+    /// `ctx.stream_time()` includes the first record; batches hold at most
+    /// [`BATCH_RECORDS_MAX`] records.
+    fn process_batch(
+        &mut self,
+        records: &[RecordView<'_>],
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        for record in records {
+            ctx.stream_time = ctx.stream_time.max(record.timestamp());
+            self.process(record, ctx)?;
+        }
+        Ok(())
+    }
+
     /// A timer fired: stream time (the largest input timestamp seen) reached a multiple of
     /// [`ProcessorConfig::punctuate_stream_ms`] (called before the record that reached it, so
     /// windows are `[start, end)`; once however many multiples it jumped), or the engine
@@ -129,12 +152,13 @@ impl Context<'_> {
     /// partition of its key ([`crate::partition_for_key`]), or without a key to this task's
     /// partition number modulo the topic's partition count.
     pub fn emit(&mut self, topic: &str, key: Option<&[u8]>, value: &[u8]) {
-        self.outputs.bytes += key.map_or(0, <[u8]>::len) + value.len() + 32;
-        self.outputs.records.push(Output {
-            topic: topic.to_owned(),
-            key: key.map(<[u8]>::to_vec),
-            value: value.to_vec(),
-        });
+        self.emit_owned(topic, key.map(<[u8]>::to_vec), value.to_vec());
+    }
+
+    /// [`Context::emit`] with bytes the caller already owns (no copy).
+    pub fn emit_owned(&mut self, topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) {
+        self.outputs.bytes += key.as_ref().map_or(0, Vec::len) + value.len() + 32;
+        self.outputs.records.push(Output { topic: topic.to_owned(), key, value });
     }
 
     /// The store named `name`, through serde ([`Typed`]).
@@ -929,7 +953,8 @@ impl<P: Processor> Task<P> {
                 fetch.records().filter(move |r| r.offset() >= from).peekable()
             })
             .collect();
-        let mut processed = 0;
+        // The merged order first, then batches of it.
+        let mut order: Vec<(usize, RecordView<'_>)> = Vec::new();
         loop {
             let mut next: Option<(i64, usize)> = None;
             let mut undecided = false;
@@ -943,20 +968,48 @@ impl<P: Processor> Task<P> {
                 }
             }
             let Some((_, i)) = next.filter(|_| !undecided) else { break };
-            let record = heads[i].next().expect("peeked");
+            order.push((i, heads[i].next().expect("peeked")));
+        }
+        let mut processed = 0;
+        let mut start = 0;
+        while start < order.len() {
+            let input = order[start].0;
             // Timers first: a record at or past a window's end belongs to the next window.
-            self.stream_time = self.stream_time.max(record.timestamp());
+            self.stream_time = self.stream_time.max(order[start].1.timestamp());
             self.punctuate_stream(config)?;
-            self.input = i;
-            self.call(&config.inputs[i], |processor, ctx| processor.process(&record, ctx))?;
-            self.positions[i] = record.offset().plus(1);
-            processed += 1;
-            self.uncommitted_records += 1;
+            let until_commit = config
+                .commit_every_records
+                .map_or(u64::MAX, |n| n.saturating_sub(self.uncommitted_records).max(1));
+            let mut end = start + 1;
+            let mut time = self.stream_time;
+            while end < order.len()
+                && order[end].0 == input
+                && end - start < BATCH_RECORDS_MAX
+                && ((end - start) as u64) < until_commit
+            {
+                time = time.max(order[end].1.timestamp());
+                if self.next_stream_punctuation.is_some_and(|due| time >= due) {
+                    break; // That record fires a timer first.
+                }
+                end += 1;
+            }
+            let batch: Vec<RecordView<'_>> =
+                order[start..end].iter().map(|(_, record)| record.clone()).collect();
+            self.input = input;
+            self.call(&config.inputs[input], |processor, ctx| {
+                processor.process_batch(&batch, ctx)
+            })?;
+            let last = batch.last().expect("a batch holds a record");
+            self.stream_time = self.stream_time.max(time);
+            self.positions[input] = last.offset().plus(1);
+            processed += batch.len();
+            self.uncommitted_records += batch.len() as u64;
             if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n)
                 || self.pending_bytes() > PENDING_BYTES_MAX
             {
                 self.commit(engine, config)?;
             }
+            start = end;
         }
         for (i, head) in heads.iter_mut().enumerate() {
             if head.peek().is_none() {
