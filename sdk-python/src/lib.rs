@@ -15,6 +15,9 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyTuple};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod codec;
+mod processor;
+
 pyo3::create_exception!(_chronik, ChronikError, PyException, "Any Chronik error.");
 pyo3::create_exception!(_chronik, CorruptionError, ChronikError, "Damaged data was found.");
 pyo3::create_exception!(
@@ -48,7 +51,7 @@ pyo3::create_exception!(_chronik, ClosedError, ChronikError, "The data directory
 
 /// The exception for an engine error, by kind. By value, so callers can pass `e.into()`.
 #[allow(clippy::needless_pass_by_value)]
-fn error(error: chronik::Error) -> PyErr {
+pub(crate) fn error(error: chronik::Error) -> PyErr {
     use chronik::Error as E;
     let message = error.to_string();
     match error {
@@ -74,7 +77,7 @@ fn error(error: chronik::Error) -> PyErr {
     }
 }
 
-fn commit_error(error: CommitError) -> PyErr {
+pub(crate) fn commit_error(error: CommitError) -> PyErr {
     match error {
         CommitError::InvalidGroup { .. } => InvalidArgumentError::new_err(error.to_string()),
         CommitError::PartitionNotFound { .. } => NotFoundError::new_err(error.to_string()),
@@ -102,13 +105,13 @@ fn parse_durability(text: &str) -> PyResult<Durability> {
 
 /// An open data directory (a context manager: `with chronik.open(path) as db: ...`).
 #[pyclass(name = "Chronik", module = "chronik._chronik", frozen)]
-struct PyChronik {
+pub(crate) struct PyChronik {
     inner: Mutex<Option<Arc<Chronik>>>,
     path: String,
 }
 
 impl PyChronik {
-    fn get(&self) -> PyResult<Arc<Chronik>> {
+    pub(crate) fn get(&self) -> PyResult<Arc<Chronik>> {
         let inner = self.inner.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
         inner.clone().ok_or_else(|| ClosedError::new_err("the data directory is closed"))
     }
@@ -283,6 +286,8 @@ struct Outgoing {
     key: Option<Vec<u8>>,
     value: Vec<u8>,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Milliseconds since the epoch; `None` takes the engine clock's time.
+    timestamp: Option<i64>,
 }
 
 fn bytes_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
@@ -298,6 +303,7 @@ fn outgoing(
     key: Option<&Bound<'_, PyAny>>,
     value: &Bound<'_, PyAny>,
     headers: Option<&Bound<'_, PyAny>>,
+    timestamp: Option<i64>,
 ) -> PyResult<Outgoing> {
     let key = key.filter(|k| !k.is_none()).map(bytes_of).transpose()?;
     let mut pairs = Vec::new();
@@ -312,7 +318,7 @@ fn outgoing(
             pairs.push((bytes_of(&k)?, bytes_of(&v)?));
         }
     }
-    Ok(Outgoing { key, value: bytes_of(value)?, headers: pairs })
+    Ok(Outgoing { key, value: bytes_of(value)?, headers: pairs, timestamp })
 }
 
 impl PyProducer {
@@ -353,8 +359,12 @@ impl PyProducer {
                     .iter()
                     .zip(&headers)
                     .map(|(&i, headers)| {
-                        Record::new(records[i].key.as_deref(), &records[i].value)
-                            .with_headers(headers)
+                        let record = Record::new(records[i].key.as_deref(), &records[i].value)
+                            .with_headers(headers);
+                        match records[i].timestamp {
+                            Some(timestamp) => record.with_timestamp(timestamp),
+                            None => record,
+                        }
                     })
                     .collect();
                 let appended = self.chronik.append(&self.topic, *partition, &batch)?;
@@ -369,8 +379,9 @@ impl PyProducer {
 #[pymethods]
 impl PyProducer {
     /// Append one record; returns `(partition, offset)` once acknowledged under the data
-    /// directory's durability. The partition is the key's (or 0 without a key) unless given.
-    #[pyo3(signature = (key, value, headers = None, partition = None))]
+    /// directory's durability. The partition is the key's (or 0 without a key) unless given;
+    /// the timestamp (milliseconds since the epoch) is now unless given.
+    #[pyo3(signature = (key, value, headers = None, partition = None, timestamp = None))]
     fn send(
         &self,
         py: Python<'_>,
@@ -378,15 +389,16 @@ impl PyProducer {
         value: &Bound<'_, PyAny>,
         headers: Option<&Bound<'_, PyAny>>,
         partition: Option<u32>,
+        timestamp: Option<i64>,
     ) -> PyResult<(u32, u64)> {
-        let record = outgoing(key, value, headers)?;
+        let record = outgoing(key, value, headers, timestamp)?;
         let appended = self.append(py, std::slice::from_ref(&record), partition)?;
         let (partition, base, _) = appended[0];
         Ok((partition, base))
     }
 
-    /// Append many records, `(key, value)` or `(key, value, headers)` each: one batch per
-    /// partition, one acknowledgement each. Returns `(partition, first offset, last offset)`
+    /// Append many records, `(key, value)`, `(key, value, headers)` or `(key, value, headers,
+    /// timestamp)` each: one batch per partition, one acknowledgement each. Returns `(partition, first offset, last offset)`
     /// per batch.
     #[pyo3(signature = (records, partition = None))]
     fn send_batch(
@@ -400,13 +412,14 @@ impl PyProducer {
             let item = item?;
             let tuple = item.cast::<PyTuple>().map_err(|_| {
                 InvalidArgumentError::new_err(
-                    "records are (key, value) or (key, value, headers) tuples",
+                    "records are (key, value), (key, value, headers) or (key, value, headers, timestamp) tuples",
                 )
             })?;
             let key = tuple.get_item(0)?;
             let value = tuple.get_item(1)?;
             let headers = if tuple.len() > 2 { Some(tuple.get_item(2)?) } else { None };
-            outgoing_records.push(outgoing(Some(&key), &value, headers.as_ref())?);
+            let timestamp = if tuple.len() > 3 { tuple.get_item(3)?.extract()? } else { None };
+            outgoing_records.push(outgoing(Some(&key), &value, headers.as_ref(), timestamp)?);
         }
         if outgoing_records.is_empty() {
             return Ok(Vec::new());
@@ -423,12 +436,12 @@ impl PyProducer {
 /// A record read from a partition. `key` and `value` are memoryviews over the bytes of the
 /// fetch they came in (one copy per fetch, none per record); `bytes(record.value)` copies.
 #[pyclass(name = "Record", module = "chronik._chronik", frozen, get_all)]
-struct PyRecord {
-    offset: u64,
-    timestamp: i64,
-    key: Option<Py<PyAny>>,
-    value: Py<PyAny>,
-    headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
+pub(crate) struct PyRecord {
+    pub(crate) offset: u64,
+    pub(crate) timestamp: i64,
+    pub(crate) key: Option<Py<PyAny>>,
+    pub(crate) value: Py<PyAny>,
+    pub(crate) headers: Vec<(Py<PyBytes>, Py<PyBytes>)>,
 }
 
 #[pymethods]
@@ -605,6 +618,26 @@ impl PyConsumer {
     }
 }
 
+/// The partition of `key` among `partitions`: the one a producer sends it to.
+#[pyfunction]
+fn partition_for_key(key: &[u8], partitions: u32) -> PyResult<u32> {
+    if partitions == 0 {
+        return Err(InvalidArgumentError::new_err("partitions must be at least 1"));
+    }
+    Ok(chronik::partition_for_key(key, partitions))
+}
+
+/// `value` encoded in `format` ("bytes", "str" or "json"), as records and stores hold it.
+#[pyfunction]
+#[pyo3(name = "_encode")]
+fn encode<'py>(
+    py: Python<'py>,
+    format: &str,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(py, &codec::Codec::parse(format)?.encode(value)?))
+}
+
 #[pymodule]
 fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -613,6 +646,13 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProducer>()?;
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyRecord>()?;
+    m.add_class::<processor::PyApp>()?;
+    m.add_class::<processor::PyContext>()?;
+    m.add_class::<processor::PyStore>()?;
+    m.add_function(wrap_pyfunction!(processor::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_for_key, m)?)?;
+    m.add_function(wrap_pyfunction!(encode, m)?)?;
+    m.add("SimulationFailure", py.get_type::<processor::SimulationFailure>())?;
     m.add("ChronikError", py.get_type::<ChronikError>())?;
     m.add("CorruptionError", py.get_type::<CorruptionError>())?;
     m.add("PoisonedError", py.get_type::<PoisonedError>())?;

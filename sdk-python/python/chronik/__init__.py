@@ -10,16 +10,31 @@
         for record in db.consumer("clicks", partition=partition):
             print(record.offset, bytes(record.value))
 
+Stateful processors (exactly once, state restored after a crash):
+
+    app = chronik.App(db, "wordcount", input="lines", stores=["counts"])
+
+    @app.processor
+    def count(record, ctx):
+        counts = ctx.store("counts")
+        for word in record.value.decode().split():
+            counts[word] = counts.get(word, 0) + 1
+            ctx.emit("word-counts", word, counts[word])
+
+    app.run_for(10)
+
 The engine is the Rust crate `chronik`; this package is its Python face (pyo3). Calls that
 wait on the disk release the GIL. Errors are `ChronikError` and its subclasses.
 """
 
+from chronik._app import App, Processor, Spec
 from chronik._chronik import (
     AlreadyExistsError,
     Chronik,
     ChronikError,
     ClosedError,
     Consumer,
+    Context,
     CorruptionError,
     InvalidArgumentError,
     IoError,
@@ -29,15 +44,19 @@ from chronik._chronik import (
     PoisonedError,
     Producer,
     Record,
+    Store,
     open,
+    partition_for_key,
 )
 
 __all__ = [
     "AlreadyExistsError",
+    "App",
     "Chronik",
     "ChronikError",
     "ClosedError",
     "Consumer",
+    "Context",
     "CorruptionError",
     "InvalidArgumentError",
     "IoError",
@@ -45,7 +64,11 @@ __all__ = [
     "NotFoundError",
     "OffsetOutOfRangeError",
     "PoisonedError",
+    "Processor",
     "Producer",
     "Record",
+    "Spec",
+    "Store",
     "open",
+    "partition_for_key",
 ]

@@ -1,0 +1,196 @@
+"""Processor applications: the decorators and the `App` class over the Rust runner."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from chronik._chronik import Chronik, _App
+
+StoresSpec = Union[Sequence[str], Mapping[str, str]]
+
+
+class Processor:
+    """Base class of a class-based processor: one instance per input partition (task).
+
+    Define `process(record, ctx)`, or `process_batch(records, ctx)` to take a whole batch
+    (up to 1024 records of one input) in one call. Optionally `init(ctx)` (after the stores
+    are restored), `punctuate(kind, time, ctx)` (a timer: kind "stream" or "wall") and
+    `close(ctx)` (at a clean stop, before the last commit). Keep all state in `ctx.store(...)`:
+    anything kept in attributes is lost at a crash and not restored.
+    """
+
+
+def _store_list(stores: StoresSpec) -> List[Tuple[str, str]]:
+    if isinstance(stores, Mapping):
+        return [(str(name), str(fmt)) for name, fmt in stores.items()]
+    if isinstance(stores, str):
+        return [(stores, "json")]
+    return [(str(name), "json") for name in stores]
+
+
+class _FunctionHandler:
+    """A handler made of functions (the decorator form); Rust looks its methods up once."""
+
+    __slots__ = ("process", "process_batch", "punctuate", "init", "close")
+
+    def __init__(self, process, process_batch, punctuate, init, close):
+        self.process = process
+        self.process_batch = process_batch
+        self.punctuate = punctuate
+        self.init = init
+        self.close = close
+
+
+class Spec:
+    """What a processor is: its handler (a function or a Processor class) and its settings."""
+
+    def __init__(
+        self,
+        name: str,
+        input: Union[str, Sequence[str]],
+        *,
+        stores: StoresSpec = (),
+        key_format: str = "bytes",
+        value_format: str = "bytes",
+        commit_interval_ms: int = 100,
+        commit_every_records: Optional[int] = None,
+        snapshot_every_commits: Optional[int] = None,
+        threads: int = 1,
+        punctuate_stream_ms: Optional[int] = None,
+        punctuate_wall_ms: Optional[int] = None,
+    ) -> None:
+        self.name = name
+        self.inputs = [input] if isinstance(input, str) else list(input)
+        self.stores = _store_list(stores)
+        self.key_format = key_format
+        self.value_format = value_format
+        self.options = {
+            "commit_interval_ms": commit_interval_ms,
+            "commit_every_records": commit_every_records,
+            "snapshot_every_commits": snapshot_every_commits,
+            "threads": threads,
+            "punctuate_stream_ms": punctuate_stream_ms,
+            "punctuate_wall_ms": punctuate_wall_ms,
+        }
+        self._target: Any = None
+        self._batch = False
+        self._timer: Optional[Callable[..., Any]] = None
+        self._init: Optional[Callable[..., Any]] = None
+        self._close: Optional[Callable[..., Any]] = None
+
+    def processor(self, target: Any = None, *, batch: bool = False) -> Any:
+        """Register the handler: a function `(record, ctx)` (with `batch=True`, `(records,
+        ctx)`), or a `Processor` subclass. Usable as `@app.processor` or
+        `@app.processor(batch=True)`."""
+
+        def register(target: Any) -> Any:
+            if self._target is not None:
+                raise ValueError(f"application {self.name!r} already has a processor")
+            if not (inspect.isclass(target) or callable(target)):
+                raise TypeError("a processor is a function or a Processor subclass")
+            self._target = target
+            self._batch = batch
+            return target
+
+        return register if target is None else register(target)
+
+    def timer(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Register `function(kind, time, ctx)` for a function processor's timers."""
+        self._timer = function
+        return function
+
+    def on_init(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Register `function(ctx)`, called per task after its stores are restored."""
+        self._init = function
+        return function
+
+    def on_close(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Register `function(ctx)`, called per task at a clean stop, before the last commit."""
+        self._close = function
+        return function
+
+    def _factory(self) -> Callable[[int], Any]:
+        target = self._target
+        if target is None:
+            raise ValueError(f"application {self.name!r} has no processor: use @app.processor")
+        if inspect.isclass(target):
+            return lambda partition: target()
+        handler = _FunctionHandler(
+            None if self._batch else target,
+            target if self._batch else None,
+            self._timer,
+            self._init,
+            self._close,
+        )
+        return lambda partition: handler
+
+    def _arguments(self) -> Tuple[Any, ...]:
+        return (
+            self.name,
+            self.inputs,
+            self._factory(),
+            self.stores,
+            self.key_format,
+            self.value_format,
+            self.options,
+        )
+
+
+class App(Spec):
+    """A stateful stream processor application on an open data directory.
+
+        app = chronik.App(db, "wordcount", input="lines", stores=["counts"])
+
+        @app.processor
+        def count(record, ctx):
+            counts = ctx.store("counts")
+            for word in record.value.decode().split():
+                counts[word] = counts.get(word, 0) + 1
+
+        app.run()   # until Ctrl-C or app.stop(); or app.run_for(10), app.run_until_caught_up()
+
+    One task per input partition; each commits its store changes (to compacted changelog
+    topics `<name>-<store>-changelog`), its emitted records and its input position in one
+    transaction, so after a crash the state and the outputs are exactly those of a run
+    without it. The loop runs in Rust and takes the GIL once per batch of records.
+    """
+
+    def __init__(self, db: Chronik, name: str, input: Union[str, Sequence[str]], **settings: Any):
+        super().__init__(name, input, **settings)
+        self._db = db
+        self._app: Optional[_App] = None
+
+    def _rust(self) -> _App:
+        if self._app is None:
+            self._app = _App(self._db, *self._arguments())
+        return self._app
+
+    def run(self) -> Dict[str, int]:
+        """Restore the stores and process on the worker threads until `stop()` or Ctrl-C
+        (then the processors close and commit, and KeyboardInterrupt propagates). Returns
+        counts: records, commits, emitted, restored, snapshots_loaded, snapshots_written."""
+        return self._rust().run()
+
+    def run_for(self, seconds: float) -> Dict[str, int]:
+        """`run` for at most `seconds`, then stop cleanly."""
+        return self._rust().run(seconds)
+
+    def run_until_caught_up(self) -> Dict[str, int]:
+        """Process every input partition up to its high watermark on this thread, commit."""
+        return self._rust().run_until_caught_up()
+
+    def stop(self) -> None:
+        """Make a `run` in progress (another thread, a signal handler) stop cleanly."""
+        if self._app is not None:
+            self._app.stop()
+
+    def store(self, name: str, partition: Optional[int] = None) -> Dict[Any, Any]:
+        """Store `name` of one task (`partition`) as a dict, or of all tasks in one dict
+        (a key in two partitions is an error then). Restores the stores first if needed."""
+        return self._rust().store(name, partition)
+
+    def positions(self) -> List[int]:
+        """Per partition, the next offset of the first input to process."""
+        return self._rust().positions()
+
