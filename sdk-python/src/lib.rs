@@ -12,7 +12,7 @@ use chronik::{
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyTuple};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 mod codec;
@@ -103,17 +103,59 @@ fn parse_durability(text: &str) -> PyResult<Durability> {
     }
 }
 
+/// The open engine that a data directory's Python objects share. Closing it closes the
+/// directory for all of them (producers, consumers, applications): later calls raise
+/// `ClosedError`, and the directory's lock is released once calls in flight return.
+pub(crate) struct Shared {
+    chronik: RwLock<Option<Arc<Chronik>>>,
+    /// Applications, whose runners hold engine handles of their own.
+    apps: Mutex<Vec<Weak<processor::AppState>>>,
+}
+
+impl Shared {
+    pub(crate) fn get(&self) -> PyResult<Arc<Chronik>> {
+        let chronik = self.chronik.read().map_err(|_| ChronikError::new_err("lock poisoned"))?;
+        chronik.clone().ok_or_else(|| ClosedError::new_err("the data directory is closed"))
+    }
+
+    pub(crate) fn register(&self, app: &Arc<processor::AppState>) {
+        if let Ok(mut apps) = self.apps.lock() {
+            apps.retain(|a| a.strong_count() > 0);
+            apps.push(Arc::downgrade(app));
+        }
+    }
+
+    fn close(&self, py: Python<'_>) {
+        let taken = self.chronik.write().ok().and_then(|mut chronik| chronik.take());
+        let apps: Vec<_> = self.apps.lock().map(|apps| apps.clone()).unwrap_or_default();
+        py.detach(move || {
+            for app in apps.iter().filter_map(Weak::upgrade) {
+                app.close();
+            }
+            if let Some(mut chronik) = taken {
+                // Calls in flight hold clones; the engine closes when the last one returns.
+                loop {
+                    match Arc::try_unwrap(chronik) {
+                        Ok(only) => break drop(only),
+                        Err(shared) => chronik = shared,
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+    }
+}
+
 /// An open data directory (a context manager: `with chronik.open(path) as db: ...`).
 #[pyclass(name = "Chronik", module = "chronik._chronik", frozen)]
 pub(crate) struct PyChronik {
-    inner: Mutex<Option<Arc<Chronik>>>,
+    pub(crate) shared: Arc<Shared>,
     path: String,
 }
 
 impl PyChronik {
     pub(crate) fn get(&self) -> PyResult<Arc<Chronik>> {
-        let inner = self.inner.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
-        inner.clone().ok_or_else(|| ClosedError::new_err("the data directory is closed"))
+        self.shared.get()
     }
 }
 
@@ -126,7 +168,8 @@ fn open(py: Python<'_>, path: &str, durability: &str) -> PyResult<PyChronik> {
     let options = Options { durability, ..Options::default() };
     let owned = path.to_owned();
     let chronik = py.detach(move || Chronik::open(&owned, options)).map_err(error)?;
-    Ok(PyChronik { inner: Mutex::new(Some(Arc::new(chronik))), path: path.to_owned() })
+    let shared = Shared { chronik: RwLock::new(Some(Arc::new(chronik))), apps: Mutex::default() };
+    Ok(PyChronik { shared: Arc::new(shared), path: path.to_owned() })
 }
 
 /// Apply `settings` (the keys of `chronik topic create --config`) to `config`, in order.
@@ -158,10 +201,10 @@ impl PyChronik {
         self.close(py);
     }
 
-    /// Flush and close; later calls raise `ClosedError`.
+    /// Flush and close, with every producer, consumer and application of this directory;
+    /// later calls raise `ClosedError`. Returns once the directory's lock is released.
     fn close(&self, py: Python<'_>) {
-        let taken = self.inner.lock().ok().and_then(|mut inner| inner.take());
-        py.detach(move || drop(taken));
+        self.shared.close(py);
     }
 
     #[getter]
@@ -250,7 +293,7 @@ impl PyChronik {
         let partitions = chronik
             .partition_count(topic)
             .ok_or_else(|| NotFoundError::new_err(format!("topic {topic:?} does not exist")))?;
-        Ok(PyProducer { chronik, topic: topic.to_owned(), partitions })
+        Ok(PyProducer { shared: Arc::clone(&self.shared), topic: topic.to_owned(), partitions })
     }
 
     /// A consumer of one partition; in `group`, it starts where the group committed.
@@ -264,7 +307,7 @@ impl PyChronik {
             .and_then(|g| chronik.committed_offset(g, topic, partition))
             .unwrap_or(Offset::ZERO);
         Ok(PyConsumer {
-            chronik,
+            shared: Arc::clone(&self.shared),
             topic: topic.to_owned(),
             partition,
             group: group.map(str::to_owned),
@@ -276,7 +319,7 @@ impl PyChronik {
 /// Appends records to one topic.
 #[pyclass(name = "Producer", module = "chronik._chronik", frozen)]
 struct PyProducer {
-    chronik: Arc<Chronik>,
+    shared: Arc<Shared>,
     topic: String,
     partitions: u32,
 }
@@ -342,6 +385,7 @@ impl PyProducer {
                 .or_default()
                 .push(i);
         }
+        let chronik = self.shared.get()?;
         py.detach(|| {
             let mut out = Vec::with_capacity(by_partition.len());
             for (partition, indexes) in &by_partition {
@@ -367,7 +411,7 @@ impl PyProducer {
                         }
                     })
                     .collect();
-                let appended = self.chronik.append(&self.topic, *partition, &batch)?;
+                let appended = chronik.append(&self.topic, *partition, &batch)?;
                 out.push((*partition, appended.base_offset.get(), appended.last_offset.get()));
             }
             Ok(out)
@@ -464,7 +508,7 @@ struct ConsumerState {
 /// Reads one partition in order (an iterator: `for record in consumer`, until caught up).
 #[pyclass(name = "Consumer", module = "chronik._chronik", frozen)]
 struct PyConsumer {
-    chronik: Arc<Chronik>,
+    shared: Arc<Shared>,
     topic: String,
     partition: u32,
     group: Option<String>,
@@ -486,9 +530,10 @@ impl PyConsumer {
         from: Offset,
         timeout: Option<f64>,
     ) -> PyResult<(Vec<Py<PyRecord>>, Offset)> {
+        let chronik = self.shared.get()?;
         let (fetch, from) = py
             .detach(|| {
-                let read = |from| self.chronik.read(&self.topic, self.partition, from, FETCH_BYTES);
+                let read = |from| chronik.read(&self.topic, self.partition, from, FETCH_BYTES);
                 let mut from = from;
                 let mut fetch = match read(from) {
                     Err(ReadError::OffsetOutOfRange { requested, start, .. })
@@ -503,7 +548,7 @@ impl PyConsumer {
                     && let Some(seconds) = timeout.filter(|s| *s > 0.0)
                 {
                     let wait = Duration::from_secs_f64(seconds.min(86_400.0));
-                    if self.chronik.wait_for(&self.topic, self.partition, from, wait)? {
+                    if chronik.wait_for(&self.topic, self.partition, from, wait)? {
                         fetch = read(from)?;
                     }
                 }
@@ -603,13 +648,15 @@ impl PyConsumer {
             .ok_or_else(|| InvalidArgumentError::new_err("this consumer is in no group"))?;
         let position = self.lock()?.position;
         let offsets = [(self.topic.as_str(), self.partition, position)];
-        py.detach(|| self.chronik.commit_offsets(&group, &offsets)).map_err(commit_error)
+        let chronik = self.shared.get()?;
+        py.detach(|| chronik.commit_offsets(&group, &offsets)).map_err(commit_error)
     }
 
     /// What the group committed last for this partition, if anything.
-    fn committed(&self) -> Option<u64> {
-        let group = self.group.as_deref()?;
-        self.chronik.committed_offset(group, &self.topic, self.partition).map(Offset::get)
+    fn committed(&self) -> PyResult<Option<u64>> {
+        let Some(group) = self.group.as_deref() else { return Ok(None) };
+        let chronik = self.shared.get()?;
+        Ok(chronik.committed_offset(group, &self.topic, self.partition).map(Offset::get))
     }
 
     #[getter]

@@ -9,8 +9,8 @@
 
 use crate::codec::{self, Codec};
 use crate::{
-    ChronikError, CorruptionError, InvalidArgumentError, NotFoundError, PyChronik, PyRecord,
-    commit_error,
+    ChronikError, ClosedError, CorruptionError, InvalidArgumentError, NotFoundError, PyChronik,
+    PyRecord, commit_error,
 };
 use chronik::processor::{
     Context, ProcessError, Processor, ProcessorConfig, ProcessorError, Punctuation, RunStats,
@@ -155,7 +155,7 @@ impl PyProcessor {
         c.live = true;
         c.stream_time = ctx.stream_time();
         if c.input != ctx.input() {
-            c.input = ctx.input().to_owned();
+            ctx.input().clone_into(&mut c.input);
         }
         Ok(())
     }
@@ -552,7 +552,7 @@ fn setup(
 ) -> PyResult<(ProcessorConfig, Arc<Spec>)> {
     let first = inputs.first().ok_or_else(|| InvalidArgumentError::new_err("no input topic"))?;
     let mut config = ProcessorConfig::new(application, first);
-    config.inputs.clone_from(&inputs);
+    config.inputs = inputs;
     let mut formats = Vec::with_capacity(stores.len());
     for (name, format) in stores {
         config.stores.push(name.clone());
@@ -600,7 +600,7 @@ fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
     }
 }
 
-fn stats_dict<'py>(py: Python<'py>, stats: RunStats) -> PyResult<Bound<'py, PyDict>> {
+fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("records", stats.records)?;
     out.set_item("commits", stats.commits)?;
@@ -613,15 +613,31 @@ fn stats_dict<'py>(py: Python<'py>, stats: RunStats) -> PyResult<Bound<'py, PyDi
 
 type AppRunner = Runner<SystemIo, PyProcessor>;
 
-/// A processor application on an open data directory (the `chronik.App` class wraps it).
-#[pyclass(name = "_App", module = "chronik._chronik", frozen)]
-pub(crate) struct PyApp {
-    chronik: Arc<chronik::Chronik>,
-    config: ProcessorConfig,
-    spec: Arc<Spec>,
+/// An application's runner and stop flag, reachable from the data directory's close.
+pub(crate) struct AppState {
     /// Made (and the stores restored) at the first run; kept between runs.
     runner: Mutex<Option<AppRunner>>,
     stop: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl AppState {
+    /// Stop a run in progress, wait for it, and drop the runner (its engine handle).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+        let runner = self.runner.lock().map(|mut runner| runner.take());
+        drop(runner);
+    }
+}
+
+/// A processor application on an open data directory (the `chronik.App` class wraps it).
+#[pyclass(name = "_App", module = "chronik._chronik", frozen)]
+pub(crate) struct PyApp {
+    shared: Arc<crate::Shared>,
+    config: ProcessorConfig,
+    spec: Arc<Spec>,
+    state: Arc<AppState>,
 }
 
 impl PyApp {
@@ -632,29 +648,35 @@ impl PyApp {
         call: impl FnOnce(&mut AppRunner) -> Result<T, ProcessorError> + Send,
     ) -> PyResult<T> {
         let mut guard = self
+            .state
             .runner
             .try_lock()
             .map_err(|_| ChronikError::new_err("the application is already running"))?;
+        if self.state.closed.load(Ordering::Relaxed) {
+            return Err(ClosedError::new_err("the data directory is closed"));
+        }
+        let chronik = self.shared.get()?;
         let runner = guard.take();
         let (runner, result) = py.detach(|| {
-            let mut runner = match runner {
-                Some(runner) => runner,
-                None => {
+            let made = runner.map_or_else(
+                || {
                     let spec = &self.spec;
-                    let made = Runner::new(self.chronik.engine(), self.config.clone(), |p| {
+                    Runner::new(chronik.engine(), self.config.clone(), |p| {
                         PyProcessor::new(spec, p)
-                    });
-                    match made {
-                        Ok(runner) => runner,
-                        Err(e) => return (None, Err(e)),
-                    }
-                }
+                    })
+                },
+                Ok,
+            );
+            let mut runner = match made {
+                Ok(runner) => runner,
+                Err(e) => return (None, Err(e)),
             };
             let result = call(&mut runner);
             // After a failure its memory may be ahead of what is durable: the next run
             // restores afresh.
             (result.is_ok().then_some(runner), result)
         });
+        drop(chronik);
         *guard = runner;
         result.map_err(|e| run_error(&self.spec, e))
     }
@@ -677,13 +699,14 @@ impl PyApp {
     ) -> PyResult<PyApp> {
         let (config, spec) =
             setup(application, inputs, factory, stores, key_format, value_format, options)?;
-        Ok(PyApp {
-            chronik: db.get()?,
-            config,
-            spec,
+        db.get()?;
+        let state = Arc::new(AppState {
             runner: Mutex::new(None),
             stop: AtomicBool::new(false),
-        })
+            closed: AtomicBool::new(false),
+        });
+        db.shared.register(&state);
+        Ok(PyApp { shared: Arc::clone(&db.shared), config, spec, state })
     }
 
     /// Restore the stores (if not done yet) and process until every input partition is caught
@@ -697,14 +720,14 @@ impl PyApp {
     /// or Ctrl-C (then the processors close and commit, and KeyboardInterrupt is raised).
     #[pyo3(signature = (seconds = None))]
     fn run<'py>(&self, py: Python<'py>, seconds: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
-        self.stop.store(false, Ordering::Relaxed);
+        self.state.stop.store(false, Ordering::Relaxed);
         let deadline = seconds.map(|s| Instant::now() + Duration::from_secs_f64(s.clamp(0.0, 1e9)));
         let done = AtomicBool::new(false);
         let mut interrupted: Option<PyErr> = None;
         let stats = std::thread::scope(|scope| {
             let worker = scope.spawn(|| {
                 let result = Python::attach(|py| {
-                    self.with_runner(py, |runner| runner.run_until(&self.stop))
+                    self.with_runner(py, |runner| runner.run_until(&self.state.stop))
                 });
                 done.store(true, Ordering::Release);
                 result
@@ -715,10 +738,10 @@ impl PyApp {
                     && let Err(e) = py.check_signals()
                 {
                     interrupted = Some(e);
-                    self.stop.store(true, Ordering::Relaxed);
+                    self.state.stop.store(true, Ordering::Relaxed);
                 }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
-                    self.stop.store(true, Ordering::Relaxed);
+                    self.state.stop.store(true, Ordering::Relaxed);
                 }
             }
             py.detach(|| worker.join())
@@ -732,7 +755,7 @@ impl PyApp {
 
     /// Ask a `run` in progress (on another thread, or from a signal handler) to stop.
     fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.state.stop.store(true, Ordering::Relaxed);
     }
 
     /// Store `name` of task `partition` as a dict, or with no partition every task's entries
@@ -785,6 +808,9 @@ impl PyApp {
     }
 }
 
+/// A simulated input record: input index, partition, key, value, timestamp.
+type SimulatedRecord = (usize, u32, Option<Vec<u8>>, Vec<u8>, Option<i64>);
+
 /// Run a processor under the simulator (see `chronik.testing.simulate`).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -800,7 +826,7 @@ pub(crate) fn simulate<'py>(
     options: &Bound<'py, PyDict>,
     input_partitions: u32,
     outputs: Vec<(String, u32)>,
-    records: Vec<(usize, u32, Option<Vec<u8>>, Vec<u8>, Option<i64>)>,
+    records: Vec<SimulatedRecord>,
     seeds: (u64, u64),
     crashes_max: u32,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -844,13 +870,13 @@ pub(crate) fn simulate<'py>(
             let kind = match failure.kind {
                 FailureKind::State => "state",
                 FailureKind::Outputs => "outputs",
-                _ => "run",
+                FailureKind::Run => "run",
             };
             let mut message = failure.to_string();
             if let Some(raised) = spec.take_raised()
                 && failure.kind == FailureKind::Run
             {
-                message.push_str(&format!("\nthe processor raised: {raised}"));
+                message = format!("{message}\nthe processor raised: {raised}");
             }
             let err = SimulationFailure::new_err(message);
             let value = err.value(py);
