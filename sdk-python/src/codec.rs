@@ -56,6 +56,9 @@ impl Codec {
                 Ok(PyString::new(py, text).into_any())
             }
             Codec::Json => {
+                if let Some(fast) = decode_simple(py, bytes)? {
+                    return Ok(fast);
+                }
                 let value: serde_json::Value = serde_json::from_slice(bytes)
                     .map_err(|e| PyValueError::new_err(format!("not JSON: {e}")))?;
                 from_json(py, &value)
@@ -77,6 +80,28 @@ pub(crate) fn raw(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     })
 }
 
+/// The common cases without building a `serde_json::Value`: a small integer, or a string
+/// with no escapes. `None` for anything else.
+fn decode_simple<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    if !digits.is_empty()
+        && digits.len() <= 18
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits.len() == 1 || digits[0] != b'0')
+    {
+        let magnitude = digits.iter().fold(0_i64, |n, d| n * 10 + i64::from(d - b'0'));
+        let n = if digits.len() < bytes.len() { -magnitude } else { magnitude };
+        return Ok(Some(n.into_pyobject(py)?.into_any()));
+    }
+    if let Some(inner) = bytes.strip_prefix(b"\"").and_then(|b| b.strip_suffix(b"\""))
+        && inner.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
+        && let Ok(text) = std::str::from_utf8(inner)
+    {
+        return Ok(Some(PyString::new(py, text).into_any()));
+    }
+    Ok(None)
+}
+
 fn to_json(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> PyResult<()> {
     if depth > DEPTH_MAX {
         return Err(PyValueError::new_err("JSON nesting deeper than 128 (a cycle?)"));
@@ -94,7 +119,14 @@ fn to_json(value: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> PyResul
             return Err(PyOverflowError::new_err("JSON ints are at most 64 bits here"));
         }
     } else if let Ok(text) = value.cast::<PyString>() {
-        write(out, &*text.to_cow()?)?;
+        let text = text.to_cow()?;
+        if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            out.push(b'"');
+            out.extend_from_slice(text.as_bytes());
+            out.push(b'"');
+        } else {
+            write(out, &*text)?;
+        }
     } else if let Ok(float) = value.cast::<PyFloat>() {
         let f = float.value();
         if !f.is_finite() {

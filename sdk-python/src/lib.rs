@@ -333,22 +333,13 @@ struct Outgoing {
     timestamp: Option<i64>,
 }
 
-fn bytes_of(value: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
-    if let Ok(text) = value.extract::<String>() {
-        return Ok(text.as_bytes().to_vec());
-    }
-    value.extract::<Vec<u8>>().map_err(|_| {
-        InvalidArgumentError::new_err("keys, values and headers are bytes, bytearray or str")
-    })
-}
-
 fn outgoing(
     key: Option<&Bound<'_, PyAny>>,
     value: &Bound<'_, PyAny>,
     headers: Option<&Bound<'_, PyAny>>,
     timestamp: Option<i64>,
 ) -> PyResult<Outgoing> {
-    let key = key.filter(|k| !k.is_none()).map(bytes_of).transpose()?;
+    let key = key.filter(|k| !k.is_none()).map(codec::raw).transpose()?;
     let mut pairs = Vec::new();
     if let Some(headers) = headers.filter(|h| !h.is_none()) {
         let items = if let Ok(dict) = headers.cast::<PyDict>() {
@@ -358,10 +349,10 @@ fn outgoing(
         };
         for item in items.try_iter()? {
             let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
-            pairs.push((bytes_of(&k)?, bytes_of(&v)?));
+            pairs.push((codec::raw(&k)?, codec::raw(&v)?));
         }
     }
-    Ok(Outgoing { key, value: bytes_of(value)?, headers: pairs, timestamp })
+    Ok(Outgoing { key, value: codec::raw(value)?, headers: pairs, timestamp })
 }
 
 impl PyProducer {

@@ -19,7 +19,9 @@ use crate::{Appended, CommitError, GroupCommit, Io, Offset, ReadError, Record, R
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
-use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -249,8 +251,10 @@ where
 #[derive(Debug, Default, Clone)]
 pub struct Store {
     data: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// Changes since the last commit, one per key (the last write wins): `None` deletes.
-    dirty: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Changes since the last commit, one per key (the last write wins), as changelog values:
+    /// [`CHANGELOG_PUT`] then the value, or empty for a delete. A hash map with a fixed hasher
+    /// (an update costs one hash, not a tree walk); sorted by key when committed.
+    dirty: HashMap<Vec<u8>, Vec<u8>, BuildHasherDefault<DefaultHasher>>,
     dirty_bytes: usize,
 }
 
@@ -269,8 +273,17 @@ impl Store {
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        self.data.insert(key.to_vec(), value.to_vec());
-        self.mark(key, Some(value.to_vec()));
+        // An update of a present key reuses its allocations: no new key, no tree insert.
+        match self.data.get_mut(key) {
+            Some(stored) => {
+                stored.clear();
+                stored.extend_from_slice(value);
+            }
+            None => {
+                self.data.insert(key.to_vec(), value.to_vec());
+            }
+        }
+        self.mark(key, Some(value));
     }
 
     /// Remove `key`; returns whether it was there.
@@ -280,9 +293,31 @@ impl Store {
         was
     }
 
-    fn mark(&mut self, key: &[u8], value: Option<Vec<u8>>) {
-        self.dirty_bytes += key.len() + value.as_ref().map_or(0, Vec::len) + 32;
-        self.dirty.insert(key.to_vec(), value);
+    /// Record the change of `key` for the next commit (the last change of a key wins).
+    fn mark(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let size = |tagged: usize| key.len() + tagged + 32;
+        let tagged = match self.dirty.get_mut(key) {
+            Some(tagged) => {
+                self.dirty_bytes -= size(tagged.len());
+                tagged.clear();
+                tagged
+            }
+            None => self.dirty.entry(key.to_vec()).or_default(),
+        };
+        if let Some(value) = value {
+            tagged.reserve(value.len() + 1);
+            tagged.push(CHANGELOG_PUT);
+            tagged.extend_from_slice(value);
+        }
+        self.dirty_bytes += size(tagged.len());
+    }
+
+    /// The changes since the last commit as changelog records, in key order.
+    fn changes(&self) -> Vec<Record<'_>> {
+        let mut changes: Vec<(&[u8], &[u8])> =
+            self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+        changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        changes.into_iter().map(|(key, value)| Record::new(Some(key), value)).collect()
     }
 
     /// Entries with keys in `range`, in key order.
@@ -305,9 +340,6 @@ impl Store {
         self.data.is_empty()
     }
 }
-
-/// A changelog topic and the records one commit appends to it.
-type Changelog = (String, Vec<(Vec<u8>, Vec<u8>)>);
 
 #[derive(Debug, Default)]
 struct Outputs {
@@ -1078,26 +1110,11 @@ impl<P: Processor> Task<P> {
         if canary::active(Canary::SnapshotAheadOfChangelog) {
             self.snapshot(engine, config);
         }
-        let changelogs: Vec<Changelog> = self
+        let changelogs: Vec<(String, Vec<Record<'_>>)> = self
             .stores
             .iter()
             .filter(|(_, store)| !store.dirty.is_empty())
-            .map(|(name, store)| {
-                let records = store
-                    .dirty
-                    .iter()
-                    .map(|(key, value)| {
-                        let value = value.as_ref().map_or_else(Vec::new, |v| {
-                            let mut tagged = Vec::with_capacity(v.len() + 1);
-                            tagged.push(CHANGELOG_PUT);
-                            tagged.extend_from_slice(v);
-                            tagged
-                        });
-                        (key.clone(), value)
-                    })
-                    .collect();
-                (config.changelog(name), records)
-            })
+            .map(|(name, store)| (config.changelog(name), store.changes()))
             .collect();
         let mut outputs: BTreeMap<(String, u32), Vec<usize>> = BTreeMap::new();
         for (i, output) in self.outputs.records.iter().enumerate() {
@@ -1110,10 +1127,6 @@ impl<P: Processor> Task<P> {
             };
             outputs.entry((output.topic.clone(), partition)).or_default().push(i);
         }
-        let changelog_records: Vec<Vec<Record<'_>>> = changelogs
-            .iter()
-            .map(|(_, records)| records.iter().map(|(k, v)| Record::new(Some(k), v)).collect())
-            .collect();
         let output_records: Vec<Vec<Record<'_>>> = outputs
             .values()
             .map(|indexes| {
@@ -1127,7 +1140,7 @@ impl<P: Processor> Task<P> {
             })
             .collect();
         let mut writes: Vec<TransactionWrite<'_>> = Vec::new();
-        for ((topic, _), records) in changelogs.iter().zip(&changelog_records) {
+        for (topic, records) in &changelogs {
             writes.push(TransactionWrite { topic, partition: self.partition, records });
         }
         for ((topic, partition), records) in outputs.keys().zip(&output_records) {
@@ -1155,7 +1168,7 @@ impl<P: Processor> Task<P> {
         self.stats.emitted += self.outputs.records.len() as u64;
         drop(writes);
         drop(output_records);
-        drop(changelog_records);
+        drop(changelogs);
         for store in self.stores.values_mut() {
             store.dirty.clear();
             store.dirty_bytes = 0;
