@@ -324,22 +324,48 @@ struct PyProducer {
     partitions: u32,
 }
 
+/// Bytes taken from Python for an append: a `bytes` object's own buffer, held (immutable, so
+/// readable without the GIL and without a copy), or a copy of anything else bytes-like.
+enum Payload<'py> {
+    Held(Bound<'py, PyBytes>),
+    Copied(Vec<u8>),
+}
+
+impl Payload<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Held(bytes) => bytes.as_bytes(),
+            Payload::Copied(bytes) => bytes,
+        }
+    }
+}
+
+fn payload<'py>(value: &Bound<'py, PyAny>) -> PyResult<Payload<'py>> {
+    if let Ok(bytes) = value.cast::<PyBytes>() {
+        return Ok(Payload::Held(bytes.clone()));
+    }
+    if let Ok(text) = value.cast::<pyo3::types::PyString>() {
+        return Ok(Payload::Held(text.encode_utf8()?));
+    }
+    codec::raw(value).map(Payload::Copied)
+}
+
 /// One record to append, taken from Python.
-struct Outgoing {
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
+struct Outgoing<'py> {
+    key: Option<Payload<'py>>,
+    value: Payload<'py>,
     headers: Vec<(Vec<u8>, Vec<u8>)>,
     /// Milliseconds since the epoch; `None` takes the engine clock's time.
     timestamp: Option<i64>,
 }
 
-fn outgoing(
-    key: Option<&Bound<'_, PyAny>>,
-    value: &Bound<'_, PyAny>,
-    headers: Option<&Bound<'_, PyAny>>,
+fn outgoing<'py>(
+    key: Option<&Bound<'py, PyAny>>,
+    value: &Bound<'py, PyAny>,
+    headers: Option<&Bound<'py, PyAny>>,
     timestamp: Option<i64>,
-) -> PyResult<Outgoing> {
-    let key = key.filter(|k| !k.is_none()).map(codec::raw).transpose()?;
+) -> PyResult<Outgoing<'py>> {
+    let key = key.filter(|k| !k.is_none()).map(payload).transpose()?;
     let mut pairs = Vec::new();
     if let Some(headers) = headers.filter(|h| !h.is_none()) {
         let items = if let Ok(dict) = headers.cast::<PyDict>() {
@@ -352,7 +378,7 @@ fn outgoing(
             pairs.push((codec::raw(&k)?, codec::raw(&v)?));
         }
     }
-    Ok(Outgoing { key, value: codec::raw(value)?, headers: pairs, timestamp })
+    Ok(Outgoing { key, value: payload(value)?, headers: pairs, timestamp })
 }
 
 impl PyProducer {
@@ -365,44 +391,43 @@ impl PyProducer {
     fn append(
         &self,
         py: Python<'_>,
-        records: &[Outgoing],
+        records: &[Outgoing<'_>],
         partition: Option<u32>,
     ) -> PyResult<Vec<(u32, u64, u64)>> {
         let mut by_partition: std::collections::BTreeMap<u32, Vec<usize>> =
             std::collections::BTreeMap::new();
         for (i, record) in records.iter().enumerate() {
-            by_partition
-                .entry(self.partition_of(record.key.as_deref(), partition))
-                .or_default()
-                .push(i);
+            let key = record.key.as_ref().map(Payload::as_slice);
+            by_partition.entry(self.partition_of(key, partition)).or_default().push(i);
         }
-        let chronik = self.shared.get()?;
-        py.detach(|| {
-            let mut out = Vec::with_capacity(by_partition.len());
-            for (partition, indexes) in &by_partition {
-                let headers: Vec<Vec<chronik::Header<'_>>> = indexes
+        let headers: Vec<Vec<chronik::Header<'_>>> = records
+            .iter()
+            .map(|r| r.headers.iter().map(|(k, v)| chronik::Header { key: k, value: v }).collect())
+            .collect();
+        let batches: Vec<(u32, Vec<Record<'_>>)> = by_partition
+            .iter()
+            .map(|(&partition, indexes)| {
+                let batch = indexes
                     .iter()
                     .map(|&i| {
-                        records[i]
-                            .headers
-                            .iter()
-                            .map(|(k, v)| chronik::Header { key: k, value: v })
-                            .collect()
-                    })
-                    .collect();
-                let batch: Vec<Record<'_>> = indexes
-                    .iter()
-                    .zip(&headers)
-                    .map(|(&i, headers)| {
-                        let record = Record::new(records[i].key.as_deref(), &records[i].value)
-                            .with_headers(headers);
-                        match records[i].timestamp {
+                        let r = &records[i];
+                        let record =
+                            Record::new(r.key.as_ref().map(Payload::as_slice), r.value.as_slice())
+                                .with_headers(&headers[i]);
+                        match r.timestamp {
                             Some(timestamp) => record.with_timestamp(timestamp),
                             None => record,
                         }
                     })
                     .collect();
-                let appended = chronik.append(&self.topic, *partition, &batch)?;
+                (partition, batch)
+            })
+            .collect();
+        let chronik = self.shared.get()?;
+        py.detach(|| {
+            let mut out = Vec::with_capacity(batches.len());
+            for (partition, batch) in &batches {
+                let appended = chronik.append(&self.topic, *partition, batch)?;
                 out.push((*partition, appended.base_offset.get(), appended.last_offset.get()));
             }
             Ok(out)
@@ -442,7 +467,7 @@ impl PyProducer {
         records: &Bound<'_, PyAny>,
         partition: Option<u32>,
     ) -> PyResult<Vec<(u32, u64, u64)>> {
-        let mut outgoing_records = Vec::new();
+        let mut outgoing_records = Vec::with_capacity(records.len().unwrap_or(0));
         for item in records.try_iter()? {
             let item = item?;
             let tuple = item.cast::<PyTuple>().map_err(|_| {

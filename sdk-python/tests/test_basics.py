@@ -42,6 +42,29 @@ def test_send_batch_appends_one_batch_per_partition_in_order(db):
     assert values == sorted(values)
 
 
+def test_every_bytes_like_kind_is_appended_as_its_bytes(db):
+    # bytes are read in place (held, no copy), str as UTF-8, bytearray and memoryview copied.
+    db.create_topic("kinds")
+    producer = db.producer("kinds")
+    backing = bytearray(b"..view..")
+    kinds = [b"bytes", "str \u00e9\u4e2d", bytearray(b"bytearray"), memoryview(backing)[2:6]]
+    producer.send_batch([(k, k, None, 1_000 + i) for i, k in enumerate(kinds)])
+    for k in kinds:
+        producer.send(k, k)
+    backing[:] = b"XXXXXXXX"  # changed after the send: what was sent stays
+    expected = [k.encode() if isinstance(k, str) else bytes(k) for k in kinds]
+    expected[3] = b"view"
+    records = list(db.consumer("kinds"))
+    assert [bytes(r.key) for r in records] == expected * 2
+    assert [bytes(r.value) for r in records] == expected * 2
+    assert [r.timestamp for r in records[:4]] == [1_000, 1_001, 1_002, 1_003]
+    with pytest.raises(chronik.InvalidArgumentError):
+        producer.send(b"k", 42)
+    with pytest.raises(chronik.InvalidArgumentError):
+        producer.send_batch([(b"k", b"v"), (b"k", object())])
+    assert db.high_watermark("kinds", 0) == 8  # a refused batch appends nothing
+
+
 def test_poll_seek_and_groups_resume_where_they_committed(db):
     db.create_topic("log")
     db.producer("log").send_batch([(None, str(i)) for i in range(100)], partition=0)

@@ -125,7 +125,9 @@ class Spec:
         )
         return lambda partition: handler
 
-    def _arguments(self) -> Tuple[Any, ...]:
+    def _arguments(
+        self,
+    ) -> Tuple[str, List[str], Callable[[int], Any], List[Tuple[str, str]], str, str, Dict[str, Any]]:
         return (
             self.name,
             self.inputs,

@@ -1,7 +1,7 @@
 """Type stubs of the extension module `chronik._chronik`."""
 
 from types import TracebackType
-from typing import Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 BytesLike = Union[bytes, bytearray, memoryview, str]
 Headers = Union[Mapping[BytesLike, BytesLike], Iterable[Tuple[BytesLike, BytesLike]]]
@@ -16,6 +16,13 @@ class LockedError(ChronikError): ...
 class OffsetOutOfRangeError(ChronikError): ...
 class IoError(ChronikError): ...
 class ClosedError(ChronikError): ...
+
+class SimulationFailure(Exception):
+    """A simulated run differed from the fault-free run (or an oracle failed)."""
+
+    seed: int
+    kind: str
+    detail: str
 
 class Record:
     """A record read from a partition; `key` and `value` are memoryviews (no copy per record)."""
@@ -34,12 +41,15 @@ class Producer:
         value: BytesLike,
         headers: Optional[Headers] = None,
         partition: Optional[int] = None,
+        timestamp: Optional[int] = None,
     ) -> Tuple[int, int]:
-        """Append one record; `(partition, offset)` once acknowledged."""
+        """Append one record (timestamp: ms since the epoch, default now); `(partition,
+        offset)` once acknowledged per the durability mode."""
     def send_batch(
         self, records: Iterable[Sequence[object]], partition: Optional[int] = None
     ) -> list[Tuple[int, int, int]]:
-        """Append `(key, value)` or `(key, value, headers)` tuples, one batch per partition."""
+        """Append `(key, value)`, `(key, value, headers)` or `(key, value, headers, timestamp)`
+        tuples, one batch per partition; `(partition, first offset, count)` per batch."""
 
 class Consumer:
     position: int
@@ -75,6 +85,73 @@ class Chronik:
     def flush(self) -> None: ...
     def producer(self, topic: str) -> Producer: ...
     def consumer(self, topic: str, partition: int = 0, group: Optional[str] = None) -> Consumer: ...
+
+class Store:
+    """A task's key-value store (restored from its changelog), usable inside its calls."""
+
+    name: str
+    def get(self, key: Any, default: Any = None) -> Any: ...
+    def __getitem__(self, key: Any) -> Any: ...
+    def __setitem__(self, key: Any, value: Any) -> None: ...
+    def __delitem__(self, key: Any) -> None: ...
+    def __contains__(self, key: Any) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Any]: ...
+    def pop(self, key: Any, default: Any = ...) -> Any: ...
+    def keys(self) -> list[Any]: ...
+    def values(self) -> list[Any]: ...
+    def items(self) -> list[Tuple[Any, Any]]: ...
+    def range(self, start: Any = None, end: Any = None) -> list[Tuple[Any, Any]]:
+        """Entries with start <= encoded key < end, in key order."""
+
+class Context:
+    """Given to each handler call: stores, emits, partition and stream time."""
+
+    partition: int
+    stream_time: int
+    input: str
+    def store(self, name: str) -> Store: ...
+    def emit(self, topic: str, key: Any, value: Any) -> None:
+        """Emit with the next commit; bytes-like and str as they are, others as JSON."""
+    def emit_json(self, topic: str, key: Any, value: Any) -> None:
+        """Emit with key (unless None) and value as JSON, strings included."""
+
+class _App:
+    def __init__(
+        self,
+        db: Chronik,
+        application: str,
+        inputs: Sequence[str],
+        factory: Callable[[int], Any],
+        stores: Sequence[Tuple[str, str]],
+        key_format: str,
+        value_format: str,
+        options: Mapping[str, Any],
+    ) -> None: ...
+    def run(self, seconds: Optional[float] = None) -> dict[str, int]: ...
+    def run_until_caught_up(self) -> dict[str, int]: ...
+    def stop(self) -> None: ...
+    def store(self, name: str, partition: Optional[int] = None) -> dict[Any, Any]: ...
+    def positions(self) -> list[int]: ...
+
+def simulate(
+    application: str,
+    inputs: Sequence[str],
+    factory: Callable[[int], Any],
+    stores: Sequence[Tuple[str, str]],
+    key_format: str,
+    value_format: str,
+    options: Mapping[str, Any],
+    input_partitions: int,
+    outputs: Sequence[Tuple[str, int]],
+    records: Sequence[Tuple[int, int, Optional[bytes], bytes, Optional[int]]],
+    seeds: Tuple[int, int],
+    crashes_max: int,
+) -> dict[str, int]: ...
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition a key goes to among `partitions` (the producer's choice)."""
+
+def _encode(format: str, value: Any) -> bytes: ...
 
 def open(path: str, durability: str = "sync") -> Chronik:
     """Open (creating if needed) a data directory; durability "sync", "os" or "interval:MS"."""
