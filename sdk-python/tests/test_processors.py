@@ -1,6 +1,7 @@
 """Python processors on the real engine: stores, emits, restore, timers, batches, errors."""
 
 import threading
+import time
 
 import pytest
 
@@ -243,3 +244,48 @@ def test_bad_setups_are_typed_errors(path):
         no_process.processor(NoProcess)
         with pytest.raises(chronik.InvalidArgumentError):
             no_process.run_until_caught_up()
+
+
+CTRL_C_SCRIPT = """
+import sys, chronik
+with chronik.open(sys.argv[1], durability="os") as db:
+    db.create_topic("clicks", partitions=2)
+    db.create_topic("totals", partitions=2)
+    db.producer("clicks").send_batch([(f"user-{i % 3}", b"/") for i in range(500)])
+    app = chronik.App(db, "counter", input="clicks", stores=["counts"], key_format="str")
+
+    @app.processor
+    def count(record, ctx):
+        counts = ctx.store("counts")
+        counts[record.key] = counts.get(record.key, 0) + 1
+
+    print("running", flush=True)
+    try:
+        app.run()
+    except KeyboardInterrupt:
+        print("interrupted", sum(app.positions()), flush=True)
+        sys.exit(3)
+    print("returned without an interrupt", flush=True)
+"""
+
+
+def test_ctrl_c_stops_run_cleanly_and_raises_keyboard_interrupt(path):
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT, path], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "running"
+    time.sleep(0.5)  # the 500 clicks are processed well before this; run() then waits
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 3, out
+    assert out.split() == ["interrupted", "500"]
+    # What the interrupted run processed was committed: a new run has nothing left to do.
+    with chronik.open(path) as db:
+        app = chronik.App(db, "counter", input="clicks", stores=["counts"], key_format="str")
+        app.processor(lambda record, ctx: None)
+        assert app.run_until_caught_up()["records"] == 0
+        assert app.store("counts") == {"user-0": 167, "user-1": 167, "user-2": 166}
