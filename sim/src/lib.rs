@@ -24,6 +24,7 @@
 //!
 
 pub mod canaries;
+pub mod fuzz;
 pub mod model;
 pub mod oracle;
 pub mod processors;

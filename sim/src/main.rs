@@ -110,6 +110,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = parse_canary)]
         only: Vec<Canary>,
     },
+    /// Write the fuzz targets' seed corpus (`fuzz/corpus/<target>/seed-<name>`) under DIR.
+    FuzzSeeds { dir: std::path::PathBuf },
 }
 
 /// What a replay leaves out, and an optional canary.
@@ -211,6 +213,17 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
         Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
         Command::Canaries { max_seeds, ops, ref only } => Ok(run_canaries(max_seeds, ops, only)),
         Command::Processors { seeds, start } => Ok(run_processors(start, seeds)),
+        Command::FuzzSeeds { ref dir } => {
+            for (target, name, bytes) in chronik_sim::fuzz::seeds() {
+                let target_dir = dir.join(target);
+                std::fs::create_dir_all(&target_dir)
+                    .with_context(|| format!("create {}", target_dir.display()))?;
+                let path = target_dir.join(format!("seed-{name}"));
+                std::fs::write(&path, bytes)
+                    .with_context(|| format!("write {}", path.display()))?;
+            }
+            Ok(true)
+        }
     }
 }
 
