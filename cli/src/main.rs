@@ -5,6 +5,7 @@
 mod compact;
 mod consume;
 mod demo;
+mod inspect;
 mod produce;
 mod topic;
 
@@ -43,6 +44,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Compact every partition of a compacted topic now; print the sizes before and after.
     Compact(compact::CompactArgs),
+    /// Check every file of the data directory without opening it (checksums, offsets, indexes,
+    /// metadata); exit 3 if anything durable is damaged.
+    Verify(inspect::VerifyArgs),
+    /// Print the batches (and with --records the records) of segment files, read directly.
+    Dump(inspect::DumpArgs),
 }
 
 /// Parse `sync`, `os` or `interval:MS`.
@@ -122,6 +128,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => consume::run(&data()?, &args),
         Command::Demo(args) => demo::run(&data()?, &args),
         Command::Compact(args) => compact::run(&data()?, &args),
+        Command::Verify(args) => inspect::run_verify(&data()?, &args),
+        Command::Dump(args) => inspect::run_dump(cli.data.as_deref(), &args),
     }
 }
 
@@ -142,7 +150,7 @@ fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<UsageError>() {
             return 2;
         }
-        if cause.is::<chronik::Corruption>() {
+        if cause.is::<chronik::Corruption>() || cause.is::<inspect::DamageFound>() {
             return 3;
         }
         let corrupt =

@@ -34,10 +34,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 const LOCK_FILE: &str = "LOCK";
-const META_FILE: &str = "chronik.meta";
+pub(crate) const META_FILE: &str = "chronik.meta";
 /// Files applications keep beside their topics ([`Engine::write_state_file`]).
 const STATE_DIRECTORY: &str = "state";
-const TOPICS_DIRECTORY: &str = "topics";
+pub(crate) const TOPICS_DIRECTORY: &str = "topics";
 const CREATING_SUFFIX: &str = ".creating";
 const DELETING_SUFFIX: &str = ".deleting";
 

@@ -40,6 +40,7 @@ pub mod recovery;
 pub mod runtime;
 pub mod segment;
 pub mod topic;
+pub mod verify;
 
 mod engine;
 

@@ -1,0 +1,375 @@
+//! `verify`: a read-only check of a whole data directory, for operators (`chronik verify`).
+//!
+//! It reads every file the engine keeps and checks what can be checked without opening the
+//! engine (so it never cuts, rebuilds or removes anything, and runs beside a writer): the data
+//! directory and topic metadata decode; every batch of every segment decodes with a valid
+//! checksum and continues the offsets of the one before it; segments follow each other with
+//! no gap or overlap from the log start; sealed segments' index files decode, cover exactly
+//! their segment and point only at batch starts holding the offsets they name; sync
+//! checkpoints decode and name a segment that exists. (The consumer offsets topic is a topic
+//! like any other here.)
+//!
+//! Findings are of two kinds. **Damage**: bytes that were durable and are now wrong (a checksum
+//! mismatch in a sealed segment or below the sync checkpoint, an offset gap, an unreadable
+//! metadata file). **Notice**: something the next open repairs by itself without losing an
+//! acknowledged record (a torn unsynced tail, an index file to rebuild, a leftover temporary
+//! file or staging directory). `chronik verify` exits 1 on damage, 0 otherwise.
+
+use crate::Offset;
+use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
+use crate::error::{CorruptionKind, IoError};
+use crate::format::DecodeError;
+use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
+use crate::index::SegmentIndex;
+use crate::io::{Io, OpenMode};
+use crate::log_start::{self, LOG_START_FILE};
+use crate::segment::{self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX};
+use crate::topic::{TOPIC_META_FILE, TopicConfig};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How bad a finding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Repaired by the next open with nothing acknowledged lost.
+    Notice,
+    /// Durable data or metadata that is wrong.
+    Damage,
+}
+
+/// One thing `verify` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    pub file: PathBuf,
+    /// Byte position in `file`, where it applies.
+    pub position: Option<u64>,
+    pub what: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let severity = match self.severity {
+            Severity::Notice => "notice",
+            Severity::Damage => "DAMAGE",
+        };
+        write!(f, "{severity}: {}", self.file.display())?;
+        if let Some(position) = self.position {
+            write!(f, " at byte {position}")?;
+        }
+        write!(f, ": {}", self.what)
+    }
+}
+
+/// What one partition holds, as verified.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionSummary {
+    pub topic: String,
+    pub partition: u32,
+    pub segments: u32,
+    pub batches: u64,
+    pub records: u64,
+    pub bytes: u64,
+    pub log_start: u64,
+    /// The offset after the last valid batch.
+    pub log_end: u64,
+}
+
+/// The result of [`verify`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub partitions: Vec<PartitionSummary>,
+    pub findings: Vec<Finding>,
+}
+
+impl VerifyReport {
+    /// Whether any finding is damage.
+    pub fn has_damage(&self) -> bool {
+        self.findings.iter().any(|f| f.severity == Severity::Damage)
+    }
+
+    fn add(&mut self, severity: Severity, file: &Path, position: Option<u64>, what: String) {
+        let file = file.to_path_buf();
+        self.findings.push(Finding { severity, file, position, what });
+    }
+}
+
+/// Check the data directory at `root` without changing anything. `Err` only when it cannot
+/// be read at all (missing, not a directory, permissions); everything else is a finding.
+pub fn verify<I: Io>(io: &Arc<I>, root: &Path) -> Result<VerifyReport, IoError> {
+    let mut report = VerifyReport::default();
+    let meta_path = root.join(crate::engine::META_FILE);
+    match segment::read_small_file(&**io, &meta_path)? {
+        None => report.add(
+            Severity::Damage,
+            &meta_path,
+            None,
+            "missing: not a Chronik data directory, or its metadata was lost".to_owned(),
+        ),
+        Some(bytes) => match DataDirectoryMeta::decode(&bytes) {
+            Err(kind) => report.add(Severity::Damage, &meta_path, Some(0), kind.to_string()),
+            Ok(meta) if meta.version() != DATA_DIRECTORY_VERSION => {
+                let what = format!(
+                    "format version {}; this build reads version {DATA_DIRECTORY_VERSION}",
+                    meta.version()
+                );
+                report.add(Severity::Damage, &meta_path, Some(0), what);
+            }
+            Ok(_) => {}
+        },
+    }
+    let topics_dir = root.join(crate::engine::TOPICS_DIRECTORY);
+    let mut names: Vec<String> = match io.list(&topics_dir) {
+        Ok(entries) => entries.into_iter().map(|e| e.name).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(IoError::new("list", &topics_dir, e)),
+    };
+    names.sort();
+    for name in names {
+        let path = topics_dir.join(&name);
+        if name.starts_with('.') {
+            let what = "a topic create or delete a crash interrupted (removed at the next open)";
+            report.add(Severity::Notice, &path, None, what.to_owned());
+            continue;
+        }
+        verify_topic(io, &path, &name, &mut report)?;
+    }
+    Ok(report)
+}
+
+fn verify_topic<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    name: &str,
+    report: &mut VerifyReport,
+) -> Result<(), IoError> {
+    let meta_path = directory.join(TOPIC_META_FILE);
+    let config = match segment::read_small_file(&**io, &meta_path)? {
+        None => {
+            report.add(Severity::Damage, &meta_path, None, "missing".to_owned());
+            return Ok(());
+        }
+        Some(bytes) => match TopicConfig::decode(&bytes) {
+            Ok(config) => config,
+            Err(kind) => {
+                report.add(Severity::Damage, &meta_path, Some(0), kind.to_string());
+                return Ok(());
+            }
+        },
+    };
+    for partition in 0..config.partitions {
+        let path = directory.join(partition.to_string());
+        verify_partition(io, &path, name, partition, &config, report)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_lines)]
+fn verify_partition<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    topic: &str,
+    partition: u32,
+    config: &TopicConfig,
+    report: &mut VerifyReport,
+) -> Result<(), IoError> {
+    let mut summary =
+        PartitionSummary { topic: topic.to_owned(), partition, ..PartitionSummary::default() };
+    let entries = match io.list(directory) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            report.add(Severity::Damage, directory, None, "partition directory missing".into());
+            report.partitions.push(summary);
+            return Ok(());
+        }
+        Err(e) => return Err(IoError::new("list", directory, e)),
+    };
+    let mut bases: Vec<Offset> = Vec::new();
+    for entry in &entries {
+        if let Some(base) = segment::parse_log_file_name(&entry.name) {
+            bases.push(base);
+        } else if entry.name.ends_with(segment::TEMPORARY_SUFFIX)
+            || entry.name.ends_with(crate::compaction::CLEANED_SUFFIX)
+            || entry.name.ends_with(crate::compaction::SWAP_SUFFIX)
+        {
+            let what =
+                "a file left by an interrupted write or compaction (settled at the next open)";
+            report.add(Severity::Notice, &directory.join(&entry.name), None, what.to_owned());
+        }
+    }
+    bases.sort();
+    let log_start = match segment::read_small_file(&**io, &directory.join(LOG_START_FILE))? {
+        None => Offset::ZERO,
+        Some(bytes) => log_start::decode(&bytes).unwrap_or_else(|kind| {
+            report.add(
+                Severity::Damage,
+                &directory.join(LOG_START_FILE),
+                Some(0),
+                kind.to_string(),
+            );
+            Offset::ZERO
+        }),
+    };
+    summary.log_start = log_start.get();
+    // Segments wholly below the log start are leftovers of a retention a crash interrupted.
+    while bases.len() > 1 && bases[1] <= log_start {
+        let leftover = directory.join(segment::file_name(bases.remove(0), LOG_SUFFIX));
+        let what = "a segment below the log start (removed at the next open)";
+        report.add(Severity::Notice, &leftover, None, what.to_owned());
+    }
+    if bases.is_empty() {
+        report.add(Severity::Damage, directory, None, "no segment files".to_owned());
+        report.partitions.push(summary);
+        return Ok(());
+    }
+    let checkpoint_path = directory.join(CHECKPOINT_FILE);
+    let checkpoint = match segment::read_small_file(&**io, &checkpoint_path)? {
+        None => None,
+        Some(bytes) => {
+            let newest = Checkpoint::newest(&bytes);
+            if newest.is_none() && !bytes.is_empty() {
+                let what = "no valid slot (a hint only: recovery then treats the active \
+                            segment's damage as a torn tail only where later batches agree)";
+                report.add(Severity::Notice, &checkpoint_path, Some(0), what.to_owned());
+            }
+            newest
+        }
+    };
+    if let Some(c) = checkpoint
+        && !bases.contains(&c.segment_base)
+        && c.segment_base > bases[bases.len() - 1]
+    {
+        let what = format!("names segment {} which does not exist", c.segment_base);
+        report.add(Severity::Damage, &checkpoint_path, None, what);
+    }
+    if bases[0] > log_start {
+        let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
+        let what = format!("the log starts at {log_start} but the first segment at {}", bases[0]);
+        report.add(Severity::Damage, &file, Some(0), what);
+    }
+    let mut expected: Option<Offset> = None;
+    for (i, &base) in bases.iter().enumerate() {
+        let active = i + 1 == bases.len();
+        let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+        if let Some(expected) = expected
+            && expected != base
+        {
+            let what =
+                format!("segment starts at offset {base}, the one before ends at {expected}");
+            report.add(Severity::Damage, &path, Some(0), what);
+        }
+        let file = match SegmentFile::open(io, path.clone(), OpenMode::Read) {
+            Ok(file) => file,
+            Err(e) => {
+                report.add(Severity::Damage, &path, None, format!("cannot open: {e}"));
+                return Ok(());
+            }
+        };
+        let size = file.size()?;
+        let mut index = SegmentIndex::new(base, config.index_interval_bytes);
+        let mut next = base;
+        let mut mismatch = None;
+        let mut starts: Vec<(u64, Offset, Offset)> = Vec::new();
+        let end = segment::scan(&file, 0, size, |position, batch| {
+            if batch.base_offset() != next {
+                mismatch = Some((position, batch.base_offset()));
+                return false;
+            }
+            let info = batch.info();
+            let position32 = u32::try_from(position).unwrap_or(u32::MAX);
+            index.on_batch(position32, info.base_offset, info.max_timestamp, info.length);
+            starts.push((position, batch.base_offset(), batch.next_offset()));
+            summary.batches += 1;
+            summary.records += u64::from(batch.record_count());
+            next = batch.next_offset();
+            true
+        })?;
+        summary.segments += 1;
+        summary.bytes += size;
+        let stopped_at = mismatch.map_or(end.position, |(position, _)| position);
+        if let Some((position, found)) = mismatch {
+            let what = format!("batch at offset {found} where {next} was expected");
+            report.add(Severity::Damage, &path, Some(position), what);
+        } else if let Some(damage) = &end.damage {
+            let kind = match damage {
+                DecodeError::Corrupt(kind) => kind.clone(),
+                &DecodeError::Incomplete { needed, available } => {
+                    CorruptionKind::Truncated { needed, available }
+                }
+            };
+            let synced = checkpoint.is_some_and(|c| {
+                c.segment_base > base
+                    || (c.segment_base == base && c.synced_position > end.position)
+            });
+            if active && !synced {
+                let what = format!(
+                    "{kind}: an unsynced tail of {} bytes (cut at the next open; it holds nothing \
+                     acknowledged under sync durability)",
+                    size - end.position
+                );
+                report.add(Severity::Notice, &path, Some(end.position), what);
+            } else {
+                report.add(Severity::Damage, &path, Some(end.position), kind.to_string());
+            }
+        }
+        if !active && stopped_at == size {
+            verify_indexes(io, directory, base, size, next, config, &starts, report)?;
+        }
+        expected = Some(next);
+    }
+    summary.log_end = expected.map_or(0, Offset::get);
+    report.partitions.push(summary);
+    Ok(())
+}
+
+/// A sealed segment's index files against its batches.
+#[allow(clippy::too_many_arguments)]
+fn verify_indexes<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    base: Offset,
+    size: u64,
+    next: Offset,
+    config: &TopicConfig,
+    starts: &[(u64, Offset, Offset)],
+    report: &mut VerifyReport,
+) -> Result<(), IoError> {
+    let offsets_path = directory.join(segment::file_name(base, INDEX_SUFFIX));
+    let times_path = directory.join(segment::file_name(base, TIME_INDEX_SUFFIX));
+    let offsets = segment::read_small_file(&**io, &offsets_path)?;
+    let times = segment::read_small_file(&**io, &times_path)?;
+    let (Some(offsets), Some(times)) = (offsets, times) else {
+        let what = "index files missing (rebuilt from the segment at the next open)";
+        report.add(Severity::Notice, &offsets_path, None, what.to_owned());
+        return Ok(());
+    };
+    let decoded = SegmentIndex::decode(&offsets, &times, base, size, config.index_interval_bytes);
+    let (index, indexed_next) = match decoded {
+        Ok(decoded) => decoded,
+        Err(reason) => {
+            let what = format!("unusable index ({reason}; rebuilt at the next open)");
+            report.add(Severity::Notice, &offsets_path, None, what);
+            return Ok(());
+        }
+    };
+    if indexed_next != next {
+        let what =
+            format!("the index says the segment ends at {indexed_next}, its batches at {next}");
+        report.add(Severity::Notice, &offsets_path, None, what);
+    }
+    for &(relative, position) in index.offset_entries() {
+        let offset = base.get() + u64::from(relative);
+        let at = starts.binary_search_by_key(&u64::from(position), |s| s.0);
+        let holds = at.is_ok_and(|i| starts[i].1.get() <= offset && offset < starts[i].2.get());
+        if !holds {
+            let what = format!(
+                "entry for offset {offset} points at byte {position}, which is not the start of \
+                 the batch holding it (the engine would read from the wrong place)"
+            );
+            report.add(Severity::Damage, &offsets_path, None, what);
+            return Ok(());
+        }
+    }
+    Ok(())
+}
