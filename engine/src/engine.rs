@@ -17,6 +17,7 @@ use crate::fetch::Fetch;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::{self, FileHandle, Io};
+use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::partition::{
     Appended, CompactionFailure, CompactionReport, Partition, PartitionContext,
     PartitionDescription,
@@ -210,6 +211,7 @@ impl<I: Io> Engine<I> {
             io,
             clock,
             poison: Arc::default(),
+            metrics: Arc::default(),
             durability: options.durability,
             read_only: options.read_only,
             direct: options.direct_io && !options.read_only,
@@ -601,6 +603,29 @@ impl<I: Io> Engine<I> {
         writes: &[TransactionWrite<'_>],
         offsets: Option<GroupCommit<'_>>,
     ) -> Result<Vec<Appended>, CommitError> {
+        let context = &self.inner.context;
+        let started = context.clock.monotonic_us();
+        let result = self.commit_transaction_unmeasured(writes, offsets);
+        let m = &context.metrics;
+        match &result {
+            Ok(appended) => {
+                Metrics::add(&m.appends, appended.len() as u64);
+                let records = appended
+                    .iter()
+                    .map(|a| (a.last_offset.get() + 1).saturating_sub(a.base_offset.get()));
+                Metrics::add(&m.records_appended, records.sum());
+                m.append_latency.record(context.clock.monotonic_us().saturating_sub(started));
+            }
+            Err(_) => Metrics::add(&m.append_errors, 1),
+        }
+        result
+    }
+
+    fn commit_transaction_unmeasured(
+        &self,
+        writes: &[TransactionWrite<'_>],
+        offsets: Option<GroupCommit<'_>>,
+    ) -> Result<Vec<Appended>, CommitError> {
         self.check_writable()?;
         self.inner.context.poison.check().map_err(AppendError::from)?;
         let mut keys = match offsets {
@@ -931,6 +956,17 @@ impl<I: Io> Engine<I> {
             return Err(TopicError::ReadOnly);
         }
         Ok(())
+    }
+
+    /// Every counter and latency histogram of this open engine (since it opened);
+    /// [`MetricsSnapshot::prometheus`] gives them in the Prometheus text format.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.context.metrics.snapshot()
+    }
+
+    /// The live counters, for layers above the engine to add theirs (the SDK's restores).
+    pub fn metrics_registry(&self) -> &Metrics {
+        &self.inner.context.metrics
     }
 
     /// Whether a failure has poisoned the engine, and why.

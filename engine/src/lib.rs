@@ -35,6 +35,7 @@ pub mod groups;
 pub mod index;
 pub mod io;
 pub mod log_start;
+pub mod metrics;
 pub mod partition;
 pub mod recovery;
 pub mod runtime;
@@ -99,6 +100,13 @@ impl fmt::Display for Offset {
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Microseconds on a clock that never goes back, for latencies ([`metrics`]). By default
+    /// derived from [`Clock::now_ms`] (millisecond resolution; the simulator's clocks keep
+    /// it); [`runtime::SystemClock`] reads a monotonic clock.
+    fn monotonic_us(&self) -> u64 {
+        u64::try_from(self.now_ms()).unwrap_or(0).saturating_mul(1000)
+    }
 }
 
 impl fmt::Debug for dyn Clock {

@@ -15,6 +15,7 @@ use crate::format::{self, BatchInfo, DecodeError};
 use crate::io::{self, Io, OpenMode, Operation};
 use crate::limits::BATCH_BYTES_MAX;
 use crate::log_start;
+use crate::metrics::Metrics;
 use crate::recovery::{self, PartitionRecovery};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
 use crate::topic::TopicConfig;
@@ -172,6 +173,7 @@ pub(crate) struct Partition<I: Io> {
     io: Arc<I>,
     clock: Arc<dyn Clock>,
     poison: Arc<Poison>,
+    metrics: Arc<Metrics>,
     durability: Durability,
     state: Mutex<State<I>>,
     sync: Mutex<SyncState>,
@@ -204,6 +206,7 @@ pub(crate) struct PartitionContext<I: Io> {
     pub io: Arc<I>,
     pub clock: Arc<dyn Clock>,
     pub poison: Arc<Poison>,
+    pub metrics: Arc<Metrics>,
     pub durability: Durability,
     pub read_only: bool,
     /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
@@ -216,6 +219,7 @@ impl<I: Io> Clone for PartitionContext<I> {
             io: Arc::clone(&self.io),
             clock: Arc::clone(&self.clock),
             poison: Arc::clone(&self.poison),
+            metrics: Arc::clone(&self.metrics),
             durability: self.durability,
             read_only: self.read_only,
             direct: self.direct,
@@ -291,6 +295,7 @@ impl<I: Io> Partition<I> {
             io: Arc::clone(&context.io),
             clock: Arc::clone(&context.clock),
             poison: Arc::clone(&context.poison),
+            metrics: Arc::clone(&context.metrics),
             durability: context.durability,
             state: Mutex::new(state),
             sync: Mutex::new(SyncState {
@@ -384,6 +389,24 @@ impl<I: Io> Partition<I> {
     }
 
     pub fn append(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        let started = self.clock.monotonic_us();
+        let result = self.append_unmeasured(records);
+        let m = &self.metrics;
+        match &result {
+            Ok(appended) => {
+                Metrics::add(&m.appends, 1);
+                Metrics::add(
+                    &m.records_appended,
+                    (appended.last_offset.get() + 1).saturating_sub(appended.base_offset.get()),
+                );
+                m.append_latency.record(self.clock.monotonic_us().saturating_sub(started));
+            }
+            Err(_) => Metrics::add(&m.append_errors, 1),
+        }
+        result
+    }
+
+    fn append_unmeasured(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
         self.poison.check()?;
         if canary::active(Canary::AppendPanicsOnEmptyValue) {
             assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
@@ -442,6 +465,7 @@ impl<I: Io> Partition<I> {
             ..encoded
         };
         let active = state.segments.last_mut().expect("active segment");
+        Metrics::add(&self.metrics.bytes_written, batch.len() as u64);
         active.write_at_end(batch).inspect_err(|e| {
             if !canary::active(Canary::WriteErrorNotPoisoned) {
                 self.poison_with(e);
@@ -485,6 +509,18 @@ impl<I: Io> Partition<I> {
         too_big || too_old
     }
 
+    /// An fdatasync of a segment file, counted and timed.
+    fn measured_fdatasync(&self, file: &SegmentFile<I>) -> Result<(), IoError> {
+        let started = self.clock.monotonic_us();
+        let result = file.run(Operation::Fdatasync { file: file.handle });
+        Metrics::add(&self.metrics.fsyncs, 1);
+        if result.is_err() {
+            Metrics::add(&self.metrics.fsync_errors, 1);
+        }
+        self.metrics.fsync_latency.record(self.clock.monotonic_us().saturating_sub(started));
+        result
+    }
+
     /// Seal the active segment and start a new one. The sealed segment is fsynced and indexed
     /// before the new file exists, so every segment but the last is always fully durable.
     fn roll(&self, state: &mut State<I>, now: i64) -> Result<(), AppendError> {
@@ -494,6 +530,7 @@ impl<I: Io> Partition<I> {
         let _file_sync = self.file_sync.lock();
         self.poison.check()?;
         self.seal_and_create(state, now).inspect_err(|e| self.poison_with(e))?;
+        Metrics::add(&self.metrics.segments_rolled, 1);
         Ok(())
     }
 
@@ -610,7 +647,7 @@ impl<I: Io> Partition<I> {
         // Held until the outcome is recorded; see `roll`.
         let file_sync = self.file_sync.lock();
         let result = self.poison.check().map_err(AppendError::from).and_then(|()| {
-            let fdatasync = || file.run(Operation::Fdatasync { file: file.handle });
+            let fdatasync = || self.measured_fdatasync(&file);
             let mut result = fdatasync();
             if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
                 result = fdatasync();
@@ -790,6 +827,12 @@ impl<I: Io> Partition<I> {
         match self.clean(&sources, first_dirty, now, &config) {
             Ok(report) => {
                 *self.compaction_failure.lock() = None;
+                let m = &self.metrics;
+                Metrics::add(&m.compaction_passes, 1);
+                Metrics::add(&m.compaction_bytes_in, report.bytes_in);
+                Metrics::add(&m.compaction_bytes_out, report.bytes_out);
+                Metrics::add(&m.compaction_records_in, report.records_in);
+                Metrics::add(&m.compaction_records_kept, report.records_kept);
                 Ok(Some(report))
             }
             Err(CleanError::Aborted(error)) => {
@@ -953,7 +996,7 @@ impl<I: Io> Partition<I> {
         self.poison.check()?;
         let file = Arc::clone(&self.state.lock().active().file);
         let _file_sync = self.file_sync.lock();
-        file.run(Operation::Fdatasync { file: file.handle }).map_err(|error| {
+        self.measured_fdatasync(&file).map_err(|error| {
             self.poison_with(&error);
             AppendError::from(error)
         })
@@ -989,6 +1032,13 @@ impl<I: Io> Partition<I> {
     /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one
     /// batch), from one segment, never past the high watermark.
     pub fn read(&self, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
+        let fetch = self.read_unmeasured(from, max_bytes)?;
+        Metrics::add(&self.metrics.fetches, 1);
+        Metrics::add(&self.metrics.bytes_read, fetch.len_bytes() as u64);
+        Ok(fetch)
+    }
+
+    fn read_unmeasured(&self, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
         self.poison.check()?;
         let high_watermark = self.high_watermark();
         let (file, mut position, limit, mut expected) = {

@@ -6,7 +6,7 @@ use crate::{Clock, Durability, Engine};
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Wall-clock time.
 #[derive(Clone, Copy, Debug, Default)]
@@ -16,6 +16,12 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let start = *START.get_or_init(Instant::now);
+        u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 }
 

@@ -217,6 +217,38 @@ impl PyChronik {
         Ok(self.get()?.recovery().lines())
     }
 
+    /// Counters and latency histograms since the directory was opened: every counter by name
+    /// (`appends`, `records_appended`, `bytes_written`, `fsyncs`, `bytes_read`,
+    /// `compaction_passes`, `restore_records`, ...), and `append_latency` / `fsync_latency` as
+    /// dicts with `count`, `sum_us`, `p50_us`, `p99_us`, `max_us` (bucket upper bounds, within
+    /// a factor of two) and `buckets` (per power-of-two bucket of microseconds).
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let snapshot = self.get()?.metrics();
+        let out = PyDict::new(py);
+        for (name, _, value) in snapshot.counters() {
+            out.set_item(name, value)?;
+        }
+        for (name, h) in [
+            ("append_latency", &snapshot.append_latency),
+            ("fsync_latency", &snapshot.fsync_latency),
+        ] {
+            let d = PyDict::new(py);
+            d.set_item("count", h.count)?;
+            d.set_item("sum_us", h.sum_us)?;
+            d.set_item("p50_us", h.quantile_upper_us(0.5))?;
+            d.set_item("p99_us", h.quantile_upper_us(0.99))?;
+            d.set_item("max_us", h.quantile_upper_us(1.0))?;
+            d.set_item("buckets", h.buckets.to_vec())?;
+            out.set_item(name, d)?;
+        }
+        Ok(out)
+    }
+
+    /// The same metrics in the Prometheus text exposition format.
+    fn metrics_prometheus(&self) -> PyResult<String> {
+        Ok(self.get()?.metrics().prometheus())
+    }
+
     /// Create a topic; `config` takes the settings of `chronik topic create --config`.
     #[pyo3(signature = (name, partitions = 1, config = None))]
     fn create_topic(

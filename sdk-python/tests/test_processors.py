@@ -289,3 +289,25 @@ def test_ctrl_c_stops_run_cleanly_and_raises_keyboard_interrupt(path):
         app.processor(lambda record, ctx: None)
         assert app.run_until_caught_up()["records"] == 0
         assert app.store("counts") == {"user-0": 167, "user-1": 167, "user-2": 166}
+
+
+def test_metrics_count_appends_reads_and_restores(path):
+    with chronik.open(path, durability="os") as db:
+        produce(db, "clicks", [(f"user-{i % 3}", b"/") for i in range(300)])
+        db.create_topic("totals")
+        counter_app(db).run_until_caught_up()
+        metrics = db.metrics()
+        assert metrics["records_appended"] >= 300 + 300  # the clicks, then the totals
+        # One latency per append call or transaction; a transaction appends a batch per partition.
+        assert 0 < metrics["append_latency"]["count"] <= metrics["appends"]
+        assert metrics["fetches"] > 0 and metrics["bytes_read"] > 0
+        assert metrics["restore_records"] == 0
+        text = db.metrics_prometheus()
+        assert f"chronik_appends_total {metrics['appends']}\n" in text
+        assert "# TYPE chronik_fsync_latency_seconds histogram" in text
+    with chronik.open(path) as db:
+        app = counter_app(db)
+        app.run_until_caught_up()  # restores the counts from the changelog first
+        metrics = db.metrics()
+        assert metrics["restores_done"] == 1
+        assert 3 <= metrics["restore_records"] <= 300, metrics

@@ -33,6 +33,7 @@ pub use chronik_engine::{
 
 /// The engine crate, for what this facade does not re-export.
 pub use chronik_engine as engine;
+pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 pub mod processor;
 pub mod testing;

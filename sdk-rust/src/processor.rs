@@ -19,6 +19,7 @@ use crate::{Appended, CommitError, GroupCommit, Io, Offset, ReadError, Record, R
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
+use chronik_engine::metrics::Metrics;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
@@ -786,6 +787,7 @@ fn restore<I: Io>(
         stats.snapshots_loaded += 1;
     }
     let mut restored = 0;
+    let mut counted = 0;
     let report = |restored, done| {
         if let Some(listener) = &config.on_restore {
             listener(RestoreProgress {
@@ -827,6 +829,9 @@ fn restore<I: Io>(
             changes.push((key, value));
         }
         next = fetch.next_offset();
+        // Per fetch, so the metric shows a restore's progress while it runs.
+        Metrics::add(&engine.metrics_registry().restore_records, restored - counted);
+        counted = restored;
         report(restored, false);
     }
     changes.sort_by(|a, b| a.0.cmp(&b.0));
@@ -843,6 +848,7 @@ fn restore<I: Io>(
     store.data = latest.into_iter().collect();
     report(restored, true);
     stats.restored += restored;
+    Metrics::add(&engine.metrics_registry().restores_done, 1);
     Ok(store)
 }
 
