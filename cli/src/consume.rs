@@ -3,6 +3,7 @@
 use crate::UsageError;
 use chronik::{Offset, RecordView};
 use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
@@ -19,6 +20,7 @@ pub enum Format {
 }
 
 #[derive(Args, Debug)]
+#[allow(clippy::struct_excessive_bools)] // command-line flags
 pub struct ConsumeArgs {
     pub topic: String,
     /// Read only this partition (default: every partition, one after the other).
@@ -36,9 +38,13 @@ pub struct ConsumeArgs {
     /// Stop after this many records.
     #[arg(long)]
     pub max: Option<u64>,
-    /// Keep waiting for new records instead of stopping at the end.
+    /// Keep waiting for new records instead of stopping at the end; on a terminal, shows the
+    /// records read, the rate and the lag on standard error.
     #[arg(long)]
     pub follow: bool,
+    /// With --follow, no live rate display.
+    #[arg(long)]
+    pub no_progress: bool,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
     /// Text format: print the key before the value.
@@ -89,6 +95,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut remaining = args.max.unwrap_or(u64::MAX);
     let mut done = vec![false; consumers.len()];
+    let progress = Progress::new(args);
     while remaining > 0 && done.iter().any(|d| !d) {
         let mut progressed = false;
         for (i, consumer) in consumers.iter_mut().enumerate() {
@@ -113,6 +120,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
                 print_record(&mut out, partitions[i], &record, args)?;
                 printed[i] = record.offset().plus(1);
                 remaining -= 1;
+                progress.inc();
             }
             if !args.follow {
                 break;
@@ -122,6 +130,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         if args.follow && progressed {
             commit(&printed)?;
         }
+        progress.show_lag(&chronik, &args.topic, &partitions, &consumers);
         if args.follow && !progressed {
             // Caught up everywhere: wait for the first partition to grow (or a short while),
             // then look at all of them again.
@@ -133,8 +142,58 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
+    progress.finish();
     commit(&printed)?;
     Ok(())
+}
+
+/// The live display of `--follow`: records read, their rate, and the lag behind the high
+/// watermarks, on standard error (drawn only when it is a terminal).
+struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    fn new(args: &ConsumeArgs) -> Progress {
+        Progress((args.follow && !args.no_progress).then(|| {
+            let style =
+                ProgressStyle::with_template("{spinner} {pos} records read, {per_sec}, {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner());
+            let bar =
+                ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(style);
+            bar.enable_steady_tick(Duration::from_millis(250));
+            bar
+        }))
+    }
+
+    fn inc(&self) {
+        if let Some(bar) = &self.0 {
+            bar.inc(1);
+        }
+    }
+
+    fn show_lag(
+        &self,
+        chronik: &chronik::Chronik,
+        topic: &str,
+        partitions: &[u32],
+        consumers: &[chronik::Consumer],
+    ) {
+        let Some(bar) = &self.0 else { return };
+        let lag: u64 = partitions
+            .iter()
+            .zip(consumers)
+            .map(|(&p, c)| {
+                let end = chronik.high_watermark(topic, p).map_or(0, Offset::get);
+                end.saturating_sub(c.position().get())
+            })
+            .sum();
+        bar.set_message(format!("lag {lag}"));
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.0 {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 fn print_record(

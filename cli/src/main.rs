@@ -7,6 +7,7 @@ mod consume;
 mod demo;
 mod inspect;
 mod produce;
+mod stats;
 mod topic;
 
 use anyhow::Context as _;
@@ -49,6 +50,8 @@ enum Command {
     Verify(inspect::VerifyArgs),
     /// Print the batches (and with --records the records) of segment files, read directly.
     Dump(inspect::DumpArgs),
+    /// Sizes, offsets, append rates and compaction state per topic and partition.
+    Stats(stats::StatsArgs),
 }
 
 /// Parse `sync`, `os` or `interval:MS`.
@@ -130,6 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Compact(args) => compact::run(&data()?, &args),
         Command::Verify(args) => inspect::run_verify(&data()?, &args),
         Command::Dump(args) => inspect::run_dump(cli.data.as_deref(), &args),
+        Command::Stats(args) => stats::run(&data()?, &args),
     }
 }
 

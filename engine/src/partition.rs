@@ -253,6 +253,7 @@ impl<I: Io> Partition<I> {
     ) -> Result<(Self, PartitionRecovery), OpenError> {
         let now = context.clock.now_ms();
         let read_only = context.read_only;
+        let span = tracing::info_span!("recovery", topic, partition = id, read_only).entered();
         let recovered = recovery::recover_partition(
             context,
             &directory,
@@ -261,7 +262,14 @@ impl<I: Io> Partition<I> {
             &config,
             now,
             transaction_end,
-        )?;
+        )
+        .inspect_err(|error| tracing::error!(%error, "recovery failed"))?;
+        if recovered.report.is_clean() {
+            tracing::debug!(segments = recovered.segments.len(), "clean");
+        } else {
+            tracing::warn!(report = %recovered.report, "recovered");
+        }
+        drop(span);
         let active = recovered.segments.last().expect("recovery yields a segment");
         let (base, size, end) = (active.base_offset, active.size, active.next_offset);
         let checkpoint = if read_only {
@@ -507,6 +515,18 @@ impl<I: Io> Partition<I> {
         let too_big = active.size + batch_bytes > state.config.segment_bytes;
         let too_old = now.saturating_sub(active.created_ms) >= state.config.segment_ms;
         too_big || too_old
+    }
+
+    /// A finished compaction pass, in the metrics and the trace.
+    fn count_compaction(&self, report: &CompactionReport) {
+        let m = &self.metrics;
+        Metrics::add(&m.compaction_passes, 1);
+        Metrics::add(&m.compaction_bytes_in, report.bytes_in);
+        Metrics::add(&m.compaction_bytes_out, report.bytes_out);
+        Metrics::add(&m.compaction_records_in, report.records_in);
+        Metrics::add(&m.compaction_records_kept, report.records_kept);
+        let (records_in, records_kept) = (report.records_in, report.records_kept);
+        tracing::info!(records_in, records_kept, bytes_out = report.bytes_out, "compacted");
     }
 
     /// An fdatasync of a segment file, counted and timed.
@@ -824,18 +844,23 @@ impl<I: Io> Partition<I> {
         if !force && ratio < config.min_cleanable_dirty_ratio && !overdue {
             return Ok(None);
         }
+        let (topic, segments) = (self.topic.as_str(), sources.len());
+        let _span =
+            tracing::info_span!("compaction", topic, partition = self.id, segments).entered();
         match self.clean(&sources, first_dirty, now, &config) {
             Ok(report) => {
+                tracing::info!(
+                    records_in = report.records_in,
+                    records_kept = report.records_kept,
+                    bytes_out = report.bytes_out,
+                    "compacted"
+                );
                 *self.compaction_failure.lock() = None;
-                let m = &self.metrics;
-                Metrics::add(&m.compaction_passes, 1);
-                Metrics::add(&m.compaction_bytes_in, report.bytes_in);
-                Metrics::add(&m.compaction_bytes_out, report.bytes_out);
-                Metrics::add(&m.compaction_records_in, report.records_in);
-                Metrics::add(&m.compaction_records_kept, report.records_kept);
+                self.count_compaction(&report);
                 Ok(Some(report))
             }
             Err(CleanError::Aborted(error)) => {
+                tracing::warn!(%error, "compaction pass abandoned");
                 self.compaction_failures.fetch_add(1, Ordering::Relaxed);
                 let mut failure = self.compaction_failure.lock();
                 let streak = failure.as_ref().map_or(0, |f| f.streak).saturating_add(1);

@@ -765,6 +765,7 @@ fn restore<I: Io>(
 ) -> Result<Store, ProcessorError> {
     let topic = config.changelog(name);
     let end = engine.high_watermark(&topic, partition)?;
+    let _span = tracing::info_span!("restore", store = name, partition, end = end.get()).entered();
     let mut store = Store::default();
     let mut next = Offset::ZERO;
     // A snapshot is used only if it covers no more of the changelog than is committed: one
@@ -849,6 +850,8 @@ fn restore<I: Io>(
     report(restored, true);
     stats.restored += restored;
     Metrics::add(&engine.metrics_registry().restores_done, 1);
+    let snapshot_offset = from_snapshot.map(Offset::get);
+    tracing::info!(restored, ?snapshot_offset, entries = store.data.len(), "restored");
     Ok(store)
 }
 
