@@ -35,6 +35,8 @@ pub mod groups;
 pub mod index;
 pub mod io;
 pub mod log_start;
+#[cfg(all(test, loom))]
+mod loom_models;
 pub mod metrics;
 pub mod partition;
 pub mod recovery;
@@ -42,6 +44,7 @@ pub mod runtime;
 pub mod segment;
 pub mod topic;
 pub mod verify;
+mod watermark;
 
 mod engine;
 

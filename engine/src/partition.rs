@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::recovery::{self, PartitionRecovery};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
 use crate::topic::TopicConfig;
+use crate::watermark::Watermark;
 use crate::{Clock, Offset, Record};
 use parking_lot::{Condvar, Mutex};
 use std::path::{Path, PathBuf};
@@ -195,10 +196,8 @@ pub(crate) struct Partition<I: Io> {
     /// Taken alone, never while holding another lock. `None` when opened read-only.
     checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
-    /// `os` mode. Mirrored in `watermark_value` for lock-free reads.
-    watermark: Mutex<Offset>,
-    watermark_changed: Condvar,
-    watermark_value: AtomicU64,
+    /// `os` mode (`watermark.rs`: lock-free reads, waiters).
+    watermark: Watermark,
 }
 
 #[derive(Debug)]
@@ -321,24 +320,17 @@ impl<I: Io> Partition<I> {
             compaction_failure: Mutex::new(None),
             compaction_failures: AtomicU64::new(0),
             checkpoint: checkpoint.map(Mutex::new),
-            watermark: Mutex::new(end),
-            watermark_changed: Condvar::new(),
-            watermark_value: AtomicU64::new(end.get()),
+            watermark: Watermark::new(end),
         };
         Ok((partition, recovered.report))
     }
 
     pub fn high_watermark(&self) -> Offset {
-        Offset::new(self.watermark_value.load(Ordering::Acquire))
+        self.watermark.get()
     }
 
     fn publish(&self, offset: Offset) {
-        let mut watermark = self.watermark.lock();
-        if offset > *watermark {
-            *watermark = offset;
-            self.watermark_value.store(offset.get(), Ordering::Release);
-            self.watermark_changed.notify_all();
-        }
+        self.watermark.publish(offset);
     }
 
     /// Block until a record at `offset` is visible or `timeout` passes. Returns whether it is.
@@ -348,18 +340,14 @@ impl<I: Io> Partition<I> {
             // look again.
             self.refresh()?;
             if self.high_watermark() <= offset {
-                let mut watermark = self.watermark.lock();
-                self.watermark_changed.wait_for(&mut watermark, timeout);
-                drop(watermark);
+                self.watermark.wait_change(timeout);
                 self.refresh()?;
             }
             return Ok(self.high_watermark() > offset);
         }
-        let mut watermark = self.watermark.lock();
-        // Every publish wakes every waiter, also those waiting for a later offset: wait again
-        // until the offset is visible or the whole timeout has passed.
-        self.watermark_changed.wait_while_for(&mut watermark, |w| *w <= offset, timeout);
-        Ok(*watermark > offset)
+        // Every publish wakes every waiter, also those waiting for a later offset: it waits
+        // again until the offset is visible or the whole timeout has passed.
+        Ok(self.watermark.wait_past(offset, timeout))
     }
 
     pub fn describe(&self) -> PartitionDescription {
