@@ -24,9 +24,9 @@ use crate::partition::{
 };
 use crate::recovery::RecoveryReport;
 use crate::segment;
+use crate::sync::{Mutex, RwLock};
 use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
 use crate::{Clock, Corruption, Offset, Record};
-use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::io::ErrorKind::NotFound;
 use std::path::{Path, PathBuf};

@@ -42,6 +42,8 @@ pub mod partition;
 pub mod recovery;
 pub mod runtime;
 pub mod segment;
+pub(crate) mod sync;
+mod sync_queue;
 pub mod topic;
 pub mod verify;
 mod watermark;

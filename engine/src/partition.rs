@@ -18,10 +18,11 @@ use crate::log_start;
 use crate::metrics::Metrics;
 use crate::recovery::{self, PartitionRecovery};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
+use crate::sync::{Condvar, Mutex};
+use crate::sync_queue::{SyncQueue, Turn};
 use crate::topic::TopicConfig;
 use crate::watermark::Watermark;
 use crate::{Clock, Offset, Record};
-use parking_lot::{Condvar, Mutex};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,25 +87,6 @@ impl<I: Io> State<I> {
 /// its caller: enough to spare most hand-off wake-ups, few enough that no appender is held
 /// for long serving the others.
 const LEADER_SYNCS_MAX: u32 = 8;
-
-#[derive(Debug)]
-struct SyncState {
-    /// A group-commit leader is running an fdatasync.
-    syncing: bool,
-    /// Appenders waiting for the running fdatasync or to lead the next one, each with its own
-    /// condition variable, so a leader wakes exactly the ones it served and one to lead next.
-    waiters: Vec<Waiter>,
-    /// Every offset below this one is durable.
-    synced: Offset,
-    last_sync_ms: i64,
-}
-
-/// An appender waiting in [`Partition::sync_to`] for its records to become durable.
-#[derive(Debug)]
-struct Waiter {
-    end: Offset,
-    wake: Arc<Condvar>,
-}
 
 /// What one compaction pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,7 +159,8 @@ pub(crate) struct Partition<I: Io> {
     metrics: Arc<Metrics>,
     durability: Durability,
     state: Mutex<State<I>>,
-    sync: Mutex<SyncState>,
+    /// The group commit (`sync_queue.rs`).
+    sync: SyncQueue,
     /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
     /// (group commit), never before `state`.
     file_sync: Mutex<()>,
@@ -305,12 +288,7 @@ impl<I: Io> Partition<I> {
             metrics: Arc::clone(&context.metrics),
             durability: context.durability,
             state: Mutex::new(state),
-            sync: Mutex::new(SyncState {
-                syncing: false,
-                waiters: Vec::new(),
-                synced: end,
-                last_sync_ms: now,
-            }),
+            sync: SyncQueue::new(end, now),
             file_sync: Mutex::new(()),
             maintenance: Mutex::new(()),
             transaction_done: Condvar::new(),
@@ -453,7 +431,7 @@ impl<I: Io> Partition<I> {
         after_roll(state);
         let base = state.next_offset();
         // Read after a roll, which syncs: the hint is as strong as it can be.
-        let hint = self.sync.lock().synced;
+        let hint = self.sync.synced().0;
         format::set_batch_offsets(&mut batch, base, hint);
         let info = BatchInfo {
             base_offset: base,
@@ -558,78 +536,31 @@ impl<I: Io> Partition<I> {
         }
         let interval = state.config.index_interval_bytes;
         state.segments.push(Segment::empty(base, file, interval, now));
-        self.mark_synced(&mut self.sync.lock(), base);
+        self.sync.mark_durable(base, |offset| self.mark_synced(offset));
         Ok(())
     }
 
-    /// After an fdatasync: wake every waiter it made durable, or, when it failed, every waiter
-    /// (each then finds the poison).
-    fn wake_covered(sync: &mut SyncState, failed: bool) {
-        let synced = sync.synced;
-        sync.waiters.retain(|w| {
-            let wake = failed || w.end <= synced;
-            if wake {
-                w.wake.notify_one();
-            }
-            !wake
-        });
-    }
-
-    /// Stop leading: wake one waiter (the lowest end) to lead the next fdatasync.
-    fn hand_off(sync: &mut SyncState) {
-        sync.syncing = false;
-        let next = sync.waiters.iter().enumerate().min_by_key(|(_, w)| w.end).map(|(i, _)| i);
-        if let Some(next) = next {
-            sync.waiters.swap_remove(next).wake.notify_one();
-        }
-    }
-
-    /// Record that every offset below `offset` is durable, and publish it to readers before
-    /// `sync` is released: an appender that finds its records synced returns at once, and what
-    /// it was acknowledged must then be visible (read your writes).
-    fn mark_synced(&self, sync: &mut SyncState, offset: Offset) {
+    /// Under the group commit's lock: whether every offset below `offset` may be called
+    /// durable, and when; publishes it to readers before that lock is released, so an appender
+    /// that finds its records synced finds them visible too (read your writes).
+    fn mark_synced(&self, offset: Offset) -> Option<i64> {
         // Fail-stop: once any fsync failed, nothing more is called durable.
         if self.poison.check().is_err() {
-            return;
-        }
-        if offset > sync.synced {
-            sync.synced = offset;
-            sync.last_sync_ms = self.clock.now_ms();
+            return None;
         }
         if self.durability != Durability::Os {
             self.publish(offset);
         }
+        Some(self.clock.now_ms())
     }
 
     /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
-    /// at the same time (group commit): one of them leads, the others wait for its result.
-    ///
-    /// A waiter sleeps on its own condition variable. When an fdatasync ends, its leader wakes
-    /// exactly the waiters it made durable. If others wait still, the leader runs the next
-    /// fdatasync for them at once, up to [`LEADER_SYNCS_MAX`] in a row, and then wakes one
-    /// of them (the one with the lowest end) to lead instead: waking a sleeping thread takes
-    /// tens of microseconds on a virtual machine, time the disk would sit idle. No appender is
-    /// woken for nothing, none is left asleep with no fdatasync coming: a waiter registers and
-    /// sleeps under the same lock a leader takes to wake, and a leader that stops leading
-    /// wakes someone while waiters remain.
+    /// at the same time (group commit, `sync_queue.rs`): one of them leads, up to
+    /// [`LEADER_SYNCS_MAX`] fdatasyncs in a row, the others wait for its result.
     pub fn sync_to(&self, end: Offset) -> Result<(), AppendError> {
-        let mut sync = self.sync.lock();
-        loop {
-            if sync.synced >= end {
-                return Ok(());
-            }
-            self.poison.check()?;
-            if !sync.syncing {
-                break;
-            }
-            let wake = Arc::new(Condvar::new());
-            sync.waiters.push(Waiter { end, wake: Arc::clone(&wake) });
-            wake.wait(&mut sync);
-            // Woken waiters were taken off the list; after a spurious wake-up, leave it too.
-            sync.waiters.retain(|w| !Arc::ptr_eq(&w.wake, &wake));
+        if self.sync.wait_turn(end, || self.poison.check())? == Turn::Durable {
+            return Ok(());
         }
-        sync.syncing = true;
-        drop(sync);
         for led in 1.. {
             let (target, more) = self.lead_one_sync(led < LEADER_SYNCS_MAX)?;
             // The first fdatasync started after our write returned: it covers our records.
@@ -641,7 +572,7 @@ impl<I: Io> Partition<I> {
         Ok(())
     }
 
-    /// Run one fdatasync as the group commit's leader (`sync.syncing` is set by the caller)
+    /// Run one fdatasync as the group commit's leader
     /// and record its outcome. Returns the offset it made durable, and whether the caller
     /// leads the next fdatasync too: only if `may_continue`, it succeeded and waiters remain
     /// that it did not cover. Otherwise leadership has been handed off, also on every error.
@@ -666,19 +597,9 @@ impl<I: Io> Partition<I> {
                 AppendError::from(error)
             })
         });
-        let more = {
-            // One lock section, so no follower can start a second fsync in between.
-            let mut sync = self.sync.lock();
-            if result.is_ok() {
-                self.mark_synced(&mut sync, target);
-            }
-            Self::wake_covered(&mut sync, result.is_err());
-            let more = may_continue && result.is_ok() && !sync.waiters.is_empty();
-            if !more {
-                Self::hand_off(&mut sync);
-            }
-            more
-        };
+        // One lock section, so no follower can start a second fsync in between.
+        let durable = result.is_ok().then_some(target);
+        let more = self.sync.end_round(durable, may_continue, |offset| self.mark_synced(offset));
         drop(file_sync);
         result?;
         // A poison set by a concurrent failure after our fsync succeeded does not take back
@@ -948,10 +869,7 @@ impl<I: Io> Partition<I> {
     /// Sync if there are unsynced records and the last sync is older than `interval_ms`.
     pub fn flush_if_due(&self, interval_ms: u64) -> Result<(), AppendError> {
         let end = self.state.lock().committed_end().0;
-        let (synced, last) = {
-            let sync = self.sync.lock();
-            (sync.synced, sync.last_sync_ms)
-        };
+        let (synced, last) = self.sync.synced();
         let due = self.clock.now_ms().saturating_sub(last)
             >= i64::try_from(interval_ms).unwrap_or(i64::MAX);
         if synced < end && due { self.sync_to(end) } else { Ok(()) }
@@ -1029,12 +947,8 @@ impl<I: Io> Partition<I> {
         if !committed || self.poison.check().is_err() {
             return;
         }
-        {
-            let mut sync = self.sync.lock();
-            // `sync_transaction` made everything written so far durable.
-            self.mark_synced(&mut sync, end);
-            Self::wake_covered(&mut sync, false);
-        }
+        // `sync_transaction` made everything written so far durable.
+        self.sync.mark_durable(end, |offset| self.mark_synced(offset));
         self.publish(end);
         let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never commit");
         if let Err(error) = checkpoint.lock().record(base, position, end) {

@@ -14,12 +14,9 @@
 use crate::Offset;
 use std::time::Duration;
 
+use crate::sync::{Condvar, Mutex};
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
-#[cfg(loom)]
-use loom::sync::{Condvar, Mutex};
-#[cfg(not(loom))]
-use parking_lot::{Condvar, Mutex};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,7 +49,7 @@ impl Watermark {
 
     /// `publish` with the mirror's store ordering given (the loom models break it on purpose).
     pub(crate) fn publish_with(&self, offset: Offset, ordering: Ordering) {
-        let mut value = lock(&self.value);
+        let mut value = self.value.lock();
         if offset.get() > *value {
             *value = offset.get();
             self.mirror.store(offset.get(), ordering);
@@ -62,40 +59,15 @@ impl Watermark {
 
     /// Wait until the watermark is past `offset`, at most `timeout`; whether it is.
     pub fn wait_past(&self, offset: Offset, timeout: Duration) -> bool {
-        let mut value = lock(&self.value);
-        #[cfg(not(loom))]
+        let mut value = self.value.lock();
         self.changed.wait_while_for(&mut value, |v| *v <= offset.get(), timeout);
-        #[cfg(loom)]
-        {
-            let _ = timeout;
-            while *value <= offset.get() {
-                value = self.changed.wait(value).expect("loom: no poisoning");
-            }
-        }
         *value > offset.get()
     }
 
     /// Wait for the next publish, at most `timeout` (a reader beside another process's
     /// writer, which publishes nothing here, just sleeps).
     pub fn wait_change(&self, timeout: Duration) {
-        #[cfg_attr(loom, allow(unused_mut))]
-        let mut value = lock(&self.value);
-        #[cfg(not(loom))]
+        let mut value = self.value.lock();
         self.changed.wait_for(&mut value, timeout);
-        #[cfg(loom)]
-        {
-            let _ = timeout;
-            drop(self.changed.wait(value).expect("loom: no poisoning"));
-        }
     }
-}
-
-#[cfg(not(loom))]
-fn lock(m: &Mutex<u64>) -> parking_lot::MutexGuard<'_, u64> {
-    m.lock()
-}
-
-#[cfg(loom)]
-fn lock(m: &Mutex<u64>) -> loom::sync::MutexGuard<'_, u64> {
-    m.lock().expect("loom: no poisoning")
 }
