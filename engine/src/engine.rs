@@ -660,7 +660,15 @@ impl<I: Io> Engine<I> {
                 partition.end_transaction(committed);
             }
         };
-        for (&(topic, id), records) in &merged {
+        #[cfg_attr(not(loom), allow(unused_mut))]
+        let mut order: Vec<(&(&str, u32), &Vec<Record<'_>>)> = merged.iter().collect();
+        #[cfg(loom)]
+        if crate::sync::bugs::active(crate::sync::bugs::Bug::UnorderedTransaction) {
+            let first =
+                |key: &(&str, u32)| writes.iter().position(|w| (w.topic, w.partition) == *key);
+            order.sort_by_key(|(key, _)| first(key));
+        }
+        for (&(topic, id), records) in order {
             let partition = self.partition_for_append(topic, id)?;
             match partition.begin_transaction(records) {
                 Ok(appended) => held.push((partition, (topic, id), appended)),

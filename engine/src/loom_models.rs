@@ -11,6 +11,16 @@
 //!   nobody left asleep (loom reports a deadlock), also when an fdatasync fails or the engine
 //!   is poisoned meanwhile; a leader that hands off to nobody, and a poisoned appender that
 //!   leaves the others asleep, are caught.
+//! - `segment_swap`: the whole engine (on `PreadIo`, in a fresh directory per interleaving):
+//!   a compaction pass swaps cleaned segments into the list while a reader reads the partition
+//!   and an appender rolls a new segment. Every read is a subsequence of what was appended,
+//!   in offset order, holding the latest record of every key; a swap split into two lock
+//!   sections is caught.
+//! - `transactions`: the whole engine: two processors' commits (`commit_transaction`) over
+//!   the same two partitions, handed from one to the other, beside a reader. No deadlock, a
+//!   transaction's records are visible only once its commit is, and both partitions take the
+//!   two transactions in the same order; transactions that take their partitions in any
+//!   order but name order are caught (a deadlock).
 
 use crate::Offset;
 use crate::watermark::Watermark;
@@ -23,13 +33,19 @@ use loom::thread;
 /// Run the ignored model `test` (one with a deliberate bug) in a child process, which must fail
 /// with loom's deadlock report.
 fn deadlock_in_a_child(test: &str) {
+    fails_in_a_child(test, "deadlock");
+}
+
+/// Run the ignored model `test` (one with a deliberate bug) in a child process, which must fail
+/// printing `expected`.
+fn fails_in_a_child(test: &str, expected: &str) {
     let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
         .args(["--exact", test, "--ignored", "--test-threads=1"])
         .output()
         .expect("run the test binary");
     let printed = String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{test}: the deliberate bug was not found");
-    assert!(printed.contains("deadlock"), "{test} failed, but not with a deadlock:\n{printed}");
+    assert!(printed.contains(expected), "{test} failed, but not with {expected:?}:\n{printed}");
 }
 
 /// A reader that sees the published watermark sees the data written before it.
@@ -230,5 +246,207 @@ mod group_commit {
     #[ignore = "a deliberate bug: run in a child process by a_poisoned_appender_that_leaves_waiters_asleep_is_caught"]
     fn bug_poison_leaves_waiters() {
         appenders(1, None, true, Some(QueueBug::PoisonLeavesWaiters));
+    }
+}
+
+/// A fresh engine for one interleaving, in memory where the machine has a tmpfs.
+mod whole_engine {
+    use crate::io::PreadIo;
+    use crate::{Clock, Durability, Engine, Options};
+    use std::path::Path;
+
+    pub struct Fixed;
+
+    impl Clock for Fixed {
+        fn now_ms(&self) -> i64 {
+            1_000_000
+        }
+    }
+
+    pub fn directory() -> tempfile::TempDir {
+        let shm = Path::new("/dev/shm");
+        if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }
+            .expect("a temporary directory")
+    }
+
+    pub fn open(root: &Path, durability: Durability) -> Engine<PreadIo> {
+        let options = Options { durability, ..Options::default() };
+        Engine::open(PreadIo::new(), std::sync::Arc::new(Fixed), root, options).expect("open").0
+    }
+
+    /// Every visible record of a partition: (offset, key, value).
+    pub fn read_all(engine: &Engine<PreadIo>, topic: &str) -> Vec<(u64, Option<Vec<u8>>, Vec<u8>)> {
+        let mut from = crate::Offset::ZERO;
+        let mut out = Vec::new();
+        loop {
+            let fetch = engine.read(topic, 0, from, 1 << 20).expect("read");
+            if fetch.is_empty() {
+                return out;
+            }
+            for record in fetch.records().filter(|r| r.offset() >= from) {
+                let key = record.key().map(<[u8]>::to_vec);
+                out.push((record.offset().get(), key, record.value().to_vec()));
+            }
+            assert!(fetch.next_offset() > from, "a fetch that does not move on");
+            from = fetch.next_offset();
+        }
+    }
+}
+
+mod segment_swap {
+    use super::whole_engine::{directory, open, read_all};
+    use crate::sync::bugs::{self, Bug};
+    use crate::{Cleanup, Durability, Record, TopicConfig};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// A value that fills most of a minimal segment, so every append rolls.
+    fn value(n: u8) -> Vec<u8> {
+        vec![b'0' + n; 3000]
+    }
+
+    fn model() {
+        loom::model(|| {
+            let root = directory();
+            let engine = Arc::new(open(root.path(), Durability::Os));
+            let config = TopicConfig {
+                segment_bytes: 4096,
+                cleanup: Cleanup::Compact,
+                min_compaction_lag_ms: 0,
+                min_cleanable_dirty_ratio: 0.0,
+                ..TopicConfig::default()
+            };
+            engine.create_topic("t", config).expect("create");
+            let appended = [(b"a", 1), (b"b", 1), (b"a", 2), (b"b", 2), (b"a", 3)];
+            for (key, n) in &appended[..4] {
+                engine.append("t", 0, &[Record::new(Some(*key), &value(*n))]).expect("append");
+            }
+            let compactor = {
+                let engine = Arc::clone(&engine);
+                thread::spawn(move || engine.compact_partition("t", 0).expect("compact"))
+            };
+            let appender = {
+                let engine = Arc::clone(&engine);
+                thread::spawn(move || {
+                    let (key, n) = appended[4];
+                    engine.append("t", 0, &[Record::new(Some(key), &value(n))]).expect("append")
+                })
+            };
+            let check = |read: &[(u64, Option<Vec<u8>>, Vec<u8>)], latest: &[(u64, &[u8])]| {
+                let mut last = None;
+                for (offset, key, value_read) in read {
+                    assert!(last < Some(*offset), "offsets out of order: {read:?}");
+                    last = Some(*offset);
+                    let (key_appended, n) = appended[usize::try_from(*offset).unwrap()];
+                    assert_eq!(key.as_deref(), Some(&key_appended[..]), "offset {offset}: key");
+                    assert!(*value_read == value(n), "offset {offset}: a value not appended");
+                }
+                for (offset, key) in latest {
+                    let found =
+                        read.iter().any(|(o, k, _)| o == offset && k.as_deref() == Some(key));
+                    assert!(found, "the latest record of a key is missing: offset {offset}");
+                }
+            };
+            // While compaction swaps and the appender rolls: the latest of `a` and `b` then.
+            let during = read_all(&engine, "t");
+            check(&during, &[(3, b"b")]);
+            assert!(during.iter().any(|(o, ..)| *o == 2 || *o == 4), "no record of key a");
+            compactor.join().unwrap();
+            appender.join().unwrap();
+            check(&read_all(&engine, "t"), &[(3, b"b"), (4, b"a")]);
+        });
+    }
+
+    #[test]
+    fn readers_see_whole_swaps() {
+        model();
+    }
+
+    #[test]
+    fn a_split_swap_is_caught() {
+        super::fails_in_a_child("loom_models::segment_swap::bug_split_swap", "OffsetMismatch");
+    }
+
+    #[test]
+    #[ignore = "a deliberate bug: run in a child process by a_split_swap_is_caught"]
+    fn bug_split_swap() {
+        bugs::set(Bug::SplitSwap);
+        model();
+    }
+}
+
+mod transactions {
+    use super::whole_engine::{directory, open, read_all};
+    use crate::sync::bugs::{self, Bug};
+    use crate::{Durability, GroupCommit, Offset, Record, TopicConfig, TransactionWrite};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    fn model() {
+        loom::model(|| {
+            let root = directory();
+            let engine = Arc::new(open(root.path(), Durability::Sync));
+            for topic in ["a", "b", "in"] {
+                engine.create_topic(topic, TopicConfig::default()).expect("create");
+            }
+            // Processor `n` commits its output to `a` and `b` (in the order given) with its
+            // input position, as group `gn`.
+            let processors: Vec<_> = [(1, ["a", "b"]), (2, ["b", "a"])]
+                .into_iter()
+                .map(|(n, topics)| {
+                    let engine = Arc::clone(&engine);
+                    thread::spawn(move || {
+                        let value = [b'0' + n];
+                        let records = [Record::new(None, &value)];
+                        let writes = topics.map(|topic| TransactionWrite {
+                            topic,
+                            partition: 0,
+                            records: &records,
+                        });
+                        let group = format!("g{n}");
+                        let offsets = [("in", 0, Offset::new(u64::from(n)))];
+                        let commit = GroupCommit { group: &group, offsets: &offsets };
+                        engine.commit_transaction(&writes, Some(commit)).expect("commit");
+                    })
+                })
+                .collect();
+            // A record shown means its transaction committed.
+            for topic in ["a", "b"] {
+                for (_, _, value) in read_all(&engine, topic) {
+                    let group = format!("g{}", char::from(value[0]));
+                    let committed = engine.committed_offset(&group, "in", 0);
+                    assert!(committed.is_some(), "{topic}: a record of {group} before its commit");
+                }
+            }
+            for processor in processors {
+                processor.join().unwrap();
+            }
+            let order = |topic| -> Vec<Vec<u8>> {
+                read_all(&engine, topic).into_iter().map(|(_, _, value)| value).collect()
+            };
+            assert_eq!(order("a").len(), 2);
+            assert_eq!(
+                order("a"),
+                order("b"),
+                "the partitions took the transactions in different orders"
+            );
+        });
+    }
+
+    #[test]
+    fn commits_hand_partitions_over_without_deadlock() {
+        model();
+    }
+
+    #[test]
+    fn partitions_taken_out_of_order_are_caught() {
+        super::deadlock_in_a_child("loom_models::transactions::bug_unordered_transaction");
+    }
+
+    #[test]
+    #[ignore = "a deliberate bug: run in a child process by partitions_taken_out_of_order_are_caught"]
+    fn bug_unordered_transaction() {
+        bugs::set(Bug::UnorderedTransaction);
+        model();
     }
 }

@@ -856,6 +856,13 @@ impl<I: Io> Partition<I> {
             let replaced: Vec<Offset> =
                 state.segments[at..at + group.len()].iter().map(|s| s.base_offset).collect();
             assert_eq!(replaced, bases, "the segments cleaned are still in place");
+            #[cfg(loom)]
+            if crate::sync::bugs::active(crate::sync::bugs::Bug::SplitSwap) {
+                state.segments.drain(at..at + group.len());
+                drop(state);
+                self.state.lock().segments.insert(at, segment);
+                continue;
+            }
             state.segments.splice(at..at + group.len(), [segment]);
         }
         // Advisory too: absent or stale, the next open cleans from an earlier offset again.

@@ -125,3 +125,31 @@ mod model {
         }
     }
 }
+
+/// The deliberate bugs of the loom models that run the whole engine (`loom_models.rs`), in
+/// code loom builds only. Process-global, so each model that switches one on runs alone in a
+/// child process of its own.
+#[cfg(loom)]
+pub(crate) mod bugs {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[repr(u8)]
+    pub(crate) enum Bug {
+        /// Compaction takes the old segments out of the list and puts the cleaned one in, in
+        /// two lock sections instead of one.
+        SplitSwap = 1,
+        /// A transaction takes its partitions in the order of its writes, not in name order.
+        UnorderedTransaction = 2,
+    }
+
+    pub(crate) fn set(bug: Bug) {
+        ACTIVE.store(bug as u8, Ordering::SeqCst);
+    }
+
+    pub(crate) fn active(bug: Bug) -> bool {
+        ACTIVE.load(Ordering::SeqCst) == bug as u8
+    }
+}
