@@ -325,7 +325,7 @@ mod segment_swap {
                 let engine = Arc::clone(&engine);
                 thread::spawn(move || engine.compact_partition("t", 0).expect("compact"))
             };
-            let appender = {
+            let writer = {
                 let engine = Arc::clone(&engine);
                 thread::spawn(move || {
                     let (key, n) = appended[4];
@@ -352,7 +352,7 @@ mod segment_swap {
             check(&during, &[(3, b"b")]);
             assert!(during.iter().any(|(o, ..)| *o == 2 || *o == 4), "no record of key a");
             compactor.join().unwrap();
-            appender.join().unwrap();
+            writer.join().unwrap();
             check(&read_all(&engine, "t"), &[(3, b"b"), (4, b"a")]);
         });
     }

@@ -145,6 +145,7 @@ pub(crate) mod bugs {
         UnorderedTransaction = 2,
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn set(bug: Bug) {
         ACTIVE.store(bug as u8, Ordering::SeqCst);
     }
