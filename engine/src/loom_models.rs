@@ -274,6 +274,9 @@ mod whole_engine {
         Engine::open(PreadIo::new(), std::sync::Arc::new(Fixed), root, options).expect("open").0
     }
 
+    /// Records read: (offset, key, value).
+    pub type Read = [(u64, Option<Vec<u8>>, Vec<u8>)];
+
     /// Every visible record of a partition: (offset, key, value).
     pub fn read_all(engine: &Engine<PreadIo>, topic: &str) -> Vec<(u64, Option<Vec<u8>>, Vec<u8>)> {
         let mut from = crate::Offset::ZERO;
@@ -332,7 +335,7 @@ mod segment_swap {
                     engine.append("t", 0, &[Record::new(Some(key), &value(n))]).expect("append")
                 })
             };
-            let check = |read: &[(u64, Option<Vec<u8>>, Vec<u8>)], latest: &[(u64, &[u8])]| {
+            let check = |read: &super::whole_engine::Read, latest: &[(u64, &[u8])]| {
                 let mut last = None;
                 for (offset, key, value_read) in read {
                     assert!(last < Some(*offset), "offsets out of order: {read:?}");
