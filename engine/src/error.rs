@@ -124,6 +124,9 @@ pub enum AppendError {
     PartitionNotFound { topic: String, partition: u32 },
     #[error("a batch must hold at least one record")]
     Empty,
+    /// [`crate::Fetch::from_records`] got offsets that do not increase, or pass its end.
+    #[error("records given with offsets out of order")]
+    OffsetsOutOfOrder,
     #[error("the data directory was opened read-only")]
     ReadOnly,
     #[error("batch of {bytes} bytes exceeds the maximum of {max} bytes")]

@@ -1,8 +1,9 @@
 //! The result of a read: whole validated batches in one owned buffer, and borrowed views of
 //! their records. Iterating allocates nothing per record.
 
-use crate::Offset;
-use crate::format::{BatchView, parse_batch, view_validated_batch};
+use crate::format::{BatchView, Record, encode_batch, parse_batch, view_validated_batch};
+use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
+use crate::{AppendError, Offset};
 pub use crate::format::{Header, Headers, RecordView};
 
 /// Validated batches read from one segment, starting at or before `from`.
@@ -23,6 +24,45 @@ impl Fetch {
             next_offset
         };
         Fetch { buffer, from, next_offset }
+    }
+
+    /// A fetch of records held elsewhere (read from another log, say), each with its offset:
+    /// offsets strictly increasing and below `next_offset`, gaps allowed (a Kafka log skips the
+    /// offsets of its transaction markers). Each run of consecutive offsets is encoded as
+    /// batches of the on-disk format, so the records read back as [`RecordView`]s. A record
+    /// without a timestamp gets 0.
+    pub fn from_records(
+        from: Offset,
+        next_offset: Offset,
+        records: &[(Offset, Record<'_>)],
+    ) -> Result<Fetch, AppendError> {
+        let increasing = records.windows(2).all(|pair| pair[0].0 < pair[1].0);
+        let bounded = records.last().is_none_or(|(offset, _)| *offset < next_offset);
+        if !increasing || !bounded || next_offset < from {
+            return Err(AppendError::OffsetsOutOfOrder);
+        }
+        let mut buffer = Vec::new();
+        let mut start = 0;
+        while start < records.len() {
+            let mut end = start + 1;
+            let mut bytes = records[start].1.encoded_bytes();
+            while end < records.len()
+                && records[end].0 == records[end - 1].0.plus(1)
+                && end - start < BATCH_RECORDS_MAX as usize
+                && bytes + records[end].1.encoded_bytes() + 64 < u64::from(BATCH_BYTES_MAX) / 2
+            {
+                bytes += records[end].1.encoded_bytes();
+                end += 1;
+            }
+            let run: Vec<Record<'_>> = records[start..end].iter().map(|(_, r)| *r).collect();
+            encode_batch(&mut buffer, records[start].0, &run, 0, Offset::ZERO)?;
+            start = end;
+        }
+        Ok(if buffer.is_empty() {
+            Fetch { buffer, from, next_offset }
+        } else {
+            Fetch::new(buffer, from, next_offset)
+        })
     }
 
     pub(crate) fn empty(from: Offset) -> Self {

@@ -35,8 +35,13 @@ pub use chronik_engine::{
 pub use chronik_engine as engine;
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
+mod connect;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod processor;
 pub mod testing;
+
+pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, connect, connect_with};
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;

@@ -15,7 +15,7 @@
 //! Changelog values carry one leading byte, `1`, before the stored value, so that an empty
 //! stored value is not taken for a tombstone (an empty changelog value: the key was deleted).
 
-use crate::{Appended, CommitError, GroupCommit, Io, Offset, ReadError, Record, RecordView};
+use crate::{CommitError, Fetch, GroupCommit, Io, Offset, ReadError, Record, RecordView};
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
@@ -43,6 +43,111 @@ const PENDING_BYTES_MAX: usize = 4 << 20;
 pub const BATCH_RECORDS_MAX: usize = 1024;
 /// How long an idle worker waits for input before looking again (and at the stop flag).
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+
+/// What a task needs of the log it runs on: the embedded engine, or (feature `kafka`) a
+/// Kafka-protocol cluster. The task code (merge, batches, timers, commits, restores) is the
+/// same on both.
+pub(crate) trait TaskLog {
+    fn now_ms(&self) -> i64;
+    fn partition_count(&self, topic: &str) -> Option<u32>;
+    /// Records of `topic`/`partition` from `from`, about `max_bytes` of them; from the log
+    /// start instead if retention removed `from`.
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<Fetch, ProcessorError>;
+    /// Where the partition ends for now: a fetch that reaches it holds all there is, so the
+    /// merge of several inputs may decide without waiting for more.
+    fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError>;
+    /// Append `writes` and commit the group's input positions, all or nothing.
+    fn commit(
+        &self,
+        writes: &[TransactionWrite<'_>],
+        group: Option<GroupCommit<'_>>,
+    ) -> Result<(), ProcessorError>;
+    fn read_state_file(&self, name: &str) -> Option<Vec<u8>>;
+    fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> bool;
+    fn metrics(&self) -> Option<&Metrics>;
+}
+
+impl<I: Io> TaskLog for Engine<I> {
+    fn now_ms(&self) -> i64 {
+        Engine::now_ms(self)
+    }
+
+    fn partition_count(&self, topic: &str) -> Option<u32> {
+        Engine::partition_count(self, topic)
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<Fetch, ProcessorError> {
+        match Engine::read(self, topic, partition, from, max_bytes) {
+            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
+                Ok(Engine::read(self, topic, partition, Offset::new(start), max_bytes)?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError> {
+        Ok(Engine::high_watermark(self, topic, partition)?)
+    }
+
+    fn commit(
+        &self,
+        writes: &[TransactionWrite<'_>],
+        group: Option<GroupCommit<'_>>,
+    ) -> Result<(), ProcessorError> {
+        let appended = self.commit_transaction(writes, group)?;
+        debug_assert!(appended.len() <= writes.len());
+        Ok(())
+    }
+
+    fn read_state_file(&self, name: &str) -> Option<Vec<u8>> {
+        Engine::read_state_file(self, name).ok().flatten()
+    }
+
+    fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> bool {
+        Engine::write_state_file(self, name, bytes).is_ok()
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        Some(self.metrics_registry())
+    }
+}
+
+#[cfg(feature = "kafka")]
+pub(crate) mod kafka;
+
+/// What a run promises about records processed across crashes and rebalances.
+///
+/// The embedded engine always commits exactly once. On a Kafka-protocol cluster, exactly once
+/// needs Kafka transactions: a cluster without them makes an exactly-once run refuse to start
+/// ([`ProcessorError::ExactlyOnceUnavailable`]), and at least once must be asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Guarantee {
+    #[default]
+    ExactlyOnce,
+    AtLeastOnce,
+}
+
+/// When a run ([`crate::Connection::run`]) stops.
+#[derive(Clone, Copy, Debug)]
+pub enum Until<'a> {
+    /// When the input is processed up to its end (on a cluster: when the group's committed
+    /// positions of every input partition, whoever owns it, reach the ends).
+    CaughtUp,
+    /// When the flag is set (then the processors are closed and commit).
+    Stopped(&'a AtomicBool),
+}
 
 /// What a processor returns when it cannot go on; the run stops with it.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +180,15 @@ pub enum ProcessorError {
     BadChangelog { store: String, partition: u32, offset: u64 },
     #[error("a worker thread panicked")]
     Panicked,
+    /// The Kafka-protocol cluster refused or failed (feature `kafka`).
+    #[error("{0}")]
+    Kafka(String),
+    /// Exactly once was asked for on a cluster without Kafka transactions.
+    #[error(
+        "exactly-once processing refused: {0}. Run with Guarantee::AtLeastOnce to process at \
+         least once (after a crash some records are processed twice)"
+    )]
+    ExactlyOnceUnavailable(String),
 }
 
 /// A stream processor: called for each input record of its partition, in order.
@@ -588,24 +702,8 @@ impl<I: Io, P: Processor> Runner<I, P> {
                         .unwrap_or(Offset::ZERO)
                 })
                 .collect();
-            let mut task = Task {
-                partition,
-                processor: factory(partition),
-                stores,
-                committed_positions: positions.clone(),
-                positions,
-                input: 0,
-                outputs: Outputs::default(),
-                last_commit_ms: now,
-                uncommitted_records: 0,
-                commits_since_snapshot: 0,
-                stream_time: i64::MIN,
-                next_stream_punctuation: None,
-                next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
-                stats,
-            };
-            task.call(&config.inputs[0], Processor::init)?;
-            tasks.push(task);
+            let task = Task::start(&config, partition, factory(partition), stores, positions, now);
+            tasks.push(task.with_stats(&config, stats)?);
         }
         Ok(Runner { engine: engine.clone(), config, tasks, failed: false })
     }
@@ -756,8 +854,8 @@ fn restore_all<I: Io>(
 }
 
 /// Read a store's changelog partition from its start to its end into a new store.
-fn restore<I: Io>(
-    engine: &Engine<I>,
+pub(crate) fn restore<L: TaskLog + ?Sized>(
+    engine: &L,
     config: &ProcessorConfig,
     name: &str,
     partition: u32,
@@ -773,8 +871,6 @@ fn restore<I: Io>(
     let snapshot_name = config.snapshot_file(name, partition);
     let snapshot = engine
         .read_state_file(&snapshot_name)
-        .ok()
-        .flatten()
         .and_then(|bytes| snapshot::decode(&bytes))
         .filter(|(offset, _)| *offset <= end);
     let from_snapshot = snapshot.as_ref().map(|(offset, _)| *offset);
@@ -802,13 +898,7 @@ fn restore<I: Io>(
         }
     };
     while next < end {
-        let fetch = match engine.read(&topic, partition, next, RESTORE_FETCH_BYTES) {
-            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
-                next = Offset::new(start);
-                continue;
-            }
-            other => other?,
-        };
+        let fetch = engine.read(&topic, partition, next, RESTORE_FETCH_BYTES)?;
         if fetch.is_empty() {
             break;
         }
@@ -831,7 +921,9 @@ fn restore<I: Io>(
         }
         next = fetch.next_offset();
         // Per fetch, so the metric shows a restore's progress while it runs.
-        Metrics::add(&engine.metrics_registry().restore_records, restored - counted);
+        if let Some(metrics) = engine.metrics() {
+            Metrics::add(&metrics.restore_records, restored - counted);
+        }
         counted = restored;
         report(restored, false);
     }
@@ -849,7 +941,9 @@ fn restore<I: Io>(
     store.data = latest.into_iter().collect();
     report(restored, true);
     stats.restored += restored;
-    Metrics::add(&engine.metrics_registry().restores_done, 1);
+    if let Some(metrics) = engine.metrics() {
+        Metrics::add(&metrics.restores_done, 1);
+    }
     let snapshot_offset = from_snapshot.map(Offset::get);
     tracing::info!(restored, ?snapshot_offset, entries = store.data.len(), "restored");
     Ok(store)
@@ -947,6 +1041,46 @@ mod snapshot {
 }
 
 impl<P: Processor> Task<P> {
+    /// A task of `partition` with restored `stores`, starting from `positions` (one per
+    /// input); [`Task::with_stats`] then calls the processor's `init`.
+    pub(crate) fn start(
+        config: &ProcessorConfig,
+        partition: u32,
+        processor: P,
+        stores: BTreeMap<String, Store>,
+        positions: Vec<Offset>,
+        now: i64,
+    ) -> Task<P> {
+        assert_eq!(positions.len(), config.inputs.len(), "a position per input");
+        Task {
+            partition,
+            processor,
+            stores,
+            committed_positions: positions.clone(),
+            positions,
+            input: 0,
+            outputs: Outputs::default(),
+            last_commit_ms: now,
+            uncommitted_records: 0,
+            commits_since_snapshot: 0,
+            stream_time: i64::MIN,
+            next_stream_punctuation: None,
+            next_wall_punctuation: config.punctuate_wall_ms.map(|ms| now + ms),
+            stats: RunStats::default(),
+        }
+    }
+
+    /// This task with what restoring it took counted, after the processor's `init`.
+    pub(crate) fn with_stats(
+        mut self,
+        config: &ProcessorConfig,
+        stats: RunStats,
+    ) -> Result<Task<P>, ProcessorError> {
+        self.stats = stats;
+        self.call(&config.inputs[0], Processor::init)?;
+        Ok(self)
+    }
+
     /// Call the processor with a context over this task.
     fn call(
         &mut self,
@@ -967,23 +1101,14 @@ impl<P: Processor> Task<P> {
     /// Process one fetch of every input, merged by timestamp; returns how many records it
     /// processed. The merge stops where an input's fetch runs out while that input has more
     /// (the next step fetches it), so the order never depends on fetch sizes.
-    fn step<I: Io>(
+    pub(crate) fn step<L: TaskLog + ?Sized>(
         &mut self,
-        engine: &Engine<I>,
+        engine: &L,
         config: &ProcessorConfig,
     ) -> Result<usize, ProcessorError> {
         let mut fetches = Vec::with_capacity(config.inputs.len());
         for (i, input) in config.inputs.iter().enumerate() {
-            let fetch =
-                match engine.read(input, self.partition, self.positions[i], STEP_FETCH_BYTES) {
-                    Err(ReadError::OffsetOutOfRange { requested, start, .. })
-                        if requested < start =>
-                    {
-                        self.positions[i] = Offset::new(start);
-                        return Ok(0);
-                    }
-                    other => other?,
-                };
+            let fetch = engine.read(input, self.partition, self.positions[i], STEP_FETCH_BYTES)?;
             let complete = fetch.next_offset() >= engine.high_watermark(input, self.partition)?;
             fetches.push((fetch, complete));
         }
@@ -1084,9 +1209,9 @@ impl<P: Processor> Task<P> {
         self.outputs.bytes + self.stores.values().map(|s| s.dirty_bytes).sum::<usize>()
     }
 
-    fn commit_if_due<I: Io>(
+    pub(crate) fn commit_if_due<L: TaskLog + ?Sized>(
         &mut self,
-        engine: &Engine<I>,
+        engine: &L,
         config: &ProcessorConfig,
         idle: bool,
     ) -> Result<(), ProcessorError> {
@@ -1108,9 +1233,9 @@ impl<P: Processor> Task<P> {
 
     /// One transaction: every store's changes to its changelog partition, the outputs, and
     /// the input position.
-    fn commit<I: Io>(
+    pub(crate) fn commit<L: TaskLog + ?Sized>(
         &mut self,
-        engine: &Engine<I>,
+        engine: &L,
         config: &ProcessorConfig,
     ) -> Result<(), ProcessorError> {
         if self.pending_bytes() == 0 && self.positions == self.committed_positions {
@@ -1163,16 +1288,15 @@ impl<P: Processor> Task<P> {
             .collect();
         let group = GroupCommit { group: &config.application, offsets: &offsets };
         let early = changelogs.len();
-        let appended: Vec<Appended> = if canary::active(Canary::InputCommittedBeforeOutputs) {
-            engine.commit_transaction(&[], Some(group))?;
-            engine.commit_transaction(&writes, None)?
+        if canary::active(Canary::InputCommittedBeforeOutputs) {
+            engine.commit(&[], Some(group))?;
+            engine.commit(&writes, None)?;
         } else if canary::active(Canary::StateAppliedBeforeCommit) {
-            engine.commit_transaction(&writes[..early], None)?;
-            engine.commit_transaction(&writes[early..], Some(group))?
+            engine.commit(&writes[..early], None)?;
+            engine.commit(&writes[early..], Some(group))?;
         } else {
-            engine.commit_transaction(&writes, Some(group))?
-        };
-        debug_assert!(appended.len() <= writes.len());
+            engine.commit(&writes, Some(group))?;
+        }
         self.stats.commits += 1;
         self.stats.emitted += self.outputs.records.len() as u64;
         drop(writes);
@@ -1196,22 +1320,22 @@ impl<P: Processor> Task<P> {
     /// Write every store's snapshot, each with the changelog end it covers: right after a
     /// commit, so exactly the committed state. A snapshot that fails to write is skipped (the
     /// restore reads more of the changelog, that is all).
-    fn snapshot<I: Io>(&mut self, engine: &Engine<I>, config: &ProcessorConfig) {
+    fn snapshot<L: TaskLog + ?Sized>(&mut self, engine: &L, config: &ProcessorConfig) {
         for (name, store) in &self.stores {
             let Ok(end) = engine.high_watermark(&config.changelog(name), self.partition) else {
                 continue;
             };
             let bytes = snapshot::encode(end, &store.data);
-            if engine.write_state_file(&config.snapshot_file(name, self.partition), bytes).is_ok() {
+            if engine.write_state_file(&config.snapshot_file(name, self.partition), bytes) {
                 self.stats.snapshots_written += 1;
             }
         }
         self.commits_since_snapshot = 0;
     }
 
-    fn close<I: Io>(
+    pub(crate) fn close<L: TaskLog + ?Sized>(
         &mut self,
-        engine: &Engine<I>,
+        engine: &L,
         config: &ProcessorConfig,
     ) -> Result<(), ProcessorError> {
         self.call(&config.inputs[0], Processor::close)?;

@@ -1,0 +1,405 @@
+//! A Kafka-protocol cluster as the log (feature `kafka`): Apache Kafka, Redpanda, tansu and
+//! others, through librdkafka (the `rdkafka` crate linked against the system library).
+//!
+//! What maps to what:
+//! - a Chronik topic is a Kafka topic; a changelog is a compacted one (`cleanup.policy=compact`);
+//! - a record keeps its key, value, headers and timestamp (create time); an empty value is
+//!   sent as a null one (Chronik has no null values, so a null reads back empty);
+//! - Kafka offsets are the records' offsets. They may have gaps: a transaction's commit
+//!   marker takes an offset that no reader sees;
+//! - everything read here is read `read_committed`: records of an aborted or still-open
+//!   transaction are never seen.
+
+use crate::{OwnedRecord, Record};
+use rdkafka::ClientContext;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, DeliveryResult, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long one request to the cluster may take before it is an error.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An error of the Kafka backend: what the cluster or the client said, with what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    #[error("kafka: {operation}: {message}")]
+    Kafka { operation: &'static str, message: String },
+    #[error("topic {topic:?} does not exist on the cluster")]
+    TopicNotFound { topic: String },
+    #[error("topic {topic:?} already exists on the cluster")]
+    TopicExists { topic: String },
+    #[error("invalid Kafka address {address:?}: {reason}")]
+    Address { address: String, reason: &'static str },
+}
+
+impl ClusterError {
+    pub(crate) fn kafka(operation: &'static str, error: impl std::fmt::Display) -> ClusterError {
+        ClusterError::Kafka { operation, message: error.to_string() }
+    }
+}
+
+/// The first delivery failure a producer saw, kept until asked for.
+#[derive(Debug, Default)]
+pub(crate) struct Deliveries {
+    failed: Mutex<Option<String>>,
+}
+
+impl Deliveries {
+    /// The failure seen since the last call, if any.
+    pub(crate) fn take_failure(&self) -> Option<String> {
+        self.failed.lock().ok().and_then(|mut failed| failed.take())
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
+        if let Err((error, message)) = result {
+            if let Ok(mut failed) = self.failed.lock() {
+                failed.get_or_insert_with(|| {
+                    format!("{}/{}: {error}", message.topic(), message.partition())
+                });
+            }
+        }
+    }
+}
+
+pub(crate) type KafkaProducer = BaseProducer<Deliveries>;
+
+/// A connection to a Kafka-protocol cluster: topics, and plain (not transactional) sends.
+pub struct KafkaClient {
+    bootstrap: String,
+    admin: AdminClient<DefaultClientContext>,
+    producer: KafkaProducer,
+}
+
+impl std::fmt::Debug for KafkaClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaClient").field("bootstrap", &self.bootstrap).finish_non_exhaustive()
+    }
+}
+
+/// The common settings of every client: where the cluster is, and quiet logs.
+pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("log_level", "3")
+        .set("socket.timeout.ms", "30000")
+        .set("api.version.request", "true");
+    config
+}
+
+/// A consumer outside any group, for reading partitions by offset.
+pub(crate) fn reader_config(bootstrap: &str) -> ClientConfig {
+    let mut config = base_config(bootstrap);
+    config
+        .set("group.id", "chronik-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest");
+    config
+}
+
+impl KafkaClient {
+    /// Connect to `bootstrap` (`host:port[,host:port...]`) and check that the cluster answers.
+    pub fn connect(bootstrap: &str) -> Result<KafkaClient, ClusterError> {
+        if bootstrap.is_empty() || !bootstrap.split(',').all(|a| a.rsplit_once(':').is_some()) {
+            let address = bootstrap.to_owned();
+            return Err(ClusterError::Address { address, reason: "expected host:port" });
+        }
+        let admin = base_config(bootstrap)
+            .create()
+            .map_err(|e| ClusterError::kafka("create admin client", e))?;
+        let producer: KafkaProducer = base_config(bootstrap)
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .create_with_context(Deliveries::default())
+            .map_err(|e| ClusterError::kafka("create producer", e))?;
+        producer
+            .client()
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(|e| ClusterError::kafka("reach the cluster", e))?;
+        Ok(KafkaClient { bootstrap: bootstrap.to_owned(), admin, producer })
+    }
+
+    /// The bootstrap address this client was made with.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Partitions of `topic`, or `None` if the cluster has no such topic.
+    pub fn partition_count(&self, topic: &str) -> Result<Option<u32>, ClusterError> {
+        partition_count(self.producer.client(), topic)
+    }
+
+    /// Create `topic` with `partitions` partitions (replication 1 on a one-broker cluster, the
+    /// cluster's default otherwise); compacted if `compacted`.
+    pub fn create_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+        compacted: bool,
+    ) -> Result<(), ClusterError> {
+        let count = i32::try_from(partitions).unwrap_or(i32::MAX);
+        let mut new = NewTopic::new(topic, count, TopicReplication::Fixed(-1));
+        if compacted {
+            new = new.set("cleanup.policy", "compact");
+        }
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = block_on(self.admin.create_topics([&new], &options))
+            .map_err(|e| ClusterError::kafka("create topic", e))?;
+        for result in results {
+            match result {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                    return Err(ClusterError::TopicExists { topic: topic.to_owned() });
+                }
+                Err((_, code)) => return Err(ClusterError::kafka("create topic", code)),
+            }
+        }
+        // Topic creation is asynchronous on some brokers: wait until its metadata shows.
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        while self.partition_count(topic)? != Some(partitions) {
+            if Instant::now() > deadline {
+                return Err(ClusterError::kafka("create topic", "metadata never showed it"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Send `records` to `partition` of `topic` and wait until the cluster acknowledged them
+    /// (`acks=all`). Not transactional: a failure midway may leave some of them written.
+    pub fn send(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[Record<'_>],
+    ) -> Result<(), ClusterError> {
+        for record in records {
+            produce(&self.producer, topic, partition, record)?;
+        }
+        self.producer.flush(REQUEST_TIMEOUT).map_err(|e| ClusterError::kafka("flush", e))?;
+        match self.producer.context().take_failure() {
+            Some(failure) => Err(ClusterError::kafka("send", failure)),
+            None => Ok(()),
+        }
+    }
+
+    /// A reader of one partition from `from`, read committed.
+    pub fn reader(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+    ) -> Result<PartitionReader, ClusterError> {
+        PartitionReader::new(&self.bootstrap, topic, partition, from)
+    }
+
+    /// Every committed record of `topic`/`partition`, in offset order.
+    pub fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ClusterError> {
+        let mut reader = self.reader(topic, partition, 0)?;
+        let mut records = Vec::new();
+        loop {
+            let batch = reader.next_batch(100_000)?;
+            if batch.is_empty() && reader.at_end() {
+                return Ok(records);
+            }
+            records.extend(batch);
+        }
+    }
+
+    /// Where `topic`/`partition` ends: the offset the next record will get.
+    pub fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, ClusterError> {
+        let (_, high) = self
+            .producer
+            .client()
+            .fetch_watermarks(topic, partition as i32, REQUEST_TIMEOUT)
+            .map_err(|e| ClusterError::kafka("fetch watermarks", e))?;
+        Ok(u64::try_from(high).unwrap_or(0))
+    }
+}
+
+/// Partitions of `topic` as the cluster's metadata says.
+pub(crate) fn partition_count<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+) -> Result<Option<u32>, ClusterError> {
+    let metadata = client
+        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        .map_err(|e| ClusterError::kafka("fetch metadata", e))?;
+    let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(None);
+    };
+    match found.error() {
+        None if !found.partitions().is_empty() => Ok(Some(found.partitions().len() as u32)),
+        _ => Ok(None),
+    }
+}
+
+/// Queue one record for sending, waiting for room in the producer's queue.
+pub(crate) fn produce<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &BaseProducer<C>,
+    topic: &str,
+    partition: u32,
+    record: &Record<'_>,
+) -> Result<(), ClusterError> {
+    let mut headers = None;
+    for header in record.headers {
+        // Kafka header keys are strings: a key that is not UTF-8 cannot go there unchanged.
+        let key = std::str::from_utf8(header.key)
+            .map_err(|_| ClusterError::kafka("send", "a header key is not UTF-8"))?;
+        let all = headers.take().unwrap_or_else(|| OwnedHeaders::new_with_capacity(4));
+        headers = Some(all.insert(Header { key, value: Some(header.value) }));
+    }
+    let mut message: BaseRecord<'_, [u8], [u8]> =
+        BaseRecord::to(topic).partition(partition as i32);
+    if let Some(key) = record.key {
+        message = message.key(key);
+    }
+    if !record.value.is_empty() {
+        message = message.payload(record.value);
+    }
+    if let Some(timestamp) = record.timestamp {
+        message = message.timestamp(timestamp);
+    }
+    if let Some(headers) = headers {
+        message = message.headers(headers);
+    }
+    loop {
+        match producer.send(message) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                message = back;
+                producer.poll(Duration::from_millis(10));
+            }
+            Err((error, _)) => return Err(ClusterError::kafka("send", error)),
+        }
+    }
+}
+
+/// A consumed message as an owned record.
+pub(crate) fn owned(message: &BorrowedMessage<'_>) -> OwnedRecord {
+    OwnedRecord {
+        offset: crate::Offset::new(u64::try_from(message.offset()).unwrap_or(0)),
+        timestamp: message.timestamp().to_millis().unwrap_or(0),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        headers: message.headers().map_or_else(Vec::new, |headers| {
+            headers
+                .iter()
+                .map(|h| (h.key.as_bytes().to_vec(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                .collect()
+        }),
+    }
+}
+
+/// Reads one partition in offset order, read committed, outside any consumer group.
+pub struct PartitionReader {
+    consumer: BaseConsumer,
+    at_end: bool,
+    /// The offset after the last record handed out (Kafka's next offset may be further: a
+    /// commit marker).
+    next: u64,
+}
+
+impl std::fmt::Debug for PartitionReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionReader").field("next", &self.next).finish_non_exhaustive()
+    }
+}
+
+impl PartitionReader {
+    fn new(
+        bootstrap: &str,
+        topic: &str,
+        partition: u32,
+        from: u64,
+    ) -> Result<PartitionReader, ClusterError> {
+        let consumer: BaseConsumer =
+            reader_config(bootstrap).create().map_err(|e| ClusterError::kafka("create reader", e))?;
+        let mut assignment = TopicPartitionList::new();
+        let offset = KafkaOffset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
+        assignment
+            .add_partition_offset(topic, partition as i32, offset)
+            .map_err(|e| ClusterError::kafka("assign", e))?;
+        consumer.assign(&assignment).map_err(|e| ClusterError::kafka("assign", e))?;
+        Ok(PartitionReader { consumer, at_end: false, next: from })
+    }
+
+    /// Up to `max` records; fewer when the partition's committed end is reached (then
+    /// [`PartitionReader::at_end`] is true until more arrive).
+    pub fn next_batch(&mut self, max: usize) -> Result<Vec<OwnedRecord>, ClusterError> {
+        let mut records = Vec::new();
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        while records.len() < max {
+            let wait = if records.is_empty() { Duration::from_millis(100) } else { Duration::ZERO };
+            match self.consumer.poll(wait) {
+                Some(Ok(message)) => {
+                    self.at_end = false;
+                    let record = owned(&message);
+                    self.next = record.offset.get() + 1;
+                    records.push(record);
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    self.at_end = true;
+                    break;
+                }
+                Some(Err(error)) => return Err(ClusterError::kafka("read", error)),
+                None if !records.is_empty() => break,
+                None if Instant::now() > deadline => {
+                    return Err(ClusterError::kafka("read", "no answer from the cluster"));
+                }
+                None => {}
+            }
+        }
+        Ok(records)
+    }
+
+    /// Whether the last read reached the end of what is committed.
+    pub fn at_end(&self) -> bool {
+        self.at_end
+    }
+
+    /// The offset after the last record read.
+    pub fn next_offset(&self) -> u64 {
+        self.next
+    }
+}
+
+/// Run a future of the admin client to completion on this thread. librdkafka completes it
+/// from its own threads and wakes us; a park/unpark waker is all it needs (no async runtime).
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
