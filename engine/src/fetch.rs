@@ -2,9 +2,9 @@
 //! their records. Iterating allocates nothing per record.
 
 use crate::format::{BatchView, Record, encode_batch, parse_batch, view_validated_batch};
+pub use crate::format::{Header, Headers, RecordView};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
 use crate::{AppendError, Offset};
-pub use crate::format::{Header, Headers, RecordView};
 
 /// Validated batches read from one segment, starting at or before `from`.
 #[derive(Debug, Clone, Default)]

@@ -3,14 +3,24 @@
 //! restores its counts from the changelog (and a snapshot), goes on from its last commit, and
 //! ends with every count exact and one output record per click.
 //!
-//!     cargo run --release -p chronik --example clicks_count -- [DATA_DIR] [CLICKS]
+//!     cargo run --release -p chronik --example clicks_count -- [TARGET] [CLICKS] [STEP]
 //!
-//! Defaults: `./clicks-data`, 1,000,000 clicks over 1,000 users in 4 partitions.
+//! TARGET is a data directory (default `./clicks-data`) or, built with `--features kafka`, a
+//! Kafka-protocol cluster: `kafka://127.0.0.1:9092`. The same code runs on both. STEP is `all`
+//! (the default: produce, count, verify), or one of `produce`, `count`, `verify`: start
+//! `count` several times on a cluster and the processes share the partitions in one consumer
+//! group; kill one and another takes its partitions over, restoring their counts from the
+//! changelog. `CHRONIK_GUARANTEE=at-least-once` runs on a cluster without Kafka transactions
+//! (outputs may then repeat after a kill; the counts stay exact).
+//!
+//! Defaults: 1,000,000 clicks over 1,000 users in 4 partitions. The last line names the final
+//! state (`final state: ... digest ...`), the same on every target for the same clicks.
 
 use chronik::processor::{
-    Context, ProcessError, Processor, ProcessorConfig, RestoreProgress, Runner,
+    Context, Guarantee, ProcessError, Processor, ProcessorConfig, RestoreProgress, Until,
 };
-use chronik::{Chronik, Durability, Options, Record, RecordView, TopicConfig, TransactionWrite};
+use chronik::{Connection, Durability, Options, OwnedRecord, Record, RecordView, TransactionWrite};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,10 +58,9 @@ fn user(i: u64) -> String {
 }
 
 /// Produce the clicks not produced yet (a kill may have stopped an earlier run midway).
-fn produce(chronik: &Chronik, clicks: u64) -> Result<(), Box<dyn std::error::Error>> {
-    let mut produced: u64 = (0..PARTITIONS)
-        .map(|p| chronik.high_watermark("clicks", p).map(chronik::Offset::get))
-        .sum::<Result<u64, _>>()?;
+fn produce(log: &Connection, clicks: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let mut produced: u64 =
+        (0..PARTITIONS).map(|p| log.record_count("clicks", p)).sum::<Result<u64, _>>()?;
     let started = Instant::now();
     let from = produced;
     let mut pending: Vec<Vec<(String, String)>> = vec![Vec::new(); PARTITIONS as usize];
@@ -63,8 +72,8 @@ fn produce(chronik: &Chronik, clicks: u64) -> Result<(), Box<dyn std::error::Err
             let partition = chronik::partition_for_key(key.as_bytes(), PARTITIONS) as usize;
             pending[partition].push((key, format!("/page/{}", i % 50)));
         }
-        // One transaction for the batch's clicks in every partition: a kill leaves all of
-        // them or none, so what is there is always the first `produced` clicks.
+        // Embedded: one transaction for the batch's clicks in every partition, so a kill
+        // leaves all of them or none, and what is there is always the first `produced` clicks.
         let records: Vec<Vec<Record<'_>>> = pending
             .iter()
             .map(|batch| {
@@ -80,7 +89,7 @@ fn produce(chronik: &Chronik, clicks: u64) -> Result<(), Box<dyn std::error::Err
                 records,
             })
             .collect();
-        chronik.commit_transaction(&writes, None)?;
+        log.send_all(&writes)?;
         drop(writes);
         drop(records);
         pending.iter_mut().for_each(Vec::clear);
@@ -89,30 +98,10 @@ fn produce(chronik: &Chronik, clicks: u64) -> Result<(), Box<dyn std::error::Err
     if produced > from {
         println!("produced clicks {from}..{produced} in {:.2?}", started.elapsed());
     }
-
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let dir = args.next().unwrap_or_else(|| "./clicks-data".to_owned());
-    let clicks: u64 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
-    let chronik =
-        Chronik::open(&dir, Options { durability: Durability::Sync, ..Options::default() })?;
-    println!("clicks_count: data directory {dir}");
-    for line in chronik.recovery().lines() {
-        println!("  recovery: {line}");
-    }
-    for topic in ["clicks", "click-counts"] {
-        if chronik.partition_count(topic).is_none() {
-            chronik.create_topic(topic, TopicConfig::default().with_partitions(PARTITIONS))?;
-        }
-    }
-
-    produce(&chronik, clicks)?;
-
-    // Restore, then count what is not counted yet.
-    let restore_started = Instant::now();
+fn count(log: &Connection, guarantee: Guarantee) -> Result<(), Box<dyn std::error::Error>> {
     let listener: chronik::processor::RestoreListener = Arc::new(|p: RestoreProgress<'_>| {
         if p.done {
             let from = p
@@ -130,14 +119,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         on_restore: Some(listener),
         ..ProcessorConfig::new("click-counter", "clicks").store("counts").commit_interval_ms(100)
     };
-    let mut runner = Runner::new(chronik.engine(), config, |_| ClickCounter)?;
-    println!(
-        "restored in {:.2?}; counting from offsets {:?}",
-        restore_started.elapsed(),
-        runner.positions()
-    );
     let counting = Instant::now();
-    let stats = runner.run_until_caught_up()?;
+    let stats = log.run(config, guarantee, |_| ClickCounter, Until::CaughtUp)?;
     let elapsed = counting.elapsed();
     println!(
         "counted {} clicks in {elapsed:.2?} ({:.0} clicks/s), {} commits",
@@ -145,37 +128,102 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stats.records as f64 / elapsed.as_secs_f64().max(1e-9),
         stats.commits
     );
+    Ok(())
+}
 
-    // Check: every user's count is exact, and there is exactly one output record per click.
-    let mut expected = std::collections::BTreeMap::new();
+/// Check: every user's count is exact in the store (read back from its changelog), and the
+/// outputs hold one record per click (at least one, at least once), the last of each user
+/// its count.
+fn verify(
+    log: &Connection,
+    clicks: u64,
+    guarantee: Guarantee,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut expected = BTreeMap::new();
     for i in 0..clicks {
         *expected.entry(user(i)).or_insert(0_u64) += 1;
     }
-    let mut wrong = 0;
-    let mut users = 0;
+    let mut state: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last_output: BTreeMap<String, u64> = BTreeMap::new();
+    let mut outputs = 0_u64;
     for partition in 0..PARTITIONS {
-        let store = runner.store(partition, "counts").ok_or("no store")?;
-        users += store.len();
-        for (key, value) in store.iter() {
-            let key = String::from_utf8_lossy(key).into_owned();
-            if expected.get(&key).copied() != Some(decode(value)?) {
-                wrong += 1;
-            }
+        let changelog = log.records("click-counter-counts-changelog", partition)?;
+        for (key, value) in chronik::processor::committed_state(&changelog) {
+            state.insert(String::from_utf8_lossy(&key).into_owned(), decode(&value)?);
+        }
+        for record in log.records("click-counts", partition)? {
+            outputs += 1;
+            let OwnedRecord { key, value, .. } = record;
+            let key = String::from_utf8_lossy(&key.unwrap_or_default()).into_owned();
+            last_output.insert(key, decode(&value)?);
         }
     }
-    let outputs: u64 = (0..PARTITIONS)
-        .map(|p| chronik.high_watermark("click-counts", p).map(chronik::Offset::get))
-        .sum::<Result<u64, _>>()?;
+    let wrong = expected.iter().filter(|(user, count)| state.get(*user) != Some(count)).count();
+    let outputs_ok = match guarantee {
+        Guarantee::ExactlyOnce => outputs == clicks,
+        _ => outputs >= clicks,
+    };
     let sample = user(7);
     println!("{sample}: {} clicks", expected[&sample]);
-    if wrong == 0 && users == expected.len() && outputs == clicks {
+    let digest: String = state.iter().map(|(user, count)| format!("{user}={count};")).collect();
+    println!(
+        "final state: {} users, digest {:016x}",
+        state.len(),
+        chronik::engine::format::key_hash(digest.as_bytes())
+    );
+    if wrong == 0 && state.len() == expected.len() && outputs_ok && last_output == state {
         println!(
             "exact: {} users, every count right, {outputs} output records for {clicks} clicks",
             expected.len()
         );
         Ok(())
     } else {
-        Err(format!("MISMATCH: {wrong} wrong counts, {outputs} output records for {clicks} clicks")
-            .into())
+        Err(format!(
+            "MISMATCH: {wrong} wrong counts of {} users, {outputs} output records for {clicks} \
+             clicks, last outputs agree: {}",
+            state.len(),
+            last_output == state
+        )
+        .into())
     }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let target = args.next().unwrap_or_else(|| "./clicks-data".to_owned());
+    let clicks: u64 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
+    let step = args.next().unwrap_or_else(|| "all".to_owned());
+    let guarantee = match std::env::var("CHRONIK_GUARANTEE").as_deref() {
+        Ok("at-least-once") => Guarantee::AtLeastOnce,
+        Ok("exactly-once") | Err(_) => Guarantee::ExactlyOnce,
+        Ok(other) => {
+            return Err(format!("CHRONIK_GUARANTEE={other}: exactly-once or at-least-once").into());
+        }
+    };
+    let log = chronik::connect_with(
+        &target,
+        Options { durability: Durability::Sync, ..Options::default() },
+    )?;
+    println!("clicks_count: {target}");
+    if let Connection::Embedded(chronik) = &log {
+        for line in chronik.recovery().lines() {
+            println!("  recovery: {line}");
+        }
+    }
+    for topic in ["clicks", "click-counts"] {
+        log.ensure_topic(topic, PARTITIONS)?;
+    }
+    if matches!(step.as_str(), "all" | "produce") {
+        produce(&log, clicks)?;
+    }
+    if matches!(step.as_str(), "all" | "count") {
+        count(&log, guarantee)?;
+    }
+    if matches!(step.as_str(), "all" | "verify") {
+        verify(&log, clicks, guarantee)?;
+    }
+    if !matches!(step.as_str(), "all" | "produce" | "count" | "verify") {
+        return Err(format!("unknown step {step:?}: all, produce, count or verify").into());
+    }
+    Ok(())
 }

@@ -137,11 +137,7 @@ impl Connection {
                 chronik.commit_transaction(writes, None)?;
             }
             #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => {
-                for write in writes {
-                    client.send(write.topic, write.partition, write.records)?;
-                }
-            }
+            Connection::Kafka(client) => client.send_all(writes)?,
         }
         Ok(())
     }
@@ -154,6 +150,16 @@ impl Connection {
             Connection::Embedded(chronik) => Ok(chronik.high_watermark(topic, partition)?.get()),
             #[cfg(feature = "kafka")]
             Connection::Kafka(client) => Ok(client.end_offset(topic, partition)?),
+        }
+    }
+
+    /// How many records `topic`/`partition` holds: embedded, its end offset (every offset
+    /// below it was a record); on a cluster, the committed records counted by reading them.
+    pub fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
+        match self {
+            Connection::Embedded(chronik) => Ok(chronik.high_watermark(topic, partition)?.get()),
+            #[cfg(feature = "kafka")]
+            Connection::Kafka(client) => Ok(client.records(topic, partition)?.len() as u64),
         }
     }
 

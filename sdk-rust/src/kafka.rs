@@ -97,7 +97,7 @@ pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
     config
         .set("bootstrap.servers", bootstrap)
         .set("log_level", "3")
-        .set("socket.timeout.ms", "30000")
+        .set("socket.timeout.ms", "10000")
         .set("api.version.request", "true");
     config
 }
@@ -191,8 +191,15 @@ impl KafkaClient {
         partition: u32,
         records: &[Record<'_>],
     ) -> Result<(), ClusterError> {
-        for record in records {
-            produce(&self.producer, topic, partition, record)?;
+        self.send_all(&[crate::TransactionWrite { topic, partition, records }])
+    }
+
+    /// [`KafkaClient::send`] for several partitions' records, acknowledged together.
+    pub fn send_all(&self, writes: &[crate::TransactionWrite<'_>]) -> Result<(), ClusterError> {
+        for write in writes {
+            for record in write.records {
+                produce(&self.producer, write.topic, write.partition, record)?;
+            }
         }
         self.producer.flush(REQUEST_TIMEOUT).map_err(|e| ClusterError::kafka("flush", e))?;
         match self.producer.context().take_failure() {
@@ -267,8 +274,7 @@ pub(crate) fn produce<C: ProducerContext<DeliveryOpaque = ()>>(
         let all = headers.take().unwrap_or_else(|| OwnedHeaders::new_with_capacity(4));
         headers = Some(all.insert(Header { key, value: Some(header.value) }));
     }
-    let mut message: BaseRecord<'_, [u8], [u8]> =
-        BaseRecord::to(topic).partition(partition as i32);
+    let mut message: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition as i32);
     if let Some(key) = record.key {
         message = message.key(key);
     }
@@ -303,7 +309,9 @@ pub(crate) fn owned(message: &BorrowedMessage<'_>) -> OwnedRecord {
         headers: message.headers().map_or_else(Vec::new, |headers| {
             headers
                 .iter()
-                .map(|h| (h.key.as_bytes().to_vec(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                .map(|h| {
+                    (h.key.as_bytes().to_vec(), h.value.map(<[u8]>::to_vec).unwrap_or_default())
+                })
                 .collect()
         }),
     }
@@ -331,8 +339,9 @@ impl PartitionReader {
         partition: u32,
         from: u64,
     ) -> Result<PartitionReader, ClusterError> {
-        let consumer: BaseConsumer =
-            reader_config(bootstrap).create().map_err(|e| ClusterError::kafka("create reader", e))?;
+        let consumer: BaseConsumer = reader_config(bootstrap)
+            .create()
+            .map_err(|e| ClusterError::kafka("create reader", e))?;
         let mut assignment = TopicPartitionList::new();
         let offset = KafkaOffset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
         assignment

@@ -15,24 +15,27 @@
 //!   the partition next restores the committed state and goes on from the committed position.
 
 use super::{
-    Guarantee, Processor, ProcessorConfig, ProcessorError, RunStats, Task, TaskLog, Until,
-    restore,
+    Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
+    RunStats, Task, TaskLog, Until, decode_marker,
 };
 use crate::kafka::{
     ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, base_config, owned,
     produce,
 };
 use crate::{Fetch, GroupCommit, Offset, OwnedRecord, Record, TransactionWrite};
-use rdkafka::{ClientContext, Message};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::producer::Producer;
+use rdkafka::{ClientContext, Message};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The topic an exactly-once run commits one record to before it starts, to learn whether
+/// the cluster runs transactions to their end.
+const EOS_PROBE_TOPIC: &str = "chronik-transactions-probe";
 /// How long an input partition with nothing buffered must stay quiet before the merge of
 /// several inputs takes it as caught up (Kafka Streams' `max.task.idle.ms`).
 const MAX_TASK_IDLE: Duration = Duration::from_millis(500);
@@ -51,7 +54,7 @@ struct GroupContext {
 impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
-    fn post_rebalance(&self, _rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
         self.changed.store(true, Ordering::SeqCst);
     }
 }
@@ -125,6 +128,20 @@ struct GroupLog<'a> {
     transactional: bool,
     buffers: RefCell<HashMap<(String, u32), Buffer>>,
     partition_counts: RefCell<HashMap<String, u32>>,
+    /// The changelog topics, one per store: every commit ends each with a marker.
+    changelogs: Vec<String>,
+    /// Per task partition: the last commit's sequence number, and the repairs its next
+    /// commit writes first.
+    commits: RefCell<HashMap<u32, Fenced>>,
+}
+
+/// What a task's commits carry besides its own writes.
+#[derive(Default)]
+struct Fenced {
+    seq: u64,
+    /// (changelog, key, changelog value): the committed value, written again, of every key
+    /// that an unfinished commit of an earlier owner left after the last marker.
+    repairs: Vec<(String, Vec<u8>, Vec<u8>)>,
 }
 
 impl TaskLog for GroupLog<'_> {
@@ -203,18 +220,63 @@ impl GroupLog<'_> {
         writes: &[TransactionWrite<'_>],
         group: Option<GroupCommit<'_>>,
     ) -> Result<(), ProcessorError> {
+        let offsets_of = group.map_or(&[][..], |g| g.offsets);
+        let partition = offsets_of.first().map(|(_, partition, _)| *partition);
+        let mut commits = self.commits.borrow_mut();
+        let fenced = partition.map(|p| commits.entry(p).or_default());
+        // 1. The repairs, the store changes and the outputs.
+        if let (Some(partition), Some(fenced)) = (partition, &fenced) {
+            for (topic, key, value) in &fenced.repairs {
+                let record = Record::new(Some(key), value);
+                produce(self.producer, topic, partition, &record).map_err(cluster)?;
+            }
+        }
         for write in writes {
             for record in write.records {
                 produce(self.producer, write.topic, write.partition, record).map_err(cluster)?;
             }
         }
+        if !self.transactional {
+            // Acknowledged before any marker: a marker never covers a lost write.
+            self.flushed()?;
+        }
+        // 2. A marker at the end of every changelog: the state up to here is committed, with
+        //    these input positions.
+        let Some(fenced) = fenced else { return self.finish(&TopicPartitionList::new()) };
+        let partition = partition.expect("a fenced commit has a partition");
+        let seq = fenced.seq + 1;
+        let positions: Vec<Offset> = offsets_of.iter().map(|(_, _, offset)| *offset).collect();
+        let marker = encode_marker(seq, &positions);
+        let headers = [crate::Header { key: MARKER_HEADER.as_bytes(), value: &[] }];
+        let record = Record::new(Some(MARKER_KEY), &marker).with_headers(&headers);
+        for changelog in &self.changelogs {
+            produce(self.producer, changelog, partition, &record).map_err(cluster)?;
+        }
         let mut offsets = TopicPartitionList::new();
-        for (topic, partition, offset) in group.map_or(&[][..], |g| g.offsets) {
+        for (topic, partition, offset) in offsets_of {
             let at = KafkaOffset::Offset(i64::try_from(offset.get()).unwrap_or(i64::MAX));
             offsets
                 .add_partition_offset(topic, *partition as i32, at)
                 .map_err(|e| kafka_error("commit", e))?;
         }
+        self.finish(&offsets)?;
+        fenced.seq = seq;
+        fenced.repairs.clear();
+        Ok(())
+    }
+
+    /// Wait for every record sent to be acknowledged; fail if any was not.
+    fn flushed(&self) -> Result<(), ProcessorError> {
+        self.producer.flush(REQUEST_TIMEOUT).map_err(|e| kafka_error("flush", e))?;
+        match self.producer.context().take_failure() {
+            Some(failure) => Err(kafka_error("send", failure)),
+            None => Ok(()),
+        }
+    }
+
+    /// Commit the input positions: inside the transaction (exactly once), or after the writes
+    /// are acknowledged (at least once).
+    fn finish(&self, offsets: &TopicPartitionList) -> Result<(), ProcessorError> {
         if self.transactional {
             if offsets.count() > 0 {
                 let metadata = self
@@ -222,86 +284,146 @@ impl GroupLog<'_> {
                     .group_metadata()
                     .ok_or_else(|| kafka_error("commit", "the consumer has no group metadata"))?;
                 self.producer
-                    .send_offsets_to_transaction(&offsets, &metadata, REQUEST_TIMEOUT)
+                    .send_offsets_to_transaction(offsets, &metadata, REQUEST_TIMEOUT)
                     .map_err(|e| kafka_error("send offsets to transaction", e))?;
             }
             self.producer
                 .commit_transaction(REQUEST_TIMEOUT)
                 .map_err(|e| kafka_error("commit transaction", e))?;
-        } else {
-            self.producer.flush(REQUEST_TIMEOUT).map_err(|e| kafka_error("flush", e))?;
-            if offsets.count() > 0 {
-                self.consumer
-                    .commit(&offsets, CommitMode::Sync)
-                    .map_err(|e| kafka_error("commit offsets", e))?;
+            return match self.producer.context().take_failure() {
+                Some(failure) => Err(kafka_error("send", failure)),
+                None => Ok(()),
+            };
+        }
+        self.flushed()?;
+        if offsets.count() > 0 {
+            self.consumer
+                .commit(offsets, CommitMode::Sync)
+                .map_err(|e| kafka_error("commit offsets", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// A marker's value: magic, the commit's sequence number, then the input positions
+/// (little-endian `u64`s).
+fn encode_marker(seq: u64, positions: &[Offset]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(12 + 8 * positions.len());
+    bytes.extend_from_slice(MARKER_MAGIC);
+    bytes.extend_from_slice(&seq.to_le_bytes());
+    for position in positions {
+        bytes.extend_from_slice(&position.get().to_le_bytes());
+    }
+    bytes
+}
+
+/// One store's changelog partition as read: its changes, and where each marker fell.
+struct ChangelogRead {
+    changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// (sequence number, input positions, changes before it).
+    markers: Vec<(u64, Vec<Offset>, usize)>,
+}
+
+fn read_changelog(
+    client: &KafkaClient,
+    config: &ProcessorConfig,
+    store: &str,
+    partition: u32,
+) -> Result<ChangelogRead, ProcessorError> {
+    let topic = config.changelog(store);
+    let mut reader = client.reader(&topic, partition, 0).map_err(cluster)?;
+    let mut read = ChangelogRead { changes: Vec::new(), markers: Vec::new() };
+    loop {
+        let batch = reader.next_batch(50_000).map_err(cluster)?;
+        if batch.is_empty() && reader.at_end() {
+            return Ok(read);
+        }
+        for record in batch {
+            if record.headers.iter().any(|(k, _)| k == MARKER_HEADER.as_bytes()) {
+                let (seq, positions) = decode_marker(&record.value).ok_or_else(|| {
+                    let (store, offset) = (store.to_owned(), record.offset.get());
+                    ProcessorError::BadChangelog { store, partition, offset }
+                })?;
+                read.markers.push((seq, positions, read.changes.len()));
+                continue;
             }
-        }
-        match self.producer.context().take_failure() {
-            Some(failure) => Err(kafka_error("send", failure)),
-            None => Ok(()),
+            let value = match record.value.split_first() {
+                None => None,
+                Some((&super::CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
+                Some(_) => {
+                    let (store, offset) = (store.to_owned(), record.offset.get());
+                    return Err(ProcessorError::BadChangelog { store, partition, offset });
+                }
+            };
+            read.changes.push((record.key.unwrap_or_default(), value));
         }
     }
 }
 
-/// Reads changelog partitions for restores: its own reader, outside the group.
-struct RestoreLog<'a> {
-    client: &'a KafkaClient,
-    reader: RefCell<Option<((String, u32), crate::kafka::PartitionReader)>>,
+/// A partition's state as committed: the stores up to the last commit every changelog
+/// marked, the input positions that commit recorded, and the repairs for what came after.
+struct Restored {
+    stores: BTreeMap<String, super::Store>,
+    positions: Option<Vec<Offset>>,
+    fenced: Fenced,
+    stats: RunStats,
 }
 
-impl TaskLog for RestoreLog<'_> {
-    fn now_ms(&self) -> i64 {
-        now_ms()
+fn restore_partition(
+    client: &KafkaClient,
+    config: &ProcessorConfig,
+    partition: u32,
+) -> Result<Restored, ProcessorError> {
+    let mut reads = Vec::with_capacity(config.stores.len());
+    for store in &config.stores {
+        reads.push(read_changelog(client, config, store, partition)?);
     }
-
-    fn partition_count(&self, topic: &str) -> Option<u32> {
-        self.client.partition_count(topic).ok().flatten()
-    }
-
-    fn read(
-        &self,
-        topic: &str,
-        partition: u32,
-        from: Offset,
-        max_bytes: usize,
-    ) -> Result<Fetch, ProcessorError> {
-        let mut slot = self.reader.borrow_mut();
-        let key = (topic.to_owned(), partition);
-        let reusable = slot.as_ref().is_some_and(|(k, r)| *k == key && r.next_offset() == from.get());
-        if !reusable {
-            let reader = self.client.reader(topic, partition, from.get()).map_err(cluster)?;
-            *slot = Some((key, reader));
+    // The last commit that reached every changelog (a process may die between them).
+    let target = reads.iter().map(|r| r.markers.last().map_or(0, |m| m.0)).min().unwrap_or(0);
+    let mut restored = Restored {
+        stores: BTreeMap::new(),
+        positions: None,
+        fenced: Fenced { seq: target, repairs: Vec::new() },
+        stats: RunStats::default(),
+    };
+    for (name, read) in config.stores.iter().zip(reads) {
+        let marker = read.markers.iter().rev().find(|m| m.0 <= target);
+        let cut = marker.map_or(0, |m| m.2);
+        if let Some(marker) = marker.filter(|m| m.0 == target) {
+            restored.positions.get_or_insert_with(|| marker.1.clone());
         }
-        let (_, reader) = slot.as_mut().expect("set above");
-        let records = reader.next_batch((max_bytes / 64).max(1)).map_err(cluster)?;
-        // Empty only at the committed end: the restore stops there (an open transaction of a
-        // process that died stays invisible, and is aborted by the cluster).
-        fetch_of(from, records.iter(), usize::MAX)
+        let mut data: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for (key, value) in &read.changes[..cut] {
+            match value {
+                Some(value) => data.insert(key.clone(), value.clone()),
+                None => data.remove(key),
+            };
+        }
+        let topic = config.changelog(name);
+        let tail: BTreeSet<&Vec<u8>> = read.changes[cut..].iter().map(|(k, _)| k).collect();
+        for key in tail {
+            let value = data.get(key).map_or_else(Vec::new, |v| {
+                let mut tagged = vec![super::CHANGELOG_PUT];
+                tagged.extend_from_slice(v);
+                tagged
+            });
+            restored.fenced.repairs.push((topic.clone(), key.clone(), value));
+        }
+        restored.stats.restored += cut as u64;
+        let store = super::Store { data, ..super::Store::default() };
+        if let Some(listener) = &config.on_restore {
+            listener(super::RestoreProgress {
+                store: name,
+                partition,
+                restored: cut as u64,
+                end: Offset::new(cut as u64),
+                from_snapshot: None,
+                done: true,
+            });
+        }
+        restored.stores.insert(name.clone(), store);
     }
-
-    fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError> {
-        self.client.end_offset(topic, partition).map(Offset::new).map_err(cluster)
-    }
-
-    fn commit(
-        &self,
-        _writes: &[TransactionWrite<'_>],
-        _group: Option<GroupCommit<'_>>,
-    ) -> Result<(), ProcessorError> {
-        Err(kafka_error("commit", "a restore does not commit"))
-    }
-
-    fn read_state_file(&self, _name: &str) -> Option<Vec<u8>> {
-        None
-    }
-
-    fn write_state_file(&self, _name: &str, _bytes: Vec<u8>) -> bool {
-        false
-    }
-
-    fn metrics(&self) -> Option<&crate::engine::metrics::Metrics> {
-        None
-    }
+    Ok(restored)
 }
 
 /// Check the inputs and create the changelogs that are missing; returns the partition count.
@@ -351,7 +473,7 @@ fn producer(
     guarantee: Guarantee,
 ) -> Result<KafkaProducer, ProcessorError> {
     let mut settings: ClientConfig = base_config(client.bootstrap());
-    settings.set("acks", "all").set("linger.ms", "5");
+    settings.set("acks", "all").set("linger.ms", "5").set("enable.idempotence", "true");
     if guarantee == Guarantee::ExactlyOnce {
         // One transactional id per process instance; fencing of a zombie goes through the
         // group metadata sent with the offsets (KIP-447), not through reusing ids.
@@ -365,12 +487,28 @@ fn producer(
         .create_with_context(Deliveries::default())
         .map_err(|e| kafka_error("create producer", e))?;
     if guarantee == Guarantee::ExactlyOnce {
-        producer.init_transactions(REQUEST_TIMEOUT).map_err(|e| {
+        let refused = |e: &dyn std::fmt::Display| {
             ProcessorError::ExactlyOnceUnavailable(format!(
-                "the cluster at {} refused Kafka transactions ({e})",
+                "the cluster at {} cannot run Kafka transactions ({e})",
                 client.bootstrap()
             ))
-        })?;
+        };
+        producer.init_transactions(REQUEST_TIMEOUT).map_err(|e| refused(&e))?;
+        // Some brokers take a transaction's first steps and not its end: commit one record
+        // to a probe topic to know before any work depends on it.
+        match client.create_topic(EOS_PROBE_TOPIC, 1, false) {
+            Ok(()) | Err(ClusterError::TopicExists { .. }) => {}
+            Err(error) => return Err(cluster(error)),
+        }
+        producer.begin_transaction().map_err(|e| refused(&e))?;
+        let probe = Record::new(Some(config.application.as_bytes()), b"probe");
+        produce(&producer, EOS_PROBE_TOPIC, 0, &probe).map_err(cluster)?;
+        if let Err(error) = producer.commit_transaction(REQUEST_TIMEOUT) {
+            let _ = producer.abort_transaction(REQUEST_TIMEOUT);
+            return Err(refused(&error));
+        }
+    } else {
+        producer.context().take_failure();
     }
     Ok(producer)
 }
@@ -413,6 +551,8 @@ pub(crate) fn run<P: Processor>(
         transactional: guarantee == Guarantee::ExactlyOnce,
         buffers: RefCell::new(HashMap::new()),
         partition_counts: RefCell::new(HashMap::new()),
+        changelogs: config.stores.iter().map(|store| config.changelog(store)).collect(),
+        commits: RefCell::new(HashMap::new()),
     };
     let mut tasks: BTreeMap<u32, Task<P>> = BTreeMap::new();
     let mut stats = RunStats::default();
@@ -493,12 +633,15 @@ fn group_caught_up<C: ConsumerContext>(
         .committed_offsets(wanted, REQUEST_TIMEOUT)
         .map_err(|e| kafka_error("fetch committed offsets", e))?;
     for element in committed.elements() {
-        let end = client.end_offset(element.topic(), element.partition() as u32).map_err(cluster)?;
         let at = match element.offset() {
             KafkaOffset::Offset(at) => u64::try_from(at).unwrap_or(0),
             _ => 0,
         };
-        if at < end {
+        // Whether anything committed lies at or after the group's position (the end offset
+        // alone cannot tell: a transaction marker takes one, and some brokers misreport it).
+        let mut reader =
+            client.reader(element.topic(), element.partition() as u32, at).map_err(cluster)?;
+        if !reader.next_batch(1).map_err(cluster)?.is_empty() || !reader.at_end() {
             return Ok(false);
         }
     }
@@ -555,16 +698,13 @@ fn reconcile<P: Processor>(
                 }
             })
             .collect();
-        let restore_log = RestoreLog { client, reader: RefCell::new(None) };
-        let mut restored = RunStats::default();
-        let mut stores = BTreeMap::new();
-        for name in &config.stores {
-            let store = restore(&restore_log, config, name, partition, &mut restored)?;
-            stores.insert(name.clone(), store);
-        }
+        let restored = restore_partition(client, config, partition)?;
+        let positions =
+            restored.positions.filter(|p| p.len() == positions.len()).unwrap_or(positions);
+        let (stores, restored, fenced) = (restored.stores, restored.stats, restored.fenced);
+        log.commits.borrow_mut().insert(partition, fenced);
         tracing::info!(partition, ?positions, restored = restored.restored, "partition assigned");
-        let task =
-            Task::start(config, partition, factory(partition), stores, positions, now_ms());
+        let task = Task::start(config, partition, factory(partition), stores, positions, now_ms());
         tasks.insert(partition, task.with_stats(config, restored)?);
         for input in &config.inputs {
             buffers.insert((input.clone(), partition), Buffer::new());
