@@ -11,7 +11,8 @@
 //! `count` several times on a cluster and the processes share the partitions in one consumer
 //! group; kill one and another takes its partitions over, restoring their counts from the
 //! changelog. `CHRONIK_GUARANTEE=at-least-once` runs on a cluster without Kafka transactions
-//! (outputs may then repeat after a kill; the counts stay exact).
+//! (outputs may then repeat after a kill; the counts stay exact). `CLICKS_PACE=N` counts at most
+//! N clicks per second per process, to watch partitions move.
 //!
 //! Defaults: 1,000,000 clicks over 1,000 users in 4 partitions. The last line names the final
 //! state (`final state: ... digest ...`), the same on every target for the same clicks.
@@ -29,9 +30,29 @@ const PARTITIONS: u32 = 4;
 const PRODUCE_BATCH: u64 = 1_000;
 
 /// Counts clicks per user in the store "counts" and emits each new count to "click-counts".
-struct ClickCounter;
+struct ClickCounter {
+    /// At most this many clicks per second (`CLICKS_PACE`), to watch partitions move between
+    /// processes; unpaced without it.
+    pace: Option<u64>,
+    seen: u64,
+}
 
 impl Processor for ClickCounter {
+    fn process_batch(
+        &mut self,
+        records: &[RecordView<'_>],
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        for record in records {
+            self.process(record, ctx)?;
+            self.seen += 1;
+            if let Some(pace) = self.pace.filter(|_| self.seen % 100 == 0) {
+                std::thread::sleep(std::time::Duration::from_micros(100_000_000 / pace.max(1)));
+            }
+        }
+        Ok(())
+    }
+
     fn process(
         &mut self,
         record: &RecordView<'_>,
@@ -120,7 +141,9 @@ fn count(log: &Connection, guarantee: Guarantee) -> Result<(), Box<dyn std::erro
         ..ProcessorConfig::new("click-counter", "clicks").store("counts").commit_interval_ms(100)
     };
     let counting = Instant::now();
-    let stats = log.run(config, guarantee, |_| ClickCounter, Until::CaughtUp)?;
+    let pace = std::env::var("CLICKS_PACE").ok().map(|p| p.parse::<u64>()).transpose()?;
+    let counter = |_| ClickCounter { pace, seen: 0 };
+    let stats = log.run(config, guarantee, counter, Until::CaughtUp)?;
     let elapsed = counting.elapsed();
     println!(
         "counted {} clicks in {elapsed:.2?} ({:.0} clicks/s), {} commits",
@@ -188,7 +211,17 @@ fn verify(
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("clicks_count: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let target = args.next().unwrap_or_else(|| "./clicks-data".to_owned());
     let clicks: u64 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;

@@ -51,6 +51,8 @@ impl ClusterError {
 #[derive(Debug, Default)]
 pub(crate) struct Deliveries {
     failed: Mutex<Option<String>>,
+    /// Per topic and partition, the offset after the last record acknowledged.
+    acknowledged: Mutex<std::collections::HashMap<(String, u32), u64>>,
 }
 
 impl Deliveries {
@@ -66,6 +68,15 @@ impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
+        if let Ok(message) = result {
+            if let (Ok(mut acknowledged), Ok(offset)) =
+                (self.acknowledged.lock(), u64::try_from(message.offset()))
+            {
+                let key = (message.topic().to_owned(), message.partition() as u32);
+                let next = acknowledged.entry(key).or_default();
+                *next = (*next).max(offset + 1);
+            }
+        }
         if let Err((error, message)) = result {
             if let Ok(mut failed) = self.failed.lock() {
                 failed.get_or_insert_with(|| {
@@ -208,6 +219,13 @@ impl KafkaClient {
         }
     }
 
+    /// The offset after the last record this client's sends got acknowledged in
+    /// `topic`/`partition` (`None` before any).
+    pub fn acknowledged(&self, topic: &str, partition: u32) -> Option<u64> {
+        let acknowledged = self.producer.context().acknowledged.lock().ok()?;
+        acknowledged.get(&(topic.to_owned(), partition)).copied()
+    }
+
     /// A reader of one partition from `from`, read committed.
     pub fn reader(
         &self,
@@ -317,13 +335,33 @@ pub(crate) fn owned(message: &BorrowedMessage<'_>) -> OwnedRecord {
     }
 }
 
+/// How far back a reader first looks when a fetch from an offset inside a batch came back
+/// without that batch (some brokers, tansu 0.6 among them, answer a fetch from the middle of
+/// a batch with the next batch). Grows eightfold per retry, down to offset zero.
+pub(crate) const SEEK_BACK_FIRST: u64 = 256;
+/// How long a reader not yet known to start right waits for a first answer before it looks
+/// further back.
+const UNVERIFIED_WAIT: Duration = Duration::from_millis(500);
+
 /// Reads one partition in offset order, read committed, outside any consumer group.
+///
+/// It starts exactly at the offset asked for, whatever the broker does with a fetch from the
+/// middle of a batch: until it sees a record at or before that offset (or reads from zero), it
+/// fetches from further back and drops what comes before the offset.
 pub struct PartitionReader {
     consumer: BaseConsumer,
+    topic: String,
+    partition: u32,
     at_end: bool,
     /// The offset after the last record handed out (Kafka's next offset may be further: a
     /// commit marker).
     next: u64,
+    /// Where the current fetch started, while the start is not yet known to be right.
+    unverified: Option<u64>,
+    window: u64,
+    /// When the current fetch was set up: a broker may answer a fetch from past a skipped
+    /// last batch with nothing at all, not even an end-of-partition event.
+    assigned_at: Instant,
 }
 
 impl std::fmt::Debug for PartitionReader {
@@ -342,13 +380,37 @@ impl PartitionReader {
         let consumer: BaseConsumer = reader_config(bootstrap)
             .create()
             .map_err(|e| ClusterError::kafka("create reader", e))?;
+        let mut reader = PartitionReader {
+            consumer,
+            topic: topic.to_owned(),
+            partition,
+            at_end: false,
+            next: from,
+            unverified: (from > 0).then_some(from),
+            window: SEEK_BACK_FIRST,
+            assigned_at: Instant::now(),
+        };
+        reader.assign(from)?;
+        Ok(reader)
+    }
+
+    fn assign(&mut self, at: u64) -> Result<(), ClusterError> {
         let mut assignment = TopicPartitionList::new();
-        let offset = KafkaOffset::Offset(i64::try_from(from).unwrap_or(i64::MAX));
+        let offset = KafkaOffset::Offset(i64::try_from(at).unwrap_or(i64::MAX));
         assignment
-            .add_partition_offset(topic, partition as i32, offset)
+            .add_partition_offset(&self.topic, self.partition as i32, offset)
             .map_err(|e| ClusterError::kafka("assign", e))?;
-        consumer.assign(&assignment).map_err(|e| ClusterError::kafka("assign", e))?;
-        Ok(PartitionReader { consumer, at_end: false, next: from })
+        self.assigned_at = Instant::now();
+        self.consumer.assign(&assignment).map_err(|e| ClusterError::kafka("assign", e))
+    }
+
+    /// The fetch from `start` may have skipped records at or after `next`: start further back.
+    fn back_off(&mut self) -> Result<(), ClusterError> {
+        let start = self.next.saturating_sub(self.window);
+        self.window = self.window.saturating_mul(8);
+        self.unverified = (start > 0).then_some(start);
+        self.consumer.unassign().map_err(|e| ClusterError::kafka("unassign", e))?;
+        self.assign(start)
     }
 
     /// Up to `max` records; fewer when the partition's committed end is reached (then
@@ -362,15 +424,36 @@ impl PartitionReader {
                 Some(Ok(message)) => {
                     self.at_end = false;
                     let record = owned(&message);
-                    self.next = record.offset.get() + 1;
+                    let offset = record.offset.get();
+                    if self.unverified.is_some() {
+                        if offset > self.next {
+                            self.back_off()?;
+                            continue;
+                        }
+                        self.unverified = None;
+                    }
+                    if offset < self.next {
+                        continue;
+                    }
+                    self.next = offset + 1;
                     records.push(record);
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) => {
+                    if self.unverified.is_some() {
+                        // The end, or a last batch skipped: look again from further back.
+                        self.back_off()?;
+                        continue;
+                    }
                     self.at_end = true;
                     break;
                 }
                 Some(Err(error)) => return Err(ClusterError::kafka("read", error)),
                 None if !records.is_empty() => break,
+                None if self.unverified.is_some()
+                    && self.assigned_at.elapsed() >= UNVERIFIED_WAIT =>
+                {
+                    self.back_off()?;
+                }
                 None if Instant::now() > deadline => {
                     return Err(ClusterError::kafka("read", "no answer from the cluster"));
                 }
@@ -410,5 +493,55 @@ pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
             return output;
         }
         std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+/// A `tansu` broker (a Kafka-protocol broker in one binary, keeping everything in memory) on
+/// a free port of 127.0.0.1, for tests; killed when dropped. The binary is `$CHRONIK_TANSU`,
+/// else `tansu` on the `PATH` (`scripts/kafka-broker install` puts one in place).
+#[derive(Debug)]
+pub struct TestBroker {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TestBroker {
+    pub fn start() -> std::io::Result<TestBroker> {
+        let binary = std::env::var("CHRONIK_TANSU").unwrap_or_else(|_| "tansu".to_owned());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = std::process::Command::new(&binary)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {binary}: {e}")))?;
+        let broker = TestBroker { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!("{binary} never listened on {port}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(broker)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `kafka://127.0.0.1:PORT`, a target for [`crate::connect`].
+    pub fn target(&self) -> String {
+        format!("kafka://{}", self.bootstrap())
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -151,11 +151,14 @@ pub enum Until<'a> {
 
 /// The key and header of a commit marker in a changelog on a Kafka-protocol cluster: every
 /// commit of a task ends each of its changelog partitions with one (see `processor::kafka`).
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) const MARKER_KEY: &[u8] = b"chronik.commit";
 pub(crate) const MARKER_HEADER: &str = "chronik.commit";
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) const MARKER_MAGIC: &[u8; 4] = b"CHCM";
 
 /// A marker's value: the commit's sequence number and its input positions.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) fn decode_marker(bytes: &[u8]) -> Option<(u64, Vec<Offset>)> {
     let rest = bytes.strip_prefix(MARKER_MAGIC)?;
     let (seq, rest) = rest.split_at_checked(8)?;

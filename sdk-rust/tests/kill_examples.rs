@@ -3,7 +3,9 @@
 //! output record per input record, never a double count or a lost one. The delays come from
 //! a seed (`CHRONIK_KILL_SEED` to replay; the default is fixed).
 
-use std::path::PathBuf;
+mod common;
+
+use common::example;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,25 +14,6 @@ const KILLS: u32 = 8;
 /// Input records: the examples are built with the tests' profile, ten times slower in debug.
 fn records() -> String {
     if cfg!(debug_assertions) { "200000" } else { "2000000" }.to_owned()
-}
-
-/// An example binary: `cargo test` builds the package's examples next to its test binaries.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap();
-    let path = profile.join("examples").join(name);
-    if !path.exists() {
-        // A filtered `cargo test --test kill_examples` builds no examples: build this one.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let profile = if cfg!(debug_assertions) { "dev" } else { "release" };
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "chronik", "--profile", profile, "--example", name])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the example {name} failed");
-    }
-    assert!(path.exists(), "{} is not built", path.display());
-    path
 }
 
 /// splitmix64: a few delays from a seed, without a dependency.

@@ -51,7 +51,13 @@ struct GroupContext {
     changed: AtomicBool,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if std::env::var_os("CHRONIK_KAFKA_DEBUG").is_some() {
+            eprintln!("librdkafka {level:?} {fac}: {log_message}");
+        }
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, _rebalance: &Rebalance<'_>) {
@@ -65,11 +71,68 @@ struct Buffer {
     /// The offset of the last record pushed: a record at or below it again is a redelivery.
     last: Option<Offset>,
     last_arrival: Instant,
+    /// Until a record at or before the task's position arrives, the fetch may have started
+    /// past it (see [`crate::kafka::SEEK_BACK_FIRST`]).
+    verify: Option<Verify>,
 }
 
+struct Verify {
+    expected: Offset,
+    /// Where the consumer was last sent to fetch from, and when.
+    start: u64,
+    window: u64,
+    since: Instant,
+}
+
+/// How long an unverified partition waits for a record before its fetch goes further back.
+const VERIFY_WAIT: Duration = Duration::from_millis(500);
+
 impl Buffer {
-    fn new() -> Buffer {
-        Buffer { records: VecDeque::new(), last: None, last_arrival: Instant::now() }
+    fn new(position: Offset) -> Buffer {
+        let verify = (position > Offset::ZERO).then(|| Verify {
+            expected: position,
+            start: position.get(),
+            window: crate::kafka::SEEK_BACK_FIRST,
+            since: Instant::now(),
+        });
+        Buffer { records: VecDeque::new(), last: None, last_arrival: Instant::now(), verify }
+    }
+
+    /// Whether `record` may go in: verified, or the record that verifies. A record past the
+    /// position while unverified is dropped, and the fetch sent further back (at most once per
+    /// [`VERIFY_WAIT`], since records of the earlier fetch may still be queued).
+    fn admit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: u32,
+        offset: Offset,
+    ) -> Result<bool, ProcessorError> {
+        let Some(verify) = &self.verify else { return Ok(true) };
+        if offset <= verify.expected || verify.start == 0 {
+            self.verify = None;
+            return Ok(true);
+        }
+        if verify.since.elapsed() >= VERIFY_WAIT / 5 {
+            self.seek_back(consumer, topic, partition)?;
+        }
+        Ok(false)
+    }
+
+    fn seek_back<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: u32,
+    ) -> Result<(), ProcessorError> {
+        let Some(verify) = &mut self.verify else { return Ok(()) };
+        verify.start = verify.expected.get().saturating_sub(verify.window);
+        verify.window = verify.window.saturating_mul(8);
+        verify.since = Instant::now();
+        let at = KafkaOffset::Offset(i64::try_from(verify.start).unwrap_or(0));
+        consumer
+            .seek(topic, partition as i32, at, REQUEST_TIMEOUT)
+            .map_err(|e| kafka_error("seek", e))
     }
 }
 
@@ -517,20 +580,35 @@ fn group_consumer(
     client: &KafkaClient,
     config: &ProcessorConfig,
 ) -> Result<BaseConsumer<GroupContext>, ProcessorError> {
-    let consumer: BaseConsumer<GroupContext> = base_config(client.bootstrap())
+    let mut settings = base_config(client.bootstrap());
+    if let Ok(debug) = std::env::var("CHRONIK_KAFKA_DEBUG") {
+        // librdkafka's own debug contexts (`cgrp`, `fetch`, ...), printed to standard error.
+        settings.set("debug", debug).set("log_level", "7");
+    }
+    let consumer: BaseConsumer<GroupContext> = settings
         .set("group.id", &config.application)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("partition.assignment.strategy", "range")
-        .set("session.timeout.ms", "6000")
+        .set("session.timeout.ms", &session_timeout_ms().to_string())
         .set("heartbeat.interval.ms", "1000")
         .create_with_context(GroupContext { changed: AtomicBool::new(false) })
         .map_err(|e| kafka_error("create consumer", e))?;
     let inputs: Vec<&str> = config.inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&inputs).map_err(|e| kafka_error("subscribe", e))?;
     Ok(consumer)
+}
+
+/// How long the group waits for a silent process before moving its partitions:
+/// `CHRONIK_KAFKA_SESSION_TIMEOUT_MS`, 20 s by default. Brokers that take a member waiting
+/// in a rebalance for a silent one (tansu 0.6 does) need it well above their rebalance time.
+fn session_timeout_ms() -> u64 {
+    std::env::var("CHRONIK_KAFKA_SESSION_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(20_000)
 }
 
 /// Run `config`'s processors in the consumer group `config.application` until `until`.
@@ -579,6 +657,9 @@ pub(crate) fn run<P: Processor>(
             let buffer = buffers.get_mut(&key).ok_or_else(|| {
                 kafka_error("poll", format!("a record of {}/{} not assigned here", key.0, key.1))
             })?;
+            if !buffer.admit(&consumer, &key.0, key.1, record.offset)? {
+                continue;
+            }
             if buffer.last.is_none_or(|last| record.offset > last) {
                 buffer.last = Some(record.offset);
                 buffer.last_arrival = Instant::now();
@@ -587,6 +668,12 @@ pub(crate) fn run<P: Processor>(
         }
         if consumer.context().changed.swap(false, Ordering::SeqCst) {
             reconcile(client, config, &consumer, &log, &mut tasks, &mut stats, factory)?;
+        }
+        for ((topic, partition), buffer) in log.buffers.borrow_mut().iter_mut() {
+            if buffer.verify.as_ref().is_some_and(|v| v.since.elapsed() >= VERIFY_WAIT) {
+                // Nothing came: the fetch may have skipped the partition's last batch.
+                buffer.seek_back(&consumer, topic, *partition)?;
+            }
         }
         let mut processed = 0;
         for task in tasks.values_mut() {
@@ -639,6 +726,7 @@ fn group_caught_up<C: ConsumerContext>(
         };
         // Whether anything committed lies at or after the group's position (the end offset
         // alone cannot tell: a transaction marker takes one, and some brokers misreport it).
+        // The reader starts exactly there, even on a broker that fetches from the next batch.
         let mut reader =
             client.reader(element.topic(), element.partition() as u32, at).map_err(cluster)?;
         if !reader.next_batch(1).map_err(cluster)?.is_empty() || !reader.at_end() {
@@ -667,6 +755,9 @@ fn reconcile<P: Processor>(
         .filter(|e| e.topic() == config.inputs[0])
         .map(|e| e.partition() as u32)
         .collect();
+    if std::env::var_os("CHRONIK_KAFKA_DEBUG").is_some() {
+        eprintln!("chronik: group {} assigned here: {owned:?}", config.application);
+    }
     let gone: Vec<u32> = tasks.keys().filter(|p| !owned.contains(p)).copied().collect();
     for partition in gone {
         if let Some(mut task) = tasks.remove(&partition) {
@@ -704,10 +795,11 @@ fn reconcile<P: Processor>(
         let (stores, restored, fenced) = (restored.stores, restored.stats, restored.fenced);
         log.commits.borrow_mut().insert(partition, fenced);
         tracing::info!(partition, ?positions, restored = restored.restored, "partition assigned");
-        let task = Task::start(config, partition, factory(partition), stores, positions, now_ms());
+        let task =
+            Task::start(config, partition, factory(partition), stores, positions.clone(), now_ms());
         tasks.insert(partition, task.with_stats(config, restored)?);
-        for input in &config.inputs {
-            buffers.insert((input.clone(), partition), Buffer::new());
+        for (input, position) in config.inputs.iter().zip(&positions) {
+            buffers.insert((input.clone(), partition), Buffer::new(*position));
         }
     }
     Ok(())
