@@ -6,6 +6,8 @@ mod compact;
 mod consume;
 mod demo;
 mod inspect;
+#[cfg(feature = "kafka")]
+mod mirror;
 mod produce;
 mod stats;
 mod topic;
@@ -52,6 +54,10 @@ enum Command {
     Dump(inspect::DumpArgs),
     /// Sizes, offsets, append rates and compaction state per topic and partition.
     Stats(stats::StatsArgs),
+    /// Copy topics from a data directory to a Kafka-protocol cluster or back (kafka://HOST:PORT),
+    /// resumable, keeping keys, values, headers and timestamps.
+    #[cfg(feature = "kafka")]
+    Mirror(mirror::MirrorArgs),
 }
 
 /// Parse `sync`, `os` or `interval:MS`.
@@ -134,6 +140,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(args) => inspect::run_verify(&data()?, &args),
         Command::Dump(args) => inspect::run_dump(cli.data.as_deref(), &args),
         Command::Stats(args) => stats::run(&data()?, &args),
+        #[cfg(feature = "kafka")]
+        Command::Mirror(args) => mirror::run(&args),
     }
 }
 

@@ -108,7 +108,10 @@ fn read_progress(source: &Chronik, name: &str) -> anyhow::Result<Progress> {
         };
         let number = |s: &str| s.parse::<u64>().with_context(|| format!("bad line {line:?}"));
         let partition = u32::try_from(number(partition)?)?;
-        progress.insert((topic.to_owned(), partition), (number(source_next)?, number(destination_next)?));
+        progress.insert(
+            (topic.to_owned(), partition),
+            (number(source_next)?, number(destination_next)?),
+        );
     }
     Ok(progress)
 }
@@ -134,7 +137,9 @@ fn to_cluster(
     let partitions = description.partitions.len() as u32;
     match cluster.partition_count(topic)? {
         Some(count) if count == partitions => {}
-        Some(count) => bail!("topic {topic} has {count} partitions on the cluster, {partitions} here"),
+        Some(count) => {
+            bail!("topic {topic} has {count} partitions on the cluster, {partitions} here")
+        }
         None => {
             let compacted = description.config.cleanup == chronik::Cleanup::Compact;
             cluster.create_topic(topic, partitions, compacted)?;
@@ -164,7 +169,10 @@ fn to_cluster(
         consumer.seek(Offset::new(source_next));
         if ahead_count > 0 {
             for _ in 0..ahead_count {
-                let record = consumer.next().transpose()?.context("the destination holds more records than the source")?;
+                let record = consumer
+                    .next()
+                    .transpose()?
+                    .context("the destination holds more records than the source")?;
                 source_next = record.offset.get() + 1;
             }
             destination_next = ahead_next;
@@ -226,7 +234,9 @@ fn from_cluster(
         .with_context(|| format!("topic {topic} does not exist on the cluster"))?;
     match destination.partition_count(topic) {
         Some(count) if count == partitions => {}
-        Some(count) => bail!("topic {topic} has {count} partitions here, {partitions} on the cluster"),
+        Some(count) => {
+            bail!("topic {topic} has {count} partitions here, {partitions} on the cluster")
+        }
         None => destination
             .create_topic(topic, chronik::TopicConfig::default().with_partitions(partitions))?,
     }
@@ -266,7 +276,10 @@ fn from_cluster(
                 .collect();
             let next = Offset::new(reader.next_offset());
             let offsets = [(topic, partition, next)];
-            destination.commit_transaction(&writes, Some(GroupCommit { group: &group, offsets: &offsets }))?;
+            destination.commit_transaction(
+                &writes,
+                Some(GroupCommit { group: &group, offsets: &offsets }),
+            )?;
             copied += chunk.len() as u64;
             bar.inc(chunk.len() as u64);
         }

@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 mod codec;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod processor;
 
 pyo3::create_exception!(_chronik, ChronikError, PyException, "Any Chronik error.");
@@ -742,6 +744,10 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyRecord>()?;
     m.add_class::<processor::PyApp>()?;
+    #[cfg(feature = "kafka")]
+    m.add_class::<kafka::PyCluster>()?;
+    #[cfg(feature = "kafka")]
+    m.add_class::<kafka::PyClusterApp>()?;
     m.add_class::<processor::PyContext>()?;
     m.add_class::<processor::PyStore>()?;
     m.add_function(wrap_pyfunction!(processor::simulate, m)?)?;

@@ -41,7 +41,7 @@ pub(crate) struct Spec {
     key_format: Codec,
     value_format: Codec,
     /// The stores, in `ProcessorConfig::stores` order, with their formats.
-    stores: Vec<(String, Codec)>,
+    pub(crate) stores: Vec<(String, Codec)>,
     /// The Python exception a handler raised last, re-raised as itself when the run ends.
     raised: Mutex<Option<PyErr>>,
 }
@@ -67,7 +67,7 @@ pub(crate) struct PyProcessor {
 }
 
 impl PyProcessor {
-    fn new(spec: &Arc<Spec>, partition: u32) -> PyProcessor {
+    pub(crate) fn new(spec: &Arc<Spec>, partition: u32) -> PyProcessor {
         let mut made = PyProcessor {
             spec: Arc::clone(spec),
             broken: None,
@@ -541,7 +541,7 @@ impl PyStore {
 
 /// The processor configuration and formats from the Python side's keyword arguments.
 #[allow(clippy::too_many_arguments)]
-fn setup(
+pub(crate) fn setup(
     application: &str,
     inputs: Vec<String>,
     factory: Py<PyAny>,
@@ -586,7 +586,7 @@ fn setup(
 }
 
 /// A run's end as a Python exception: the handler's own exception when it raised one.
-fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
+pub(crate) fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
     match error {
         ProcessorError::Process { .. } => {
             spec.take_raised().unwrap_or_else(|| ChronikError::new_err(error.to_string()))
@@ -600,7 +600,7 @@ fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
     }
 }
 
-fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, PyDict>> {
+pub(crate) fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("records", stats.records)?;
     out.set_item("commits", stats.commits)?;

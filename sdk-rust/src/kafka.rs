@@ -153,6 +153,31 @@ impl KafkaClient {
         &self.bootstrap
     }
 
+    /// The names of the cluster's topics, sorted.
+    pub fn topics(&self) -> Result<Vec<String>, ClusterError> {
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(|e| ClusterError::kafka("fetch metadata", e))?;
+        let mut names: Vec<String> =
+            metadata.topics().iter().map(|t| t.name().to_owned()).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Run a processor application in the consumer group `config.application` on this
+    /// cluster (what [`crate::Connection::run`] does for a `kafka://` target).
+    pub fn run<P: crate::processor::Processor>(
+        &self,
+        config: crate::processor::ProcessorConfig,
+        guarantee: crate::processor::Guarantee,
+        mut factory: impl FnMut(u32) -> P,
+        until: crate::processor::Until<'_>,
+    ) -> Result<crate::processor::RunStats, crate::processor::ProcessorError> {
+        crate::processor::kafka::run(self, &config, guarantee, &mut factory, until)
+    }
+
     /// Partitions of `topic`, or `None` if the cluster has no such topic.
     pub fn partition_count(&self, topic: &str) -> Result<Option<u32>, ClusterError> {
         partition_count(self.producer.client(), topic)

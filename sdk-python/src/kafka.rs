@@ -1,0 +1,187 @@
+//! `chronik.connect("kafka://HOST:PORT")`: the same producers and processor applications on a
+//! Kafka-protocol cluster (the Rust SDK's `kafka` backend).
+
+use crate::processor::{PyProcessor, Spec, run_error, setup, stats_dict};
+use crate::{ChronikError, InvalidArgumentError, NotFoundError};
+use chronik::kafka::{ClusterError, KafkaClient};
+use chronik::processor::{Guarantee, ProcessorConfig, Until};
+use chronik::{Header, Record};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::sync::Arc;
+
+fn cluster_error(error: ClusterError) -> PyErr {
+    match error {
+        ClusterError::TopicNotFound { .. } => NotFoundError::new_err(error.to_string()),
+        ClusterError::TopicExists { .. } => crate::AlreadyExistsError::new_err(error.to_string()),
+        ClusterError::Address { .. } => InvalidArgumentError::new_err(error.to_string()),
+        other => ChronikError::new_err(other.to_string()),
+    }
+}
+
+/// A connection to a Kafka-protocol cluster (the `chronik.Cluster` class wraps it).
+#[pyclass(name = "_Cluster", module = "chronik._chronik", frozen)]
+pub(crate) struct PyCluster {
+    client: Arc<KafkaClient>,
+}
+
+/// A record as the cluster's `records` returns it: offset, timestamp, key, value, headers.
+type ClusterRecord = (u64, i64, Option<Py<PyBytes>>, Py<PyBytes>, Vec<(Py<PyBytes>, Py<PyBytes>)>);
+
+#[pymethods]
+impl PyCluster {
+    #[new]
+    fn new(py: Python<'_>, bootstrap: &str) -> PyResult<PyCluster> {
+        let client = py.detach(|| KafkaClient::connect(bootstrap)).map_err(cluster_error)?;
+        Ok(PyCluster { client: Arc::new(client) })
+    }
+
+    fn bootstrap(&self) -> &str {
+        self.client.bootstrap()
+    }
+
+    fn list_topics(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.detach(|| self.client.topics()).map_err(cluster_error)
+    }
+
+    fn partition_count(&self, py: Python<'_>, topic: &str) -> PyResult<Option<u32>> {
+        py.detach(|| self.client.partition_count(topic)).map_err(cluster_error)
+    }
+
+    #[pyo3(signature = (name, partitions = 1, compacted = false))]
+    fn create_topic(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        partitions: u32,
+        compacted: bool,
+    ) -> PyResult<()> {
+        py.detach(|| self.client.create_topic(name, partitions, compacted)).map_err(cluster_error)
+    }
+
+    /// Send `(key, value, headers, timestamp)` records (bytes, key and timestamp may be None)
+    /// to `partition` of `topic`; returns once acknowledged.
+    fn send(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        partition: u32,
+        records: Vec<(Option<Vec<u8>>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)>,
+    ) -> PyResult<()> {
+        let headers: Vec<Vec<Header<'_>>> = records
+            .iter()
+            .map(|(_, _, h, _)| h.iter().map(|(k, v)| Header { key: k, value: v }).collect())
+            .collect();
+        let outgoing: Vec<Record<'_>> = records
+            .iter()
+            .zip(&headers)
+            .map(|((key, value, _, timestamp), headers)| {
+                let record = Record::new(key.as_deref(), value).with_headers(headers);
+                match timestamp {
+                    Some(t) => record.with_timestamp(*t),
+                    None => record,
+                }
+            })
+            .collect();
+        py.detach(|| self.client.send(topic, partition, &outgoing)).map_err(cluster_error)
+    }
+
+    /// Every committed record of `topic`/`partition`, in offset order.
+    fn records(&self, py: Python<'_>, topic: &str, partition: u32) -> PyResult<Vec<ClusterRecord>> {
+        let records = py.detach(|| self.client.records(topic, partition)).map_err(cluster_error)?;
+        Ok(records
+            .into_iter()
+            .map(|r| {
+                let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
+                let headers = r.headers.iter().map(|(k, v)| (bytes(k), bytes(v))).collect();
+                (r.offset.get(), r.timestamp, r.key.as_deref().map(bytes), bytes(&r.value), headers)
+            })
+            .collect())
+    }
+}
+
+/// A processor application on a cluster: the processes running it share the input partitions
+/// in the consumer group named after it.
+#[pyclass(name = "_ClusterApp", module = "chronik._chronik", frozen)]
+pub(crate) struct PyClusterApp {
+    client: Arc<KafkaClient>,
+    config: ProcessorConfig,
+    spec: Arc<Spec>,
+    guarantee: Guarantee,
+}
+
+#[pymethods]
+impl PyClusterApp {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (cluster, application, inputs, factory, stores, key_format, value_format, options, guarantee))]
+    fn new(
+        cluster: &PyCluster,
+        application: &str,
+        inputs: Vec<String>,
+        factory: Py<PyAny>,
+        stores: Vec<(String, String)>,
+        key_format: &str,
+        value_format: &str,
+        options: &Bound<'_, PyDict>,
+        guarantee: &str,
+    ) -> PyResult<PyClusterApp> {
+        let (config, spec) =
+            setup(application, inputs, factory, stores, key_format, value_format, options)?;
+        let guarantee = match guarantee {
+            "exactly-once" => Guarantee::ExactlyOnce,
+            "at-least-once" => Guarantee::AtLeastOnce,
+            other => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "guarantee {other:?}: exactly-once or at-least-once"
+                )));
+            }
+        };
+        Ok(PyClusterApp { client: Arc::clone(&cluster.client), config, spec, guarantee })
+    }
+
+    /// Take partitions in the group, restore their stores from the changelogs, and process
+    /// until the group's committed positions of every input partition reach their ends.
+    fn run_until_caught_up<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let spec = &self.spec;
+        let stats = py
+            .detach(|| {
+                self.client.run(
+                    self.config.clone(),
+                    self.guarantee,
+                    |p| PyProcessor::new(spec, p),
+                    Until::CaughtUp,
+                )
+            })
+            .map_err(|e| run_error(spec, e))?;
+        stats_dict(py, stats)
+    }
+
+    /// Store `name` as committed on the cluster (every partition's changelog), as a dict.
+    fn store<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let format = self
+            .spec
+            .stores
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| NotFoundError::new_err(format!("no store named {name:?}")))?;
+        let changelog = self.config.changelog(name);
+        let entries = py
+            .detach(|| -> Result<Vec<(Vec<u8>, Vec<u8>)>, ClusterError> {
+                let partitions = self.client.partition_count(&changelog)?.unwrap_or(0);
+                let mut all = Vec::new();
+                for partition in 0..partitions {
+                    let records = self.client.records(&changelog, partition)?;
+                    all.extend(chronik::processor::committed_state(&records));
+                }
+                Ok(all)
+            })
+            .map_err(cluster_error)?;
+        let out = PyDict::new(py);
+        for (key, value) in entries {
+            out.set_item(format.decode(py, &key)?, format.decode(py, &value)?)?;
+        }
+        Ok(out)
+    }
+}
