@@ -1,6 +1,7 @@
 """Word count over a text file, exactly once, with state restored after a crash.
 
     python word_count.py DATA_DIR TEXT_FILE [--out counts.json]
+    python word_count.py kafka://HOST:PORT TEXT_FILE [--out counts.json]
 
 Three steps, each resumable after a kill at any moment:
 
@@ -75,7 +76,7 @@ def main(argv=None):
     parser.add_argument("text_file")
     parser.add_argument("--out", help="write the final counts here as JSON")
     args = parser.parse_args(argv)
-    with chronik.open(args.data_dir) as db:
+    with chronik.connect(args.data_dir) as db:
         for line in db.recovery():
             print(f"recovery: {line}")
         ensure_topic(db, "lines", 1)

@@ -28,6 +28,7 @@ wait on the disk release the GIL. Errors are `ChronikError` and its subclasses.
 """
 
 from chronik._app import App, Processor, Spec
+from chronik._cluster import Cluster, ClusterProducer, connect
 from chronik._chronik import (
     AlreadyExistsError,
     Chronik,
@@ -55,6 +56,8 @@ __all__ = [
     "Chronik",
     "ChronikError",
     "ClosedError",
+    "Cluster",
+    "ClusterProducer",
     "Consumer",
     "Context",
     "CorruptionError",
@@ -69,6 +72,7 @@ __all__ = [
     "Record",
     "Spec",
     "Store",
+    "connect",
     "open",
     "partition_for_key",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from chronik._chronik import Chronik, _App
@@ -158,14 +159,31 @@ class App(Spec):
     without it. The loop runs in Rust and takes the GIL once per batch of records.
     """
 
-    def __init__(self, db: Chronik, name: str, input: Union[str, Sequence[str]], **settings: Any):
+    def __init__(
+        self,
+        db: Chronik,
+        name: str,
+        input: Union[str, Sequence[str]],
+        guarantee: Optional[str] = None,
+        **settings: Any,
+    ):
         super().__init__(name, input, **settings)
         self._db = db
         self._app: Optional[_App] = None
+        # On a Kafka-protocol cluster: "exactly-once" (Kafka transactions) or "at-least-once";
+        # CHRONIK_GUARANTEE sets the default. The embedded engine is always exactly once.
+        self.guarantee = guarantee or os.environ.get("CHRONIK_GUARANTEE", "exactly-once")
 
     def _rust(self) -> _App:
         if self._app is None:
-            self._app = _App(self._db, *self._arguments())
+            from chronik._cluster import Cluster
+
+            if isinstance(self._db, Cluster):
+                from chronik._chronik import _ClusterApp
+
+                self._app = _ClusterApp(self._db._rust, *self._arguments(), self.guarantee)
+            else:
+                self._app = _App(self._db, *self._arguments())
         return self._app
 
     def run(self) -> Dict[str, int]:
@@ -189,7 +207,10 @@ class App(Spec):
 
     def store(self, name: str, partition: Optional[int] = None) -> Dict[Any, Any]:
         """Store `name` of one task (`partition`) as a dict, or of all tasks in one dict
-        (a key in two partitions is an error then). Restores the stores first if needed."""
+        (a key in two partitions is an error then). Restores the stores first if needed.
+        On a cluster: the committed state of every partition, read from the changelog."""
+        if partition is None and not isinstance(self._rust(), _App):
+            return self._rust().store(name)
         return self._rust().store(name, partition)
 
     def positions(self) -> List[int]:
