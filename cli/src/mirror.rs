@@ -49,7 +49,7 @@ pub fn run(args: &MirrorArgs) -> anyhow::Result<()> {
             let source = crate::open(std::path::Path::new(&args.from), chronik::Durability::Sync)?;
             let cluster = connect(bootstrap)?;
             for topic in &args.topics {
-                to_cluster(&source, &cluster, topic, progress(args))?;
+                to_cluster(&source, &cluster, topic, &progress(args))?;
             }
         }
         (Some(bootstrap), None) => {
@@ -57,7 +57,7 @@ pub fn run(args: &MirrorArgs) -> anyhow::Result<()> {
             let destination =
                 crate::open(std::path::Path::new(&args.to), chronik::Durability::Sync)?;
             for topic in &args.topics {
-                from_cluster(&cluster, &destination, topic, progress(args))?;
+                from_cluster(&cluster, &destination, topic, &progress(args))?;
             }
         }
         _ => bail!(crate::UsageError(
@@ -117,12 +117,11 @@ fn read_progress(source: &Chronik, name: &str) -> anyhow::Result<Progress> {
 }
 
 fn write_progress(source: &Chronik, name: &str, progress: &Progress) -> anyhow::Result<()> {
-    let text: String = progress
-        .iter()
-        .map(|((topic, partition), (source, destination))| {
-            format!("{topic}\t{partition}\t{source}\t{destination}\n")
-        })
-        .collect();
+    let mut text = String::new();
+    for ((topic, partition), (source, destination)) in progress {
+        use std::fmt::Write as _;
+        let _ = writeln!(text, "{topic}\t{partition}\t{source}\t{destination}");
+    }
     source.write_state_file(name, text.into_bytes())?;
     Ok(())
 }
@@ -131,7 +130,7 @@ fn to_cluster(
     source: &Chronik,
     cluster: &KafkaClient,
     topic: &str,
-    bar: ProgressBar,
+    bar: &ProgressBar,
 ) -> anyhow::Result<()> {
     let description = source.describe_topic(topic)?;
     let partitions = description.partitions.len() as u32;
@@ -227,7 +226,7 @@ fn from_cluster(
     cluster: &KafkaClient,
     destination: &Chronik,
     topic: &str,
-    bar: ProgressBar,
+    bar: &ProgressBar,
 ) -> anyhow::Result<()> {
     let partitions = cluster
         .partition_count(topic)?

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 const RECORDS: u64 = 1_000_000;
 const PARTITIONS: u32 = 4;
 
+/// A generated record: partition, key, value, timestamp, which header set.
+type Generated = (u32, Option<Vec<u8>>, Vec<u8>, i64, usize);
+
 /// Record `i`: some without a key, some with an empty value, some with headers (one with an
 /// empty value), timestamps not in order.
 fn fill(chronik: &Chronik) {
@@ -25,12 +28,12 @@ fn fill(chronik: &Chronik) {
     let mut i = 0;
     while i < RECORDS {
         let end = (i + 4000).min(RECORDS);
-        let owned: Vec<(u32, Option<Vec<u8>>, Vec<u8>, i64, usize)> = (i..end)
+        let owned: Vec<Generated> = (i..end)
             .map(|n| {
                 let key = (n % 7 != 0).then(|| format!("key-{}", n % 5000).into_bytes());
                 let value =
                     if n % 11 == 0 { Vec::new() } else { vec![(n % 251) as u8; (n % 97) as usize] };
-                let timestamp = 1_700_000_000_000 + ((n * 7919) % 100_000) as i64;
+                let timestamp = 1_700_000_000_000 + i64::try_from((n * 7919) % 100_000).unwrap();
                 ((n % u64::from(PARTITIONS)) as u32, key, value, timestamp, (n % 3) as usize)
             })
             .collect();

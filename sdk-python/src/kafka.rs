@@ -25,6 +25,9 @@ pub(crate) struct PyCluster {
     client: Arc<KafkaClient>,
 }
 
+/// A record to send: key, value, headers, timestamp.
+type Outgoing = (Option<Vec<u8>>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>, Option<i64>);
+
 /// A record as the cluster's `records` returns it: offset, timestamp, key, value, headers.
 type ClusterRecord = (u64, i64, Option<Py<PyBytes>>, Py<PyBytes>, Vec<(Py<PyBytes>, Py<PyBytes>)>);
 
@@ -61,12 +64,13 @@ impl PyCluster {
 
     /// Send `(key, value, headers, timestamp)` records (bytes, key and timestamp may be None)
     /// to `partition` of `topic`; returns once acknowledged.
+    #[allow(clippy::needless_pass_by_value)] // pyo3 hands arguments over owned
     fn send(
         &self,
         py: Python<'_>,
         topic: &str,
         partition: u32,
-        records: Vec<(Option<Vec<u8>>, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)>,
+        records: Vec<Outgoing>,
     ) -> PyResult<()> {
         let headers: Vec<Vec<Header<'_>>> = records
             .iter()
@@ -99,6 +103,9 @@ impl PyCluster {
             .collect())
     }
 }
+
+/// A store entry: key and value.
+type Entry = (Vec<u8>, Vec<u8>);
 
 /// A processor application on a cluster: the processes running it share the input partitions
 /// in the consumer group named after it.
@@ -168,7 +175,7 @@ impl PyClusterApp {
             .ok_or_else(|| NotFoundError::new_err(format!("no store named {name:?}")))?;
         let changelog = self.config.changelog(name);
         let entries = py
-            .detach(|| -> Result<Vec<(Vec<u8>, Vec<u8>)>, ClusterError> {
+            .detach(|| -> Result<Vec<Entry>, ClusterError> {
                 let partitions = self.client.partition_count(&changelog)?.unwrap_or(0);
                 let mut all = Vec::new();
                 for partition in 0..partitions {

@@ -46,7 +46,7 @@ impl Processor for ClickCounter {
         for record in records {
             self.process(record, ctx)?;
             self.seen += 1;
-            if let Some(pace) = self.pace.filter(|_| self.seen % 100 == 0) {
+            if let Some(pace) = self.pace.filter(|_| self.seen.is_multiple_of(100)) {
                 std::thread::sleep(std::time::Duration::from_micros(100_000_000 / pace.max(1)));
             }
         }
@@ -184,11 +184,15 @@ fn verify(
     let wrong = expected.iter().filter(|(user, count)| state.get(*user) != Some(count)).count();
     let outputs_ok = match guarantee {
         Guarantee::ExactlyOnce => outputs == clicks,
-        _ => outputs >= clicks,
+        Guarantee::AtLeastOnce => outputs >= clicks,
     };
     let sample = user(7);
     println!("{sample}: {} clicks", expected[&sample]);
-    let digest: String = state.iter().map(|(user, count)| format!("{user}={count};")).collect();
+    let mut digest = String::new();
+    for (user, count) in &state {
+        use std::fmt::Write as _;
+        let _ = write!(digest, "{user}={count};");
+    }
     println!(
         "final state: {} users, digest {:016x}",
         state.len(),

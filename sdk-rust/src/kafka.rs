@@ -10,6 +10,10 @@
 //! - everything read here is read `read_committed`: records of an aborted or still-open
 //!   transaction are never seen.
 
+// Kafka numbers partitions with i32, Chronik with u32; partition counts stay far below
+// i32::MAX on both sides, so the casts between them are exact.
+#![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 use crate::{OwnedRecord, Record};
 use rdkafka::ClientContext;
 use rdkafka::Message;
@@ -68,20 +72,21 @@ impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
-        if let Ok(message) = result {
-            if let (Ok(mut acknowledged), Ok(offset)) =
-                (self.acknowledged.lock(), u64::try_from(message.offset()))
-            {
-                let key = (message.topic().to_owned(), message.partition() as u32);
-                let next = acknowledged.entry(key).or_default();
-                *next = (*next).max(offset + 1);
+        match result {
+            Ok(message) => {
+                let offset = u64::try_from(message.offset());
+                if let (Ok(mut acknowledged), Ok(offset)) = (self.acknowledged.lock(), offset) {
+                    let key = (message.topic().to_owned(), message.partition() as u32);
+                    let next = acknowledged.entry(key).or_default();
+                    *next = (*next).max(offset + 1);
+                }
             }
-        }
-        if let Err((error, message)) = result {
-            if let Ok(mut failed) = self.failed.lock() {
-                failed.get_or_insert_with(|| {
-                    format!("{}/{}: {error}", message.topic(), message.partition())
-                });
+            Err((error, message)) => {
+                if let Ok(mut failed) = self.failed.lock() {
+                    failed.get_or_insert_with(|| {
+                        format!("{}/{}: {error}", message.topic(), message.partition())
+                    });
+                }
             }
         }
     }
@@ -168,6 +173,7 @@ impl KafkaClient {
 
     /// Run a processor application in the consumer group `config.application` on this
     /// cluster (what [`crate::Connection::run`] does for a `kafka://` target).
+    #[allow(clippy::needless_pass_by_value)] // the same signature as Connection::run
     pub fn run<P: crate::processor::Processor>(
         &self,
         config: crate::processor::ProcessorConfig,

@@ -95,18 +95,18 @@ impl Counter {
         let deadline = Instant::now() + Duration::from_secs(60);
         while self.seen.iter().filter(|l| l.contains("restored store counts")).count() < count {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => panic!("no {count} restores in time: {:?}", self.seen),
-            }
+            let line = self.lines.recv_timeout(left);
+            self.seen.push(
+                line.unwrap_or_else(|e| panic!("no {count} restores ({e}): {:?}", self.seen)),
+            );
         }
     }
 
     fn finish(mut self) -> (std::process::ExitStatus, String) {
         let status = self.child.wait().unwrap();
         self.seen.extend(self.lines.iter());
-        let mut stderr = String::new();
         use std::io::Read;
+        let mut stderr = String::new();
         self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
         (status, format!("{}\n{stderr}", self.seen.join("\n")))
     }

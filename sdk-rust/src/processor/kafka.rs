@@ -14,6 +14,10 @@
 //! - A rebalance drops every task without committing what it had not committed: whoever gets
 //!   the partition next restores the committed state and goes on from the committed position.
 
+// Kafka numbers partitions with i32, Chronik with u32; partition counts stay far below
+// i32::MAX on both sides, so the casts between them are exact.
+#![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 use super::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
     RunStats, Task, TaskLog, Until, decode_marker,
@@ -140,6 +144,7 @@ fn kafka_error(operation: &'static str, error: impl std::fmt::Display) -> Proces
     ProcessorError::Kafka(ClusterError::kafka(operation, error).to_string())
 }
 
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(cluster)`
 fn cluster(error: ClusterError) -> ProcessorError {
     ProcessorError::Kafka(error.to_string())
 }
@@ -592,7 +597,7 @@ fn group_consumer(
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("partition.assignment.strategy", "range")
-        .set("session.timeout.ms", &session_timeout_ms().to_string())
+        .set("session.timeout.ms", session_timeout_ms().to_string())
         .set("heartbeat.interval.ms", "1000")
         .create_with_context(GroupContext { changed: AtomicBool::new(false) })
         .map_err(|e| kafka_error("create consumer", e))?;
@@ -637,10 +642,10 @@ pub(crate) fn run<P: Processor>(
     let mut last_check = Instant::now();
     let mut idle = false;
     loop {
-        if let Until::Stopped(stop) = until {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
+        if let Until::Stopped(stop) = until
+            && stop.load(Ordering::Relaxed)
+        {
+            break;
         }
         for polled in 0..POLL_BURST {
             let wait = if polled == 0 && idle { POLL_WAIT } else { Duration::ZERO };
