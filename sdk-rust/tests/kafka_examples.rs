@@ -103,9 +103,9 @@ impl Counter {
     }
 
     fn finish(mut self) -> (std::process::ExitStatus, String) {
+        use std::io::Read;
         let status = self.child.wait().unwrap();
         self.seen.extend(self.lines.iter());
-        use std::io::Read;
         let mut stderr = String::new();
         self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
         (status, format!("{}\n{stderr}", self.seen.join("\n")))
