@@ -75,6 +75,13 @@ def main(argv=None):
     parser.add_argument("data_dir")
     parser.add_argument("text_file")
     parser.add_argument("--out", help="write the final counts here as JSON")
+    parser.add_argument(
+        "--step",
+        choices=["all", "split", "count"],
+        default="all",
+        help="all (the default); or only append and split, or only count: start `--step count` "
+        "several times on a cluster and the processes share the partitions of `words`",
+    )
     args = parser.parse_args(argv)
     with chronik.connect(args.data_dir) as db:
         for line in db.recovery():
@@ -82,16 +89,20 @@ def main(argv=None):
         ensure_topic(db, "lines", 1)
         ensure_topic(db, "words", WORD_PARTITIONS)
         ensure_topic(db, "word-counts", WORD_PARTITIONS)
-        appended = append_lines(db, args.text_file)
-        print(f"appended {appended} lines")
+        if args.step in ("all", "split"):
+            appended = append_lines(db, args.text_file)
+            print(f"appended {appended} lines")
 
         splitter = chronik.App(db, "splitter", input="lines", **SPLITTER)
         splitter.processor(split_line)
         counter = chronik.App(db, "counter", input="words", **COUNTER)
         counter.processor(count_word)
 
-        split = splitter.run_until_caught_up()
-        print(f"splitter: {split['records']} lines, {split['emitted']} words emitted")
+        if args.step in ("all", "split"):
+            split = splitter.run_until_caught_up()
+            print(f"splitter: {split['records']} lines, {split['emitted']} words emitted")
+        if args.step == "split":
+            return 0
         counted = counter.run_until_caught_up()
         print(
             f"counter: restored {counted['restored']} changelog records "

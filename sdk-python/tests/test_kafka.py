@@ -92,3 +92,4 @@ def test_producer_and_records_keep_keys_values_headers_and_timestamps(broker):
         (None, b"two", [], 5),
     ]
     assert db.high_watermark("t", 1) == 2 and db.high_watermark("t", 0) == 0
+
