@@ -93,3 +93,52 @@ def test_producer_and_records_keep_keys_values_headers_and_timestamps(broker):
     ]
     assert db.high_watermark("t", 1) == 2 and db.high_watermark("t", 0) == 0
 
+
+
+def test_two_counters_share_the_partitions_and_a_killed_ones_are_restored_elsewhere(tmp_path, broker):
+    text = tmp_path / "text.txt"
+    write_text(text, 20_000)
+    script = EXAMPLES / "word_count.py"
+    embedded = tmp_path / "embedded.json"
+    done = run_example(script, tmp_path / "data", text, "--out", embedded)
+    assert done.returncode == 0, done.stderr
+    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once", CHRONIK_KAFKA_DEBUG="cgrp")
+    done = subprocess.run(
+        [sys.executable, str(script), broker, str(text), "--step", "split"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def counter(out):
+        return subprocess.Popen(
+            [sys.executable, str(script), broker, str(text), "--step", "count", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+
+    def wait_assigned(process, times):
+        """Wait until `process` has been given partitions `times` times."""
+        seen = 0
+        while seen < times:
+            line = process.stderr.readline()
+            assert line, "ended before its assignment"
+            seen += "assigned here: {" in line and "{}" not in line
+
+    # Two counters in one group, the partitions of `words` spread over both (the victim's
+    # second assignment is its share), then the victim is killed. A replacement joins (tansu
+    # 0.6 leaves a killed member's partitions unassigned while one member is left: see
+    # docs/kafka.md), restores the victim's partitions from the changelog and finishes.
+    victim = counter(tmp_path / "victim.json")
+    wait_assigned(victim, 1)
+    other = counter(tmp_path / "other.json")
+    wait_assigned(other, 1)
+    wait_assigned(victim, 1)
+    time.sleep(1.0)
+    assert victim.poll() is None, "the victim ended before its kill"
+    victim.kill()
+    victim.wait()
+    replacement = counter(tmp_path / "replacement.json")
+    for process in (replacement, other):
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, out + err[-3000:]
+    expected = json.loads(embedded.read_text())
+    assert json.loads((tmp_path / "replacement.json").read_text()) == expected
