@@ -183,19 +183,10 @@ fn to_cluster(
                 consumer.by_ref().take(CHUNK_RECORDS).collect::<Result<_, _>>()?;
             let Some(last) = chunk.last() else { break };
             let next = last.offset.get() + 1;
-            let headers: Vec<Vec<Header<'_>>> = chunk
-                .iter()
-                .map(|r| r.headers.iter().map(|(k, v)| Header { key: k, value: v }).collect())
-                .collect();
-            let records: Vec<Record<'_>> = chunk
-                .iter()
-                .zip(&headers)
-                .map(|(r, headers)| {
-                    Record::new(r.key.as_deref(), &r.value)
-                        .with_timestamp(r.timestamp)
-                        .with_headers(headers)
-                })
-                .collect();
+            let headers: Vec<Vec<Header<'_>>> =
+                chunk.iter().map(OwnedRecord::header_views).collect();
+            let records: Vec<Record<'_>> =
+                chunk.iter().zip(&headers).map(|(r, h)| r.as_record(h)).collect();
             cluster.send(topic, partition, &records)?;
             source_next = next;
             destination_next = cluster.acknowledged(topic, partition).unwrap_or(destination_next);
@@ -254,19 +245,10 @@ fn from_cluster(
                 }
                 continue;
             }
-            let headers: Vec<Vec<Header<'_>>> = chunk
-                .iter()
-                .map(|r| r.headers.iter().map(|(k, v)| Header { key: k, value: v }).collect())
-                .collect();
-            let records: Vec<Record<'_>> = chunk
-                .iter()
-                .zip(&headers)
-                .map(|(r, headers)| {
-                    Record::new(r.key.as_deref(), &r.value)
-                        .with_timestamp(r.timestamp)
-                        .with_headers(headers)
-                })
-                .collect();
+            let headers: Vec<Vec<Header<'_>>> =
+                chunk.iter().map(OwnedRecord::header_views).collect();
+            let records: Vec<Record<'_>> =
+                chunk.iter().zip(&headers).map(|(r, h)| r.as_record(h)).collect();
             // The records and how far the cluster was read: one transaction. Batches are
             // bounded by the engine's batch limits, so split the chunk into several writes.
             let writes: Vec<TransactionWrite<'_>> = records

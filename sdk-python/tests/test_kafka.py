@@ -5,9 +5,11 @@ installs the broker and sets it); without it these tests are skipped, loudly."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,3 +96,103 @@ def test_producer_and_records_keep_keys_values_headers_and_timestamps(broker):
     assert db.high_watermark("t", 1) == 2 and db.high_watermark("t", 0) == 0
 
 
+
+
+class Counter:
+    """A `word_count.py --step count` process; a thread collects its standard error (group
+    assignments among it) as it is printed, so a full pipe never stalls the process."""
+
+    def __init__(self, script, broker, text, out, env):
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), broker, str(text), "--step", "count", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.lines = []
+        self.more = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stderr:
+            with self.more:
+                self.lines.append(line)
+                self.more.notify_all()
+        with self.more:
+            self.lines.append(None)  # end of output
+            self.more.notify_all()
+
+    def assignments(self):
+        """The partitions of `words` given to this process, one set per assignment so far."""
+        found = []
+        for line in list(self.lines):
+            match = line and re.search(r"group counter assigned here: \{([0-9, ]*)\}", line)
+            if match:
+                found.append({int(p) for p in match.group(1).split(",") if p.strip()})
+        return found
+
+    def latest(self):
+        """The partitions of `words` this process holds now (as far as it said)."""
+        found = self.assignments()
+        return found[-1] if found else set()
+
+    def wait_for(self, condition, what, seconds=120):
+        deadline = time.time() + seconds
+        with self.more:
+            while not condition():
+                assert None not in self.lines, f"ended before {what}: {self.said()}"
+                left = deadline - time.time()
+                assert left > 0, f"no {what}: {self.said()}"
+                self.more.wait(min(left, 0.2))
+
+    def said(self):
+        """The end of what the process printed to standard error so far."""
+        return "".join(filter(None, self.lines))[-3000:]
+
+    def finish(self, seconds=300):
+        try:
+            out, _ = self.process.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        self.reader.join()
+        return out + self.said()
+
+
+def test_two_counters_share_the_partitions_and_the_survivor_of_a_kill_takes_the_others_over(
+    tmp_path, broker
+):
+    text = tmp_path / "text.txt"
+    write_text(text, 40_000)
+    script = EXAMPLES / "word_count.py"
+    embedded = tmp_path / "embedded.json"
+    done = run_example(script, tmp_path / "data", text, "--out", embedded)
+    assert done.returncode == 0, done.stderr
+    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once", CHRONIK_KAFKA_DEBUG="cgrp")
+    done = subprocess.run(
+        [sys.executable, str(script), broker, str(text), "--step", "split"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    # Two counters in one group, the partitions of `words` spread over both, then one is
+    # killed mid-run. Once its session expires, the group rebalances and the survivor alone is
+    # given all four partitions, restores the victim's counts from the changelog and finishes.
+    survivor_out = tmp_path / "survivor.json"
+    survivor = Counter(script, broker, text, survivor_out, env)
+    survivor.wait_for(lambda: any(survivor.assignments()), "a first assignment")
+    victim = Counter(script, broker, text, tmp_path / "victim.json", env)
+    survivor.wait_for(
+        lambda: all(0 < len(c.latest()) < 4 for c in (survivor, victim)),
+        "the partitions shared by both",
+    )
+    time.sleep(1.0)
+    assert victim.process.poll() is None, "the victim ended before its kill"
+    victim.process.kill()
+    victim.finish()
+    taken_over = len(survivor.assignments())
+    survivor.wait_for(
+        lambda: any(a == {0, 1, 2, 3} for a in survivor.assignments()[taken_over:]),
+        "all four partitions for the survivor after the kill",
+    )
+    said = survivor.finish()
+    assert survivor.process.returncode == 0, said
+    assert json.loads(survivor_out.read_text()) == json.loads(embedded.read_text())

@@ -210,6 +210,21 @@ pub struct OwnedRecord {
     pub headers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl OwnedRecord {
+    /// The headers, borrowed, for [`OwnedRecord::as_record`].
+    pub fn header_views(&self) -> Vec<Header<'_>> {
+        self.headers.iter().map(|(key, value)| Header { key, value }).collect()
+    }
+
+    /// The record, borrowed, to write again (timestamp kept); `headers` are its
+    /// [`OwnedRecord::header_views`].
+    pub fn as_record<'a>(&'a self, headers: &'a [Header<'a>]) -> Record<'a> {
+        Record::new(self.key.as_deref(), &self.value)
+            .with_timestamp(self.timestamp)
+            .with_headers(headers)
+    }
+}
+
 /// Bytes one iterator step fetches.
 const ITERATOR_FETCH_BYTES: usize = 1 << 20;
 

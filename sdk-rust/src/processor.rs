@@ -68,9 +68,18 @@ pub(crate) trait TaskLog {
         writes: &[TransactionWrite<'_>],
         group: Option<GroupCommit<'_>>,
     ) -> Result<(), ProcessorError>;
-    fn read_state_file(&self, name: &str) -> Option<Vec<u8>>;
-    fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> bool;
-    fn metrics(&self) -> Option<&Metrics>;
+    /// A local snapshot of a task's state, if this log keeps them (a cluster does not: a
+    /// partition may move to another machine, so its state always comes from the changelog).
+    fn read_state_file(&self, _name: &str) -> Option<Vec<u8>> {
+        None
+    }
+    /// Keep a snapshot; false when not kept.
+    fn write_state_file(&self, _name: &str, _bytes: Vec<u8>) -> bool {
+        false
+    }
+    fn metrics(&self) -> Option<&Metrics> {
+        None
+    }
 }
 
 impl<I: Io> TaskLog for Engine<I> {

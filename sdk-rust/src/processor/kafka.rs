@@ -169,20 +169,9 @@ fn fetch_of<'r>(
         bytes += record.value.len() + record.key.as_ref().map_or(0, Vec::len) + 32;
         taken.push(record);
     }
-    let headers: Vec<Vec<crate::Header<'_>>> = taken
-        .iter()
-        .map(|r| r.headers.iter().map(|(k, v)| crate::Header { key: k, value: v }).collect())
-        .collect();
-    let records: Vec<(Offset, Record<'_>)> = taken
-        .iter()
-        .zip(&headers)
-        .map(|(r, headers)| {
-            let record = Record::new(r.key.as_deref(), &r.value)
-                .with_timestamp(r.timestamp)
-                .with_headers(headers);
-            (r.offset, record)
-        })
-        .collect();
+    let headers: Vec<Vec<crate::Header<'_>>> = taken.iter().map(|r| r.header_views()).collect();
+    let records: Vec<(Offset, Record<'_>)> =
+        taken.iter().zip(&headers).map(|(r, h)| (r.offset, r.as_record(h))).collect();
     let next = records.last().map_or(from, |(offset, _)| offset.plus(1));
     Fetch::from_records(from, next, &records).map_err(|e| kafka_error("read", e))
 }
@@ -267,18 +256,6 @@ impl TaskLog for GroupLog<'_> {
             let _ = self.producer.abort_transaction(REQUEST_TIMEOUT);
         }
         result
-    }
-
-    fn read_state_file(&self, _name: &str) -> Option<Vec<u8>> {
-        None // Snapshots are local files; a partition may move to another machine.
-    }
-
-    fn write_state_file(&self, _name: &str, _bytes: Vec<u8>) -> bool {
-        false
-    }
-
-    fn metrics(&self) -> Option<&crate::engine::metrics::Metrics> {
-        None
     }
 }
 
