@@ -1,6 +1,7 @@
 """Clicks per user in tumbling one-minute windows (event time), exactly once.
 
     python clicks_window.py DATA_DIR [--clicks N]
+    python clicks_window.py kafka://HOST:PORT [--clicks N]
 
 Produces N synthetic clicks (deterministic: user = click mod 97, one click every 50 ms of
 event time) to `clicks` (2 partitions, keyed by user), unless an earlier run did. The
@@ -8,10 +9,12 @@ application `windows` counts each user's clicks in the current window in its sto
 when stream time (the largest click timestamp seen) reaches the end of a window, the timer
 emits one record per user to `clicks-per-minute` (key: user, value: {"window_start",
 "clicks"}) and clears the store. Then the example reads `clicks-per-minute` back and checks
-that the windows add up to the clicks produced.
+that the windows add up to the clicks produced, and prints a digest of every window's counts
+(the same on a data directory and on a cluster).
 """
 
 import argparse
+import hashlib
 import json
 import sys
 
@@ -52,7 +55,7 @@ def main(argv=None):
     parser.add_argument("data_dir")
     parser.add_argument("--clicks", type=int, default=200_000)
     args = parser.parse_args(argv)
-    with chronik.open(args.data_dir, durability="interval:100") as db:
+    with chronik.connect(args.data_dir, durability="interval:100") as db:
         if "clicks" not in db.list_topics():
             db.create_topic("clicks", partitions=2)
             db.create_topic("clicks-per-minute", partitions=2)
@@ -68,15 +71,18 @@ def main(argv=None):
         app.processor(WindowCounter)
         stats = app.run_until_caught_up()
         print(f"processed {stats['records']} clicks in {stats['commits']} commits")
-        closed = 0
-        windows = set()
+        counts = {}  # (window start, user) -> clicks
         for partition in range(2):
             for record in db.consumer("clicks-per-minute", partition=partition):
                 window = json.loads(bytes(record.value))
-                closed += window["clicks"]
-                windows.add(window["window_start"])
-        still_open = sum(app.store("open", p).get(f"user-{u}", 0) for p in range(2) for u in range(USERS))
+                counts[(window["window_start"], bytes(record.key).decode())] = window["clicks"]
+        closed = sum(counts.values())
+        windows = {start for start, _ in counts}
+        open_now = app.store("open")
+        still_open = sum(open_now.values())
         print(f"{len(windows)} windows closed with {closed} clicks; {still_open} clicks in open windows")
+        digest = hashlib.sha256(json.dumps([sorted(counts.items()), sorted(open_now.items())]).encode())
+        print(f"final state: {len(counts)} user windows, digest {digest.hexdigest()[:16]}")
         produced = sum(db.high_watermark("clicks", p) for p in range(2))
         assert closed + still_open == produced, (closed, still_open, produced)
         print("every click is in exactly one window")

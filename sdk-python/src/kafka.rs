@@ -1,14 +1,15 @@
 //! `chronik.connect("kafka://HOST:PORT")`: the same producers and processor applications on a
 //! Kafka-protocol cluster (the Rust SDK's `kafka` backend).
 
+use crate::PyRecord;
 use crate::processor::{PyProcessor, Spec, run_error, setup, stats_dict};
 use crate::{ChronikError, InvalidArgumentError, NotFoundError};
-use chronik::kafka::{ClusterError, KafkaClient};
+use chronik::kafka::{ClusterConsumer, ClusterError, KafkaClient};
 use chronik::processor::{Guarantee, ProcessorConfig, Until};
-use chronik::{Header, Record};
+use chronik::{Header, OwnedRecord, Record};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 fn cluster_error(error: ClusterError) -> PyErr {
     match error {
@@ -90,6 +91,24 @@ impl PyCluster {
         py.detach(|| self.client.send(topic, partition, &outgoing)).map_err(cluster_error)
     }
 
+    /// A consumer of one partition; in `group`, from where the group committed last.
+    #[pyo3(signature = (topic, partition, group = None))]
+    fn consumer(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> PyResult<PyClusterConsumer> {
+        let count = py.detach(|| self.client.partition_count(topic)).map_err(cluster_error)?;
+        if count.is_none_or(|count| partition >= count) {
+            return Err(NotFoundError::new_err(format!("{topic:?} has no partition {partition}")));
+        }
+        let consumer =
+            py.detach(|| self.client.consumer(topic, partition, group)).map_err(cluster_error)?;
+        Ok(PyClusterConsumer { consumer: Mutex::new(consumer) })
+    }
+
     /// Every committed record of `topic`/`partition`, in offset order.
     fn records(&self, py: Python<'_>, topic: &str, partition: u32) -> PyResult<Vec<ClusterRecord>> {
         let records = py.detach(|| self.client.records(topic, partition)).map_err(cluster_error)?;
@@ -101,6 +120,109 @@ impl PyCluster {
                 (r.offset.get(), r.timestamp, r.key.as_deref().map(bytes), bytes(&r.value), headers)
             })
             .collect())
+    }
+}
+
+/// A consumer of one partition of a cluster, with the calls of `chronik.Consumer`: iterate
+/// (stops when caught up), `poll`, `position`, `seek`, and in a group `commit`/`committed`.
+#[pyclass(name = "_ClusterConsumer", module = "chronik._chronik", frozen)]
+pub(crate) struct PyClusterConsumer {
+    consumer: Mutex<ClusterConsumer>,
+}
+
+impl PyClusterConsumer {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, ClusterConsumer>> {
+        self.consumer.lock().map_err(|_| ChronikError::new_err("a consumer call panicked"))
+    }
+}
+
+/// Records as `chronik.Record`s (key and value as bytes).
+fn py_records(py: Python<'_>, records: Vec<OwnedRecord>) -> PyResult<Vec<Py<PyRecord>>> {
+    let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
+    records
+        .into_iter()
+        .map(|r| {
+            let record = PyRecord {
+                offset: r.offset.get(),
+                timestamp: r.timestamp,
+                key: r.key.as_deref().map(|k| bytes(k).into_any()),
+                value: bytes(&r.value).into_any(),
+                headers: r.headers.iter().map(|(k, v)| (bytes(k), bytes(v))).collect(),
+            };
+            Py::new(py, record)
+        })
+        .collect()
+}
+
+#[pymethods]
+impl PyClusterConsumer {
+    /// Up to `max_records` records (1000 when not given) from the position on; when caught
+    /// up, waits up to `timeout` seconds (half a second when not given) for more.
+    #[pyo3(signature = (max_records = None, timeout = None))]
+    fn poll(
+        &self,
+        py: Python<'_>,
+        max_records: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Py<PyRecord>>> {
+        let max = max_records.unwrap_or(1_000).max(1);
+        let wait = std::time::Duration::from_secs_f64(timeout.unwrap_or(0.0).clamp(0.0, 1e6));
+        let mut guard = self.lock()?;
+        let consumer: &mut ClusterConsumer = &mut guard;
+        let records = py
+            .detach(|| {
+                let deadline = std::time::Instant::now() + wait;
+                loop {
+                    let records = consumer.next_batch(max)?;
+                    if !records.is_empty() || std::time::Instant::now() >= deadline {
+                        return Ok(records);
+                    }
+                }
+            })
+            .map_err(cluster_error)?;
+        py_records(py, records)
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyRecord>>> {
+        Ok(self.poll(py, Some(1), None)?.into_iter().next())
+    }
+
+    /// The offset of the next record this consumer reads.
+    #[getter]
+    fn position(&self) -> PyResult<u64> {
+        Ok(self.lock()?.position())
+    }
+
+    fn seek(&self, py: Python<'_>, offset: u64) -> PyResult<()> {
+        let mut guard = self.lock()?;
+        let consumer: &mut ClusterConsumer = &mut guard;
+        py.detach(|| consumer.seek(offset)).map_err(cluster_error)
+    }
+
+    /// Commit the position as the group's offset on the cluster.
+    fn commit(&self, py: Python<'_>) -> PyResult<()> {
+        let guard = self.lock()?;
+        let consumer: &ClusterConsumer = &guard;
+        if consumer.group().is_none() {
+            return Err(InvalidArgumentError::new_err("this consumer is in no group"));
+        }
+        py.detach(|| consumer.commit()).map_err(cluster_error)
+    }
+
+    /// What the group committed last for this partition, if anything.
+    fn committed(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let guard = self.lock()?;
+        let consumer: &ClusterConsumer = &guard;
+        py.detach(|| consumer.committed()).map_err(cluster_error)
+    }
+
+    #[getter]
+    fn group(&self) -> PyResult<Option<String>> {
+        Ok(self.lock()?.group().map(str::to_owned))
     }
 }
 

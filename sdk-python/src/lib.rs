@@ -747,6 +747,8 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(feature = "kafka")]
     m.add_class::<kafka::PyCluster>()?;
     #[cfg(feature = "kafka")]
+    m.add_class::<kafka::PyClusterConsumer>()?;
+    #[cfg(feature = "kafka")]
     m.add_class::<kafka::PyClusterApp>()?;
     m.add_class::<processor::PyContext>()?;
     m.add_class::<processor::PyStore>()?;

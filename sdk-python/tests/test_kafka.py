@@ -68,6 +68,43 @@ def test_word_count_on_the_broker_gives_the_embedded_counts(tmp_path, broker):
     assert json.loads(on_broker.read_text()) == expected
 
 
+def final_state(done):
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return [line for line in done.stdout.splitlines() if line.startswith("final state:")]
+
+
+def test_clicks_window_on_the_broker_closes_the_embedded_windows(tmp_path, broker):
+    script = EXAMPLES / "clicks_window.py"
+    embedded = final_state(run_example(script, tmp_path / "data", "--clicks", "20000"))
+    assert len(embedded) == 1
+    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once")
+    done = subprocess.run(
+        [sys.executable, str(script), broker, "--clicks", "20000"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert final_state(done) == embedded
+
+
+def test_group_consumers_resume_where_the_group_committed(broker):
+    db = chronik.connect(broker)
+    db.create_topic("t", partitions=2)
+    db.producer("t").send_batch([(f"k{i}", f"v{i}") for i in range(10)], partition=1)
+    first = db.consumer("t", partition=1, group="readers")
+    assert [bytes(r.value) for r in first.poll(max_records=4)] == [b"v0", b"v1", b"v2", b"v3"]
+    assert first.position == 4
+    first.commit()
+    assert first.committed() == 4
+    second = db.consumer("t", partition=1, group="readers")
+    assert [bytes(r.value) for r in second] == [f"v{i}".encode() for i in range(4, 10)]
+    db.producer("t").send_batch([("k", "v10")], partition=1)
+    assert [bytes(r.value) for r in second.poll(timeout=5)] == [b"v10"]
+    assert [r.offset for r in db.consumer("t", partition=1)][:2] == [0, 1]
+    with pytest.raises(chronik.InvalidArgumentError):
+        db.consumer("t", partition=1).commit()
+    with pytest.raises(chronik.NotFoundError):
+        db.consumer("t", partition=2)
+
+
 def test_exactly_once_is_refused_on_a_broker_without_transactions(broker):
     db = chronik.connect(broker)
     db.create_topic("lines", partitions=2)

@@ -230,13 +230,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let target = args.next().unwrap_or_else(|| "./clicks-data".to_owned());
     let clicks: u64 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
     let step = args.next().unwrap_or_else(|| "all".to_owned());
-    let guarantee = match std::env::var("CHRONIK_GUARANTEE").as_deref() {
-        Ok("at-least-once") => Guarantee::AtLeastOnce,
-        Ok("exactly-once") | Err(_) => Guarantee::ExactlyOnce,
-        Ok(other) => {
-            return Err(format!("CHRONIK_GUARANTEE={other}: exactly-once or at-least-once").into());
-        }
-    };
+    let guarantee = Guarantee::from_env()?;
     let log = chronik::connect_with(
         &target,
         Options { durability: Durability::Sync, ..Options::default() },

@@ -178,6 +178,26 @@ impl Connection {
         }
     }
 
+    /// A consumer of one partition: in `group`, from where the group committed last (or the
+    /// start), with [`LogConsumer::commit`]; outside a group, from the start.
+    pub fn consumer(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<LogConsumer, ConnectionError> {
+        match self {
+            Connection::Embedded(chronik) => Ok(LogConsumer::Embedded(match group {
+                Some(group) => chronik.group_consumer(group, topic, partition),
+                None => chronik.consumer(topic, partition),
+            })),
+            #[cfg(feature = "kafka")]
+            Connection::Kafka(client) => {
+                Ok(LogConsumer::Kafka(client.consumer(topic, partition, group)?))
+            }
+        }
+    }
+
     /// Run a processor application until `until`. Embedded: every partition's task in this
     /// process, exactly once. On a cluster: the partitions this process gets in the consumer
     /// group `config.application`, with `guarantee`; start the same program several times
@@ -202,6 +222,48 @@ impl Connection {
             Connection::Kafka(client) => {
                 crate::processor::kafka::run(client, &config, guarantee, &mut factory, until)
             }
+        }
+    }
+}
+
+/// A consumer of one partition of a [`Connection`]: iterate for the records from its position
+/// on (the iteration stops once caught up; iterate again later for more).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LogConsumer {
+    Embedded(crate::Consumer),
+    #[cfg(feature = "kafka")]
+    Kafka(crate::kafka::ClusterConsumer),
+}
+
+impl LogConsumer {
+    /// The offset of the next record this consumer reads.
+    pub fn position(&self) -> u64 {
+        match self {
+            LogConsumer::Embedded(consumer) => consumer.position().get(),
+            #[cfg(feature = "kafka")]
+            LogConsumer::Kafka(consumer) => consumer.position(),
+        }
+    }
+
+    /// Commit the position for the consumer's group (an error outside a group).
+    pub fn commit(&self) -> Result<(), ConnectionError> {
+        match self {
+            LogConsumer::Embedded(consumer) => Ok(consumer.commit()?),
+            #[cfg(feature = "kafka")]
+            LogConsumer::Kafka(consumer) => Ok(consumer.commit()?),
+        }
+    }
+}
+
+impl Iterator for LogConsumer {
+    type Item = Result<OwnedRecord, ConnectionError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            LogConsumer::Embedded(consumer) => consumer.next().map(|r| r.map_err(Into::into)),
+            #[cfg(feature = "kafka")]
+            LogConsumer::Kafka(consumer) => consumer.next().map(|r| r.map_err(Into::into)),
         }
     }
 }

@@ -127,6 +127,7 @@ pub(crate) fn reader_config(bootstrap: &str) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        .set("fetch.wait.max.ms", READER_FETCH_WAIT_MS)
         .set("auto.offset.reset", "earliest");
     config
 }
@@ -267,6 +268,17 @@ impl KafkaClient {
         PartitionReader::new(&self.bootstrap, topic, partition, from)
     }
 
+    /// A consumer of one partition: in `group`, from where the group committed last (or
+    /// offset zero), committing to the cluster; outside a group, from offset zero.
+    pub fn consumer(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<ClusterConsumer, ClusterError> {
+        ClusterConsumer::new(&self.bootstrap, topic, partition, group)
+    }
+
     /// Every committed record of `topic`/`partition`, in offset order.
     pub fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ClusterError> {
         let mut reader = self.reader(topic, partition, 0)?;
@@ -373,6 +385,11 @@ pub(crate) const SEEK_BACK_FIRST: u64 = 256;
 /// How long a reader not yet known to start right waits for a first answer before it looks
 /// further back.
 const UNVERIFIED_WAIT: Duration = Duration::from_millis(500);
+/// How long a reader already at the end of its partition waits for more before it answers
+/// that there is nothing new: several fetch rounds of `READER_FETCH_WAIT_MS`.
+const AT_END_WAIT: Duration = Duration::from_millis(500);
+/// How long the broker may hold a reader's fetch waiting for records.
+const READER_FETCH_WAIT_MS: &str = "100";
 
 /// Reads one partition in offset order, read committed, outside any consumer group.
 ///
@@ -448,7 +465,8 @@ impl PartitionReader {
     /// [`PartitionReader::at_end`] is true until more arrive).
     pub fn next_batch(&mut self, max: usize) -> Result<Vec<OwnedRecord>, ClusterError> {
         let mut records = Vec::new();
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let started = Instant::now();
+        let deadline = started + REQUEST_TIMEOUT;
         while records.len() < max {
             let wait = if records.is_empty() { Duration::from_millis(100) } else { Duration::ZERO };
             match self.consumer.poll(wait) {
@@ -480,6 +498,9 @@ impl PartitionReader {
                 }
                 Some(Err(error)) => return Err(ClusterError::kafka("read", error)),
                 None if !records.is_empty() => break,
+                // At the end already: the client signals the end once, so "still at the end"
+                // is nothing new for AT_END_WAIT (a few fetch rounds).
+                None if self.at_end && started.elapsed() >= AT_END_WAIT => break,
                 None if self.unverified.is_some()
                     && self.assigned_at.elapsed() >= UNVERIFIED_WAIT =>
                 {
@@ -503,6 +524,160 @@ impl PartitionReader {
     pub fn next_offset(&self) -> u64 {
         self.next
     }
+}
+
+/// Records one step of a [`ClusterConsumer`]'s iteration reads at most.
+const CONSUMER_BATCH: usize = 1_000;
+
+/// A consumer of one partition of a cluster, as [`crate::Consumer`] is of a data directory.
+///
+/// In a group, it starts where the group committed last and [`ClusterConsumer::commit`]
+/// stores its position as the group's committed offset in the cluster. As on the engine, a
+/// group is only committed positions here: no membership, no rebalances (processors use
+/// Kafka's group membership; see [`crate::processor`]). Iterating stops once caught up;
+/// iterate again later for more.
+pub struct ClusterConsumer {
+    bootstrap: String,
+    topic: String,
+    partition: u32,
+    reader: PartitionReader,
+    /// The group's name and the client that reads and commits its offsets.
+    group: Option<(String, BaseConsumer)>,
+    buffered: std::collections::VecDeque<OwnedRecord>,
+    /// The offset after the last record handed out.
+    position: u64,
+}
+
+impl std::fmt::Debug for ClusterConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConsumer")
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .field("group", &self.group.as_ref().map(|(name, _)| name))
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterConsumer {
+    fn new(
+        bootstrap: &str,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<ClusterConsumer, ClusterError> {
+        let group = group
+            .map(|name| {
+                let mut config = base_config(bootstrap);
+                config.set("group.id", name).set("enable.auto.commit", "false");
+                let client: BaseConsumer =
+                    config.create().map_err(|e| ClusterError::kafka("create group client", e))?;
+                Ok::<_, ClusterError>((name.to_owned(), client))
+            })
+            .transpose()?;
+        let position = match &group {
+            Some((_, client)) => committed(client, topic, partition)?.unwrap_or(0),
+            None => 0,
+        };
+        Ok(ClusterConsumer {
+            bootstrap: bootstrap.to_owned(),
+            topic: topic.to_owned(),
+            partition,
+            reader: PartitionReader::new(bootstrap, topic, partition, position)?,
+            group,
+            buffered: std::collections::VecDeque::new(),
+            position,
+        })
+    }
+
+    /// The offset of the next record this consumer reads.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Read from `offset` on.
+    pub fn seek(&mut self, offset: u64) -> Result<(), ClusterError> {
+        self.reader = PartitionReader::new(&self.bootstrap, &self.topic, self.partition, offset)?;
+        self.buffered.clear();
+        self.position = offset;
+        Ok(())
+    }
+
+    /// The consumer group, if any.
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_ref().map(|(name, _)| name.as_str())
+    }
+
+    /// Commit the position (the next offset to read) as the group's offset, synchronously.
+    pub fn commit(&self) -> Result<(), ClusterError> {
+        let Some((_, client)) = &self.group else {
+            return Err(ClusterError::kafka("commit", "this consumer is in no group"));
+        };
+        let mut offsets = TopicPartitionList::new();
+        let offset = KafkaOffset::Offset(i64::try_from(self.position).unwrap_or(i64::MAX));
+        offsets
+            .add_partition_offset(&self.topic, self.partition as i32, offset)
+            .map_err(|e| ClusterError::kafka("commit", e))?;
+        client
+            .commit(&offsets, rdkafka::consumer::CommitMode::Sync)
+            .map_err(|e| ClusterError::kafka("commit", e))
+    }
+
+    /// What the group committed last for this partition.
+    pub fn committed(&self) -> Result<Option<u64>, ClusterError> {
+        match &self.group {
+            Some((_, client)) => committed(client, &self.topic, self.partition),
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `max` records from the position on; empty when caught up.
+    pub fn next_batch(&mut self, max: usize) -> Result<Vec<OwnedRecord>, ClusterError> {
+        let mut records: Vec<OwnedRecord> =
+            self.buffered.drain(..max.min(self.buffered.len())).collect();
+        if records.is_empty() {
+            records = self.reader.next_batch(max)?;
+        }
+        if let Some(last) = records.last() {
+            self.position = last.offset.get() + 1;
+        }
+        Ok(records)
+    }
+}
+
+impl Iterator for ClusterConsumer {
+    type Item = Result<OwnedRecord, ClusterError>;
+
+    /// The next record, or `None` once caught up (iterate again later for more).
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buffered.is_empty() {
+            match self.reader.next_batch(CONSUMER_BATCH) {
+                Ok(batch) => self.buffered.extend(batch),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+        let record = self.buffered.pop_front()?;
+        self.position = record.offset.get() + 1;
+        Some(Ok(record))
+    }
+}
+
+/// The offset `client`'s group committed for `topic`/`partition`, if any.
+fn committed(
+    client: &BaseConsumer,
+    topic: &str,
+    partition: u32,
+) -> Result<Option<u64>, ClusterError> {
+    let mut asked = TopicPartitionList::new();
+    asked.add_partition(topic, partition as i32);
+    let answer = client
+        .committed_offsets(asked, REQUEST_TIMEOUT)
+        .map_err(|e| ClusterError::kafka("committed offsets", e))?;
+    let offset = answer.find_partition(topic, partition as i32).map(|e| e.offset());
+    Ok(match offset {
+        Some(KafkaOffset::Offset(offset)) => u64::try_from(offset).ok(),
+        _ => None,
+    })
 }
 
 /// Run a future of the admin client to completion on this thread. librdkafka completes it

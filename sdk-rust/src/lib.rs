@@ -41,7 +41,7 @@ pub mod kafka;
 pub mod processor;
 pub mod testing;
 
-pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, connect, connect_with};
+pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;

@@ -148,6 +148,31 @@ pub enum Guarantee {
     AtLeastOnce,
 }
 
+/// A guarantee spelled neither `exactly-once` nor `at-least-once`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown guarantee {0:?}: exactly-once or at-least-once")]
+pub struct UnknownGuarantee(pub String);
+
+impl std::str::FromStr for Guarantee {
+    type Err = UnknownGuarantee;
+
+    /// `exactly-once` or `at-least-once`, as the Python SDK and `CHRONIK_GUARANTEE` spell them.
+    fn from_str(text: &str) -> Result<Guarantee, UnknownGuarantee> {
+        match text {
+            "exactly-once" => Ok(Guarantee::ExactlyOnce),
+            "at-least-once" => Ok(Guarantee::AtLeastOnce),
+            other => Err(UnknownGuarantee(other.to_owned())),
+        }
+    }
+}
+
+impl Guarantee {
+    /// The guarantee `CHRONIK_GUARANTEE` names; exactly once when it is not set.
+    pub fn from_env() -> Result<Guarantee, UnknownGuarantee> {
+        std::env::var("CHRONIK_GUARANTEE").map_or(Ok(Guarantee::ExactlyOnce), |v| v.parse())
+    }
+}
+
 /// When a run ([`crate::Connection::run`]) stops.
 #[derive(Clone, Copy, Debug)]
 pub enum Until<'a> {

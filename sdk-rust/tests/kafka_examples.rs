@@ -1,8 +1,8 @@
-//! The processor example on a Kafka-protocol broker (tansu, started here on 127.0.0.1): the
-//! same final state as on the embedded engine, with one process and with two processes in
-//! one consumer group, one of them killed mid-run (the survivor takes its partitions over
-//! and restores their counts from the changelog). Built with `--features kafka`; run by
-//! `scripts/kafka-test`, which installs the broker.
+//! The processor examples on a Kafka-protocol broker (tansu, started here on 127.0.0.1): the
+//! same final state as on the embedded engine, for the click count and the click join; and
+//! for the count also with two processes in one consumer group, one of them killed mid-run
+//! (the survivor takes its partitions over and restores their counts from the changelog).
+//! Built with `--features kafka`; run by `scripts/kafka-test`, which installs the broker.
 #![cfg(feature = "kafka")]
 
 mod common;
@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 const CLICKS: &str = "40000";
 
 fn run(target: &str, step: &str, guarantee: &str) -> Output {
-    Command::new(example("clicks_count"))
-        .args([target, CLICKS, step])
-        .env("CHRONIK_GUARANTEE", guarantee)
-        .output()
-        .unwrap()
+    run_example("clicks_count", &[target, CLICKS, step], guarantee)
+}
+
+fn run_example(name: &str, args: &[&str], guarantee: &str) -> Output {
+    Command::new(example(name)).args(args).env("CHRONIK_GUARANTEE", guarantee).output().unwrap()
 }
 
 fn text(output: &Output) -> String {
@@ -59,6 +59,19 @@ fn the_click_counter_ends_in_the_same_state_embedded_and_on_the_broker() {
     let embedded = final_state(&run(directory.path().to_str().unwrap(), "all", "exactly-once"));
     let broker = broker();
     let on_broker = final_state(&run(&broker.target(), "all", "at-least-once"));
+    assert_eq!(embedded, on_broker);
+}
+
+#[test]
+fn the_click_join_ends_in_the_same_state_embedded_and_on_the_broker() {
+    // Two co-partitioned inputs merged by timestamp: every click must meet the version of its
+    // user current at the click's time, on the broker as on the engine.
+    let directory = tempfile::tempdir().unwrap();
+    let dir = directory.path().to_str().unwrap();
+    let embedded = final_state(&run_example("clicks_join", &[dir, "20000"], "exactly-once"));
+    let broker = broker();
+    let target = broker.target();
+    let on_broker = final_state(&run_example("clicks_join", &[&target, "20000"], "at-least-once"));
     assert_eq!(embedded, on_broker);
 }
 

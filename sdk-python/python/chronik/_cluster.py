@@ -98,6 +98,15 @@ class Cluster:
     def producer(self, topic: str) -> ClusterProducer:
         return ClusterProducer(self, topic)
 
+    def consumer(self, topic: str, partition: int = 0, group: Optional[str] = None):
+        """A consumer of one partition, with the calls of `chronik.Consumer` (iterate until
+        caught up, `poll`, `position`, `seek`); in `group`, it starts where the group committed
+        last and `commit()` stores its position as the group's offset on the cluster."""
+        return self._rust.consumer(topic, partition, group)
+
+    def flush(self) -> None:
+        """Nothing to do: every send returned once the cluster acknowledged it."""
+
     def close(self) -> None:
         pass
 
