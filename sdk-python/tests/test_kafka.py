@@ -135,6 +135,30 @@ def test_producer_and_records_keep_keys_values_headers_and_timestamps(broker):
 
 
 
+# word_count.py, its counter slowed to about 10,000 words a second, so that a kill lands
+# mid-run whatever the machine's speed.
+PACED_WORD_COUNT = '''
+import sys
+import time
+
+sys.path.insert(0, {examples!r})
+import word_count
+
+count_word, seen = word_count.count_word, [0]
+
+
+def paced(record, ctx):
+    seen[0] += 1
+    if seen[0] % 100 == 0:
+        time.sleep(0.01)
+    count_word(record, ctx)
+
+
+word_count.count_word = paced
+sys.exit(word_count.main())
+'''
+
+
 class Counter:
     """A `word_count.py --step count` process; a thread collects its standard error (group
     assignments among it) as it is printed, so a full pipe never stalls the process."""
@@ -199,10 +223,12 @@ def test_two_counters_share_the_partitions_and_the_survivor_of_a_kill_takes_the_
     tmp_path, broker
 ):
     text = tmp_path / "text.txt"
-    write_text(text, 40_000)
+    write_text(text, 20_000)
     script = EXAMPLES / "word_count.py"
     embedded = tmp_path / "embedded.json"
     done = run_example(script, tmp_path / "data", text, "--out", embedded)
+    paced = tmp_path / "paced_word_count.py"
+    paced.write_text(PACED_WORD_COUNT.format(examples=str(EXAMPLES)))
     assert done.returncode == 0, done.stderr
     env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once", CHRONIK_KAFKA_DEBUG="cgrp")
     done = subprocess.run(
@@ -214,15 +240,16 @@ def test_two_counters_share_the_partitions_and_the_survivor_of_a_kill_takes_the_
     # killed mid-run. Once its session expires, the group rebalances and the survivor alone is
     # given all four partitions, restores the victim's counts from the changelog and finishes.
     survivor_out = tmp_path / "survivor.json"
-    survivor = Counter(script, broker, text, survivor_out, env)
+    survivor = Counter(paced, broker, text, survivor_out, env)
     survivor.wait_for(lambda: any(survivor.assignments()), "a first assignment")
-    victim = Counter(script, broker, text, tmp_path / "victim.json", env)
+    victim = Counter(paced, broker, text, tmp_path / "victim.json", env)
     survivor.wait_for(
         lambda: all(0 < len(c.latest()) < 4 for c in (survivor, victim)),
         "the partitions shared by both",
     )
     time.sleep(1.0)
     assert victim.process.poll() is None, "the victim ended before its kill"
+    assert survivor.process.poll() is None, "the survivor ended before the kill"
     victim.process.kill()
     victim.finish()
     taken_over = len(survivor.assignments())
