@@ -631,13 +631,14 @@ impl ClusterConsumer {
         }
     }
 
-    /// Up to `max` records from the position on; empty when caught up.
+    /// Up to `max` records from the position on; empty when caught up. Reads the cluster
+    /// [`CONSUMER_BATCH`] records at a time, whatever `max` is.
     pub fn next_batch(&mut self, max: usize) -> Result<Vec<OwnedRecord>, ClusterError> {
-        let mut records: Vec<OwnedRecord> =
-            self.buffered.drain(..max.min(self.buffered.len())).collect();
-        if records.is_empty() {
-            records = self.reader.next_batch(max)?;
+        if self.buffered.is_empty() {
+            self.buffered.extend(self.reader.next_batch(CONSUMER_BATCH)?);
         }
+        let records: Vec<OwnedRecord> =
+            self.buffered.drain(..max.min(self.buffered.len())).collect();
         if let Some(last) = records.last() {
             self.position = last.offset.get() + 1;
         }
@@ -650,15 +651,7 @@ impl Iterator for ClusterConsumer {
 
     /// The next record, or `None` once caught up (iterate again later for more).
     fn next(&mut self) -> Option<Self::Item> {
-        if self.buffered.is_empty() {
-            match self.reader.next_batch(CONSUMER_BATCH) {
-                Ok(batch) => self.buffered.extend(batch),
-                Err(error) => return Some(Err(error)),
-            }
-        }
-        let record = self.buffered.pop_front()?;
-        self.position = record.offset.get() + 1;
-        Some(Ok(record))
+        self.next_batch(1).map(|batch| batch.into_iter().next()).transpose()
     }
 }
 
