@@ -888,12 +888,20 @@ impl<I: Io> Engine<I> {
         Ok(())
     }
 
-    /// One bounded step of background work: in `interval` mode, fsync the partitions whose
-    /// last fsync is older than the interval; then retention and compaction (see `Partition::apply_retention`:
-    /// sealed segments older than `retention_ms` or beyond `retention_bytes` removed, a
-    /// durable log start first). The runtime calls it from a thread; the simulator
-    /// calls it between workload steps.
+    /// One step of all background work: [`Engine::flush_due`], then [`Engine::maintain`].
+    /// The simulator calls it between workload steps; the runtime calls the two halves from
+    /// threads of their own, so a long compaction pass never delays an interval flush.
     pub fn tick(&self) -> Result<(), AppendError> {
+        self.flush_due()?;
+        self.maintain()
+    }
+
+    /// In `interval` mode, fsync every partition whose last fsync is older than the interval
+    /// (a no-op in the other modes and for a read-only engine). Bounded by one fdatasync per
+    /// partition. It takes no lock that retention or compaction holds for long (they hold
+    /// `maintenance`, which it never takes), so it runs on time beside a pass in progress:
+    /// this is what keeps `interval:MS`'s loss window at MS plus one flusher period.
+    pub fn flush_due(&self) -> Result<(), AppendError> {
         self.inner.context.poison.check()?;
         if self.inner.options.read_only {
             return Ok(());
@@ -902,6 +910,19 @@ impl<I: Io> Engine<I> {
             for partition in self.all_partitions() {
                 partition.flush_if_due(ms)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Retention and compaction of every partition: sealed segments older than
+    /// `retention_ms` or beyond `retention_bytes` removed, a durable log start first (see
+    /// `Partition::apply_retention`); then a compaction pass where one is due. A pass may
+    /// take long (it reads and rewrites segments); it never holds a lock that appends,
+    /// flushes or reads wait for, except for the moment of a segment swap.
+    pub fn maintain(&self) -> Result<(), AppendError> {
+        self.inner.context.poison.check()?;
+        if self.inner.options.read_only {
+            return Ok(());
         }
         let now = self.inner.context.clock.now_ms();
         for partition in self.all_partitions() {

@@ -1,9 +1,10 @@
 //! Chronik's storage engine: topics and partitions of append-only segmented logs.
 //!
 //! The engine is sans-thread and sans-clock: every file operation goes through the [`io::Io`]
-//! trait, time comes from an injected [`Clock`], and background work (interval flushes) is a
-//! step function, [`Engine::tick`], that the [`runtime`] module drives from a thread in
-//! production and the simulator drives deterministically. See `ARCHITECTURE.md` for the code map
+//! trait, time comes from an injected [`Clock`], and background work (interval flushes,
+//! retention, compaction) is a step function, [`Engine::tick`] (its halves
+//! [`Engine::flush_due`] and [`Engine::maintain`]), that the [`runtime`] module drives from two
+//! threads in production and the simulator drives deterministically. See `ARCHITECTURE.md` for the code map
 //! and `docs/format.md` for the bytes on disk.
 //!
 //! ```

@@ -2,7 +2,7 @@
 //! The only module of the engine that reads the clock or spawns threads.
 
 use crate::io::Io;
-use crate::{Clock, Durability, Engine};
+use crate::{AppendError, Clock, Durability, Engine};
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::thread::JoinHandle;
@@ -25,61 +25,98 @@ impl Clock for SystemClock {
     }
 }
 
-/// Drives [`Engine::tick`] from a background thread. Stops (and joins the thread) on drop.
-/// A panic in a step poisons the engine instead of dying silently.
+/// Drives the engine's background work from two threads: a flusher that runs
+/// [`Engine::flush_due`] (only in `interval` mode) and a maintainer that runs
+/// [`Engine::maintain`] (retention and compaction). Two, so that a compaction pass, which may
+/// read and rewrite gigabytes, never delays an interval flush: the loss window of
+/// `interval:MS` stays MS plus one flusher period whatever maintenance does. Stops (and joins
+/// both threads) on drop. A panic in a step poisons the engine instead of dying silently.
 #[derive(Debug)]
 pub struct Runtime {
-    stop: Option<Sender<()>>,
-    thread: Option<JoinHandle<()>>,
+    workers: Vec<Worker>,
 }
 
+/// One background thread and the channel that stops it.
+#[derive(Debug)]
+struct Worker {
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// How often the maintainer looks for retention and compaction work.
+const MAINTENANCE_PERIOD: Duration = Duration::from_secs(1);
+
+/// The flusher's period is at most this, so a flush is never more than 100 ms late.
+const FLUSH_PERIOD_MAX_MS: u64 = 100;
+
 impl Runtime {
-    /// Start the background thread that calls [`Engine::tick`]: interval fsyncs and
-    /// retention. Once at start, then every `min(ms, 100)` ms in `interval` mode and every
-    /// second otherwise; none for a read-only engine. Dropping the runtime waits for a tick in
-    /// progress.
+    /// Start the background threads. The maintainer runs at once (so even a short-lived
+    /// process, one command of the CLI, applies retention), then every second. In `interval`
+    /// mode the flusher runs every `min(ms, 100)` ms. None for a read-only engine. Dropping
+    /// the runtime waits for the steps in progress.
     pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
         let options = engine.options();
+        let mut runtime = Runtime { workers: Vec::new() };
         if options.read_only {
-            return Ok(Runtime { stop: None, thread: None });
+            return Ok(runtime);
         }
-        let period = match options.durability {
-            Durability::Interval { ms } => Duration::from_millis(ms.clamp(1, 100)),
-            Durability::Sync | Durability::Os => Duration::from_secs(1),
-        };
+        if let Durability::Interval { ms } = options.durability {
+            let period = Duration::from_millis(ms.clamp(1, FLUSH_PERIOD_MAX_MS));
+            let flusher =
+                Worker::spawn("chronik-flusher", engine.clone(), period, Engine::flush_due)?;
+            runtime.workers.push(flusher);
+        }
+        let maintainer = Worker::spawn(
+            "chronik-maintainer",
+            engine.clone(),
+            MAINTENANCE_PERIOD,
+            Engine::maintain,
+        )?;
+        runtime.workers.push(maintainer);
+        assert!(!runtime.workers.is_empty() && runtime.workers.len() <= 2);
+        Ok(runtime)
+    }
+}
+
+impl Worker {
+    /// A thread that runs `work` on `engine` at once and then once per `period` until stopped,
+    /// its first error (the engine is then poisoned, and appenders see it), or a panic (which
+    /// poisons the engine here, with the worker's name).
+    fn spawn<I: Io>(
+        name: &'static str,
+        engine: Engine<I>,
+        period: Duration,
+        work: fn(&Engine<I>) -> Result<(), AppendError>,
+    ) -> std::io::Result<Worker> {
+        assert!(!period.is_zero(), "a worker never spins");
         let (stop, stopped) = bounded::<()>(1);
-        let engine = engine.clone();
-        let thread =
-            std::thread::Builder::new().name("chronik-ticker".to_owned()).spawn(move || {
-                // The first tick at once, so even a short-lived process (one command of the
-                // CLI) applies retention; then one per period until stopped.
-                loop {
-                    match catch_unwind(AssertUnwindSafe(|| engine.tick())) {
-                        Ok(Ok(())) => {}
-                        // A failed flush already poisoned the engine; appenders see it.
-                        Ok(Err(_)) => return,
-                        Err(_) => {
-                            engine.poison("the background ticker panicked".to_owned());
-                            return;
-                        }
-                    }
-                    match stopped.recv_timeout(period) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        let thread = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+            loop {
+                match catch_unwind(AssertUnwindSafe(|| work(&engine))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        engine.poison(format!("the background thread {name} panicked"));
+                        return;
                     }
                 }
-            })?;
-        Ok(Runtime { stop: Some(stop), thread: Some(thread) })
+                match stopped.recv_timeout(period) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        })?;
+        Ok(Worker { stop, thread })
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.try_send(());
+        for worker in &self.workers {
+            let _ = worker.stop.try_send(());
         }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        for worker in self.workers.drain(..) {
+            let _ = worker.thread.join();
         }
     }
 }
