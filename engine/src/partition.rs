@@ -1,9 +1,19 @@
 //! One partition: the write path (append, roll, group commit) and the read path.
 //!
-//! Locks, in the only order they are taken: `state`, then `sync`, then `watermark`;
-//! `checkpoint` is taken alone. Writes to the file happen under `state`, so batches land in
-//! offset order; the group commit's fdatasync runs under no lock, so appenders keep writing
-//! while it is in flight (a roll's fsyncs run under `state`).
+//! Locks, in the only order they are taken (none is taken while holding one later in the
+//! list): `maintenance` (retention and compaction, held for a whole pass), `state` (the
+//! segment list, the write position, the transaction fence), `file_sync` (held across every
+//! fdatasync of a segment file), the group commit queue's lock (`sync`, inside
+//! [`SyncQueue`]), then the watermark's. `checkpoint` and the compaction bookkeeping
+//! (`first_dirty`, `compaction_blocked`, `compaction_failure`) are taken with no other lock
+//! held but `maintenance`.
+//!
+//! Writes to the file happen under `state`, so batches land in offset order. The group
+//! commit's fdatasync runs under `file_sync` alone, not `state`, so appenders keep writing
+//! while it is in flight and are covered by the next one. A roll's fsyncs run under `state`
+//! and `file_sync`: appenders and readers of this partition wait for a roll. Retention and
+//! compaction hold `maintenance` for their whole pass and `state` only to take the segment
+//! list and to swap it, so appends, flushes and reads never wait for a pass.
 
 use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};

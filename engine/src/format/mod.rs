@@ -34,7 +34,8 @@ pub struct BatchHeader {
     pub length: U32,
     pub magic: U32,
     pub version: U16,
-    /// Reserved for compression and transaction flags; zero in version 1.
+    /// Flags: bit 4 ([`ATTRIBUTE_TRANSACTIONAL`]) marks a transaction's batch; every other
+    /// bit is reserved and zero (no compression yet).
     pub attributes: U16,
     pub record_count: U32,
     pub base_offset: U64,
@@ -315,8 +316,6 @@ pub fn extend_compacted_batch(batch: &mut [u8], last_offset: Offset) -> BatchInf
     info
 }
 
-/// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
-/// and recompute its checksum. Lets appenders encode outside the partition lock.
 /// Batch attribute: the batch was written by [`crate::Engine::commit_transaction`]. Recovery
 /// keeps such a batch at the end of a partition only if the transaction's commit record (in
 /// `__consumer_offsets`) covers it.
@@ -325,11 +324,20 @@ pub const ATTRIBUTE_TRANSACTIONAL: u16 = 0x0010;
 /// Mark an encoded batch transactional; [`set_batch_offsets`] then seals its checksum.
 pub fn set_transactional(batch: &mut [u8]) {
     let (header, _) = BatchHeader::mut_from_prefix(batch).expect("an encoded batch");
-    header.attributes = U16::new(header.attributes.get() | ATTRIBUTE_TRANSACTIONAL);
+    assert_eq!(header.magic.get(), BATCH_MAGIC, "only an encoded batch is marked");
+    assert_eq!(header.attributes.get(), 0, "a batch is marked once, before its offsets are set");
+    header.attributes = U16::new(ATTRIBUTE_TRANSACTIONAL);
 }
 
+/// Set the base offset and synced-offset hint of an encoded batch (the first batch of `batch`)
+/// and recompute its checksum. Lets appenders encode outside the partition lock.
 pub fn set_batch_offsets(batch: &mut [u8], base_offset: Offset, synced_offset_hint: Offset) {
     let (header, _) = BatchHeader::mut_from_prefix(batch).expect("an encoded batch");
+    assert_eq!(header.magic.get(), BATCH_MAGIC, "only an encoded batch gets offsets");
+    assert!(
+        base_offset.get().checked_add(u64::from(header.last_offset_delta.get())).is_some(),
+        "the batch's last offset fits in 64 bits"
+    );
     header.base_offset = U64::new(base_offset.get());
     header.synced_offset_hint = U64::new(synced_offset_hint.get());
     let length = header.length.get() as usize;

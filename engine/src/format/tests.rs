@@ -422,7 +422,7 @@ fn header_fields_sit_where_the_format_says() {
     assert_eq!(u32_at(8) as usize, bytes.len());
     assert_eq!(&bytes[12..16], b"CHRB");
     assert_eq!(&bytes[16..18], &BATCH_VERSION.to_le_bytes());
-    assert_eq!(&bytes[18..20], &[0, 0], "attributes are zero in version 1");
+    assert_eq!(&bytes[18..20], &[0, 0], "attributes are zero but for a transaction's batch");
     assert_eq!(u32_at(20), 2, "record count");
     assert_eq!(u64_at(24), 100, "base offset");
     assert_eq!(u32_at(32), 1, "last offset delta");

@@ -53,6 +53,12 @@ pub const RINGS_MAX: usize = 64;
 /// Largest transfer of one entry: the kernel takes a `u32` length.
 const TRANSFER_MAX: usize = 1 << 30;
 
+// The kernel sizes rings in powers of two; a round's entries must fit one ring; an entry's
+// length is a `u32`.
+const _: () = assert!(QUEUE_DEPTH.is_power_of_two() && QUEUE_DEPTH >= 2);
+const _: () = assert!(TRANSFER_MAX <= u32::MAX as usize);
+const _: () = assert!(RINGS_MAX >= 1);
+
 /// The io_uring backend of [`Io`].
 pub struct UringIo {
     files: PreadIo,
@@ -93,6 +99,8 @@ impl UringIo {
             if let Some(ring) = pool.idle.pop() {
                 return Ok(ring);
             }
+            assert!(pool.created <= RINGS_MAX, "the pool never grows past its bound");
+            assert!(pool.idle.len() <= pool.created, "every idle ring was created here");
             if pool.created < RINGS_MAX {
                 pool.created += 1;
                 drop(pool);
@@ -103,7 +111,10 @@ impl UringIo {
     }
 
     fn put_ring(&self, ring: IoUring) {
-        self.pool.lock().idle.push(ring);
+        let mut pool = self.pool.lock();
+        assert!(pool.idle.len() < pool.created, "a ring is put back once, after it was taken");
+        pool.idle.push(ring);
+        drop(pool);
         self.ring_free.notify_one();
     }
 }
@@ -136,6 +147,12 @@ impl Slot {
 
     /// The submission entry for what is left of this operation.
     fn entry(&mut self, index: usize) -> squeue::Entry {
+        assert!(self.result.is_none(), "only an operation still running is submitted");
+        assert!(self.done <= self.buffer.len(), "never past the end of the buffer");
+        if let Some(aligned) = &self.aligned {
+            assert!(matches!(self.kind, Kind::Write), "only writes have an aligned copy");
+            assert!(aligned.as_slice().len() >= self.buffer.len(), "the copy holds the buffer");
+        }
         let fd = types::Fd(self.file.as_raw_fd());
         let entry = match self.kind {
             Kind::Read | Kind::Write => {
@@ -168,6 +185,7 @@ impl Slot {
 
     /// Take in one completion result (bytes transferred, or a negative errno).
     fn complete(&mut self, result: i32) {
+        assert!(self.result.is_none(), "an operation completes once");
         if result < 0 {
             let errno = -result;
             if errno == libc::ECANCELED || errno == libc::EINTR || errno == libc::EAGAIN {
@@ -177,6 +195,8 @@ impl Slot {
             return;
         }
         let transferred = result.unsigned_abs() as usize;
+        // The kernel transfers at most what the entry asked for.
+        assert!(transferred <= self.buffer.len() - self.done, "a transfer past the buffer");
         match self.kind {
             Kind::Sync { .. } => self.result = Some(Ok(0)),
             Kind::Read => {
@@ -221,6 +241,11 @@ fn run_rounds(ring: &mut IoUring, slots: &mut [Option<Slot>]) -> io::Result<()> 
                 break;
             }
         }
+        assert!(!round.is_empty() && round.len() <= QUEUE_DEPTH as usize);
+        assert!(
+            round[..round.len() - 1].iter().all(|&i| !slots[i].as_ref().is_some_and(Slot::is_sync)),
+            "a sync only ends a round, so it starts after every operation before it"
+        );
         let chained = round.len() > 1
             && round.last().is_some_and(|&i| slots[i].as_ref().is_some_and(Slot::is_sync));
         for (position, &index) in round.iter().enumerate() {
@@ -248,10 +273,12 @@ fn run_rounds(ring: &mut IoUring, slots: &mut [Option<Slot>]) -> io::Result<()> 
             }
             for entry in ring.completion() {
                 let index = entry.user_data() as usize;
+                assert!(round.contains(&index), "a completion names an entry of this round");
                 let slot = slots[index].as_mut().expect("completions name ring slots");
                 slot.complete(entry.result());
                 completed += 1;
             }
+            assert!(completed <= round.len(), "one completion per entry");
         }
     }
 }
@@ -296,7 +323,8 @@ impl UringIo {
 
 impl Io for UringIo {
     fn submit(&self, mut operations: Vec<Operation>) -> Vec<Completion> {
-        if operations.len() == 1 {
+        let count = operations.len();
+        if count == 1 {
             let operation = operations.pop().expect("one operation");
             return vec![self.files.execute(operation)];
         }
@@ -344,7 +372,9 @@ impl Io for UringIo {
                 }
             }
         }
-        completions
+        assert_eq!(completions.len(), count, "one entry per operation");
+        assert_eq!(slots.len(), count, "one entry per operation");
+        let completions: Vec<Completion> = completions
             .into_iter()
             .zip(slots)
             .map(|(completion, slot)| match (completion, slot) {
@@ -359,7 +389,9 @@ impl Io for UringIo {
                 }
                 (None, None) => unreachable!("every operation is a completion or a slot"),
             })
-            .collect()
+            .collect();
+        assert_eq!(completions.len(), count, "a completion per operation, in order");
+        completions
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
