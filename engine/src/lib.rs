@@ -44,6 +44,7 @@ pub mod runtime;
 pub mod segment;
 pub(crate) mod sync;
 mod sync_queue;
+mod tail;
 pub mod topic;
 pub mod verify;
 mod watermark;

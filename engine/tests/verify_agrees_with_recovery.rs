@@ -43,18 +43,42 @@ fn verify_and_recovery_classify_every_damaged_directory_alike() {
     let cases: &[(&str, Build, Expected)] = &[
         ("a clean directory of several segments", clean, Expected::Clean),
         ("garbage after the last batch, no checkpoint", garbage_without_checkpoint, Expected::Torn),
-        ("garbage after the last batch, past the checkpoint", garbage_past_checkpoint, Expected::Torn),
+        (
+            "garbage after the last batch, past the checkpoint",
+            garbage_past_checkpoint,
+            Expected::Torn,
+        ),
         ("zeros after the last batch (more than a block)", zeros_after_last_batch, Expected::Torn),
         ("a partial copy of the last batch", partial_batch, Expected::Torn),
         ("a whole copy of an earlier batch (wrong offset)", copied_batch, Expected::Torn),
         ("a torn batch carrying a batch in its value", embedded_batch, Expected::Torn),
         ("a flipped byte below the checkpoint", flip_below_checkpoint, Expected::Damage),
-        ("a flipped byte in the last batch, no checkpoint", flip_last_no_checkpoint, Expected::Torn),
-        ("a flipped byte vouched for by later batches only", flip_vouched_by_hints, Expected::Damage),
-        ("a flipped byte past an older checkpoint, vouched", flip_past_old_checkpoint, Expected::Damage),
-        ("the active segment shorter than the checkpoint", shorter_than_checkpoint, Expected::Damage),
+        (
+            "a flipped byte in the last batch, no checkpoint",
+            flip_last_no_checkpoint,
+            Expected::Torn,
+        ),
+        (
+            "a flipped byte vouched for by later batches only",
+            flip_vouched_by_hints,
+            Expected::Damage,
+        ),
+        (
+            "a flipped byte past an older checkpoint, vouched",
+            flip_past_old_checkpoint,
+            Expected::Damage,
+        ),
+        (
+            "the active segment shorter than the checkpoint",
+            shorter_than_checkpoint,
+            Expected::Damage,
+        ),
         ("direct I/O block padding after the last batch", direct_io_padding, Expected::Clean),
-        ("a flipped byte in a sealed segment, indexes lost", sealed_flip_rescanned, Expected::Damage),
+        (
+            "a flipped byte in a sealed segment, indexes lost",
+            sealed_flip_rescanned,
+            Expected::Damage,
+        ),
         ("a flipped byte in a sealed segment, indexes kept", sealed_flip_indexed, Expected::Damage),
         ("a sealed segment cut short", sealed_cut_short, Expected::Damage),
         ("a lost middle segment", lost_middle_segment, Expected::Damage),
@@ -100,8 +124,8 @@ fn verify_verdict(report: &VerifyReport) -> Verdict {
         if let Some(bytes) = number_before(&finding.what, " bytes", "unsynced tail of ") {
             verdict.torn_bytes += bytes;
             // An older verify did not count the records; a missing count is a disagreement.
-            verdict.torn_records += number_before(&finding.what, " records", "bytes, ")
-                .unwrap_or(u64::MAX / 2);
+            verdict.torn_records +=
+                number_before(&finding.what, " records", "bytes, ").unwrap_or(u64::MAX / 2);
         }
     }
     verdict
