@@ -9,7 +9,7 @@
 //! (a position below which every byte was fsynced), and the `synced_offset_hint` of the chain of
 //! valid batches that starts where the damaged batch's own header says it ends: if one of them
 //! says the damaged batch's offset was already durable when it was written, the damage is inside
-//! synced data. The classification itself is [`crate::tail`]'s, which `chronik verify` shares,
+//! synced data. The classification itself is `tail.rs`'s (shared with `chronik verify`),
 //! so the two cannot disagree; this module acts on it. See docs/format.md.
 //!
 //! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites

@@ -17,7 +17,7 @@
 //! damage, 0 otherwise.
 //!
 //! Where a segment's scan stops, and what the bytes there are, is decided by the same code
-//! recovery runs at open ([`crate::tail`]: the sync checkpoint, the synced-offset hints of the
+//! recovery runs at open (`tail.rs`: the sync checkpoint, the synced-offset hints of the
 //! valid batches after a damaged one, direct-I/O block padding, a file shorter than the
 //! checkpoint, a checkpoint naming a lost later segment). So a tail verify calls a torn unsynced
 //! tail is exactly the one the next open cuts (the notice gives the same bytes and records), and
