@@ -45,6 +45,7 @@ pub mod runtime;
 pub mod segment;
 pub(crate) mod sync;
 mod sync_queue;
+mod tail;
 pub mod topic;
 pub mod verify;
 mod watermark;

@@ -9,7 +9,8 @@
 //! (a position below which every byte was fsynced), and the `synced_offset_hint` of the chain of
 //! valid batches that starts where the damaged batch's own header says it ends: if one of them
 //! says the damaged batch's offset was already durable when it was written, the damage is inside
-//! synced data. See docs/format.md.
+//! synced data. The classification itself is `tail.rs`'s (shared with `chronik verify`),
+//! so the two cannot disagree; this module acts on it. See docs/format.md.
 //!
 //! Recovery is idempotent: it only ever truncates at the first damaged position and rewrites
 //! derived files (indexes), so running it again finds a clean log and changes nothing.
@@ -19,20 +20,20 @@ use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::compaction::{self, CLEANED_SUFFIX, SWAP_SUFFIX};
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
-use crate::format::{self, BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, DecodeError};
+use crate::format;
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
-use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX, SCAN_CHUNK_BYTES};
+use crate::limits::SCAN_CHUNK_BYTES;
 use crate::log_start;
 use crate::partition::PartitionContext;
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
 };
+use crate::tail::{self, Scanned, Tail};
 use crate::topic::TopicConfig;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use zerocopy::FromBytes;
 
 /// What recovery did to one partition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -148,23 +149,6 @@ pub(crate) struct Recovered<I: Io> {
     /// The newest valid sync checkpoint, if any.
     pub checkpoint: Option<Checkpoint>,
     pub report: PartitionRecovery,
-}
-
-/// Where and why a scan of a segment stopped before its end.
-struct Damage {
-    position: u64,
-    error: DecodeError,
-}
-
-impl Damage {
-    fn kind(&self) -> CorruptionKind {
-        match &self.error {
-            DecodeError::Corrupt(kind) => kind.clone(),
-            &DecodeError::Incomplete { needed, available } => {
-                CorruptionKind::Truncated { needed, available }
-            }
-        }
-    }
 }
 
 pub(crate) fn recover_partition<I: Io>(
@@ -331,9 +315,9 @@ fn recover_sealed<I: Io>(
             return Ok(segment);
         }
     }
-    let (mut segment, damage) = load_by_scan(file, base, size, config, i64::MIN)?;
-    if let Some(damage) = damage {
-        report.damage.push(corruption(&segment, &damage));
+    let (mut segment, scanned) = load_by_scan(file, base, size, config, i64::MIN)?;
+    if let Tail::SyncedDamage(corruption) = tail::classify_sealed(&segment.file.path, &scanned) {
+        report.damage.push(corruption);
         // Keep the damaged bytes inside the segment, so a read or lookup that reaches them
         // reports the corruption instead of ending early with an empty fetch.
         segment.size = size;
@@ -355,10 +339,6 @@ fn recover_sealed<I: Io>(
     segment.write_index_files()?;
     report.rebuilt_indexes += 2;
     Ok(segment)
-}
-
-fn corruption<I: Io>(segment: &Segment<I>, damage: &Damage) -> Corruption {
-    Corruption { file: segment.file.path.clone(), position: damage.position, kind: damage.kind() }
 }
 
 /// The active segment to recover and what is known of it.
@@ -488,48 +468,38 @@ fn recover_active<I: Io>(
         size = last_batch_start(&file, size)?;
         file.run(Operation::Truncate { file: file.handle, length: size })?;
     }
-    let (mut segment, damage) = load_by_scan(file, active.base, size, config, active.now_ms)?;
-    // Bytes of this segment that a checkpoint proves were fsynced.
-    // A checkpoint naming a later segment than the last one here: a synced segment is gone,
-    // and this one was sealed, so every byte of it was synced.
-    let missing = active.checkpoint.filter(|c| c.segment_base > active.base).map(|_| {
-        let kind = CorruptionKind::Malformed { reason: "a synced segment is missing" };
-        Corruption { file: directory.join(CHECKPOINT_FILE), position: 0, kind }
-    });
-    let checkpointed = match active.checkpoint {
-        Some(c) if c.segment_base == active.base => c.synced_position,
-        Some(_) if missing.is_some() => size,
-        _ => 0,
-    };
+    let (mut segment, scanned) = load_by_scan(file, active.base, size, config, active.now_ms)?;
+    let checkpoint_path = directory.join(CHECKPOINT_FILE);
+    let verdict = tail::classify_active(
+        &segment.file,
+        active.base,
+        &scanned,
+        active.checkpoint,
+        &checkpoint_path,
+    )?;
+    let checkpointed = verdict.checkpointed;
     let mut damaged = None;
-    if let Some(damage) = damage {
-        let evidence = later_evidence(&segment.file, damage.position, size, segment.next_offset)?;
-        if damage.position < checkpointed || evidence.max_synced_hint > segment.next_offset {
-            // The checkpoint, or a batch written after the damaged one, says the damaged one was
-            // already durable: this is corruption of synced data. Keep every byte; reads report
-            // it.
-            let corruption = corruption(&segment, &damage);
+    match verdict.tail {
+        Tail::SyncedDamage(corruption) => {
+            // Keep every byte; reads report it.
             report.damage.push(corruption.clone());
             damaged = Some((segment.next_offset, corruption));
             segment.size = size;
-        } else if segment::is_block_padding(&segment.file, damage.position, size)? {
-            // The zeros a direct write padded its last block with: not a torn tail, and
-            // nothing is lost. Cut below all the same.
-            assert_eq!(evidence.records, 0, "zeros hold no batch");
-        } else {
-            // The cut itself is made below, with the rest of the tail's durability.
-            report.truncated_bytes += size - damage.position;
-            report.truncated_records += evidence.records;
-            assert_eq!(segment.size, damage.position, "the scan stops at the damaged batch");
         }
-    } else if size < checkpointed {
-        // Synced bytes are missing from the end of the file.
-        let kind = CorruptionKind::Truncated { needed: checkpointed, available: size };
-        let corruption = Corruption { file: segment.file.path.clone(), position: size, kind };
-        report.damage.push(corruption.clone());
-        damaged = Some((segment.next_offset, corruption));
+        Tail::SyncedBytesMissing(corruption) => {
+            report.damage.push(corruption.clone());
+            damaged = Some((segment.next_offset, corruption));
+        }
+        Tail::Torn { why, bytes, records } => {
+            // The cut itself is made below, with the rest of the tail's durability.
+            report.truncated_bytes += bytes;
+            report.truncated_records += records;
+            assert_eq!(segment.size, why.position, "the scan stops at the damaged batch");
+        }
+        // Padding is not a torn tail, and nothing is lost: cut below all the same.
+        Tail::BlockPadding { .. } | Tail::Clean => {}
     }
-    if let Some(corruption) = missing {
+    if let Some(corruption) = verdict.missing_segment {
         report.damage.push(corruption.clone());
         damaged = damaged.or(Some((segment.next_offset, corruption)));
     }
@@ -560,8 +530,8 @@ fn recover_active<I: Io>(
         {
             report.rolled_back_records += u64::from(batch.header().record_count.get());
             let file = Arc::try_unwrap(segment.file).map_err(|_| ()).expect("recovery's own");
-            let (kept, damage) = load_by_scan(file, active.base, start, config, active.now_ms)?;
-            assert!(damage.is_none(), "the batches before a clean last batch scan clean");
+            let (kept, scanned) = load_by_scan(file, active.base, start, config, active.now_ms)?;
+            assert!(scanned.damage.is_none(), "the batches before a clean last batch scan clean");
             segment = kept;
         }
     }
@@ -618,77 +588,18 @@ fn load_by_scan<I: Io>(
     size: u64,
     config: &TopicConfig,
     now_ms: i64,
-) -> Result<(Segment<I>, Option<Damage>), IoError> {
+) -> Result<(Segment<I>, Scanned), IoError> {
     let mut segment = Segment::empty(base, file, config.index_interval_bytes, now_ms);
     let file = Arc::clone(&segment.file);
-    let mut mismatch = None;
-    let end = segment::scan(&file, 0, size, |position, batch| {
-        if batch.base_offset() != segment.next_offset {
-            let kind = CorruptionKind::OffsetMismatch {
-                expected: segment.next_offset.get(),
-                found: batch.base_offset().get(),
-            };
-            mismatch = Some(Damage { position, error: DecodeError::Corrupt(kind) });
-            return false;
-        }
+    let scanned = tail::scan(&file, base, size, |_, batch| {
         if segment.size == 0 {
             segment.created_ms = segment.created_ms.min(batch.info().first_timestamp);
         }
         segment.on_batch(batch.info());
-        true
     })?;
-    let damage = mismatch.or(end.damage.map(|error| Damage { position: end.position, error }));
-    if damage.is_none() {
+    assert_eq!(segment.next_offset, scanned.next_offset, "the scan and the segment agree");
+    if scanned.damage.is_none() {
         assert_eq!(segment.size, size, "a clean scan covers the whole file");
     }
-    Ok((segment, damage))
-}
-
-/// What the bytes after a damaged batch tell.
-#[derive(Debug, Default)]
-struct Evidence {
-    /// The largest `synced_offset_hint` of the chain of batches that continues the damaged one.
-    max_synced_hint: Offset,
-    /// Records in the damaged batch (if its header is readable) and in valid batches after it.
-    records: u64,
-}
-
-/// Read the evidence after the batch damaged at `damaged_at`, whose base offset should be
-/// `expected`. Only a chain of valid batches that starts where the damaged batch's own header
-/// says it ends, and that continues this partition's offsets, is trusted: a batch found anywhere
-/// else could be one carried inside a record's value. One forward pass, bounded by the file.
-fn later_evidence<I: Io>(
-    file: &SegmentFile<I>,
-    damaged_at: u64,
-    end: u64,
-    expected: Offset,
-) -> Result<Evidence, IoError> {
-    let mut evidence = Evidence::default();
-    let header = file.read(damaged_at, BATCH_HEADER_BYTES)?;
-    let Some(header) =
-        BatchHeader::read_from_bytes(&header).ok().filter(|h| h.magic.get() == BATCH_MAGIC)
-    else {
-        return Ok(evidence);
-    };
-    evidence.records += u64::from(header.record_count.get().min(BATCH_RECORDS_MAX));
-    let length = u64::from(header.length.get());
-    let after = u64::from(header.last_offset_delta.get()) + 1;
-    let plausible = header.base_offset.get() == expected.get()
-        && (BATCH_HEADER_BYTES as u64..=u64::from(BATCH_BYTES_MAX)).contains(&length)
-        && damaged_at + length <= end
-        && expected.get().checked_add(after).is_some();
-    if !plausible {
-        return Ok(evidence);
-    }
-    let mut next = expected.plus(after);
-    segment::scan(file, damaged_at + length, end, |_, batch| {
-        let continues = batch.base_offset() == next && batch.synced_offset_hint() <= next;
-        if continues {
-            evidence.max_synced_hint = evidence.max_synced_hint.max(batch.synced_offset_hint());
-            evidence.records += u64::from(batch.record_count());
-            next = batch.next_offset();
-        }
-        continues
-    })?;
-    Ok(evidence)
+    Ok((segment, scanned))
 }

@@ -10,20 +10,32 @@
 //! like any other here.)
 //!
 //! Findings are of two kinds. **Damage**: bytes that were durable and are now wrong (a checksum
-//! mismatch in a sealed segment or below the sync checkpoint, an offset gap, an unreadable
-//! metadata file). **Notice**: something the next open repairs by itself without losing an
-//! acknowledged record (a torn unsynced tail, an index file to rebuild, a leftover temporary
-//! file or staging directory). `chronik verify` exits 1 on damage, 0 otherwise.
+//! mismatch in a sealed segment or inside synced data of the active one, an offset gap, synced
+//! bytes missing from the end, an unreadable metadata file). **Notice**: something the next open
+//! repairs by itself without losing an acknowledged record (a torn unsynced tail, an index file
+//! to rebuild, a leftover temporary file or staging directory). `chronik verify` exits 3 on
+//! damage, 0 otherwise.
+//!
+//! Where a segment's scan stops, and what the bytes there are, is decided by the same code
+//! recovery runs at open (`tail.rs`: the sync checkpoint, the synced-offset hints of the
+//! valid batches after a damaged one, direct-I/O block padding, a file shorter than the
+//! checkpoint, a checkpoint naming a lost later segment). So a tail verify calls a torn unsynced
+//! tail is exactly the one the next open cuts (the notice gives the same bytes and records), and
+//! damage verify reports there is exactly what the next open keeps and reports as corruption.
+//! The zeros a direct write pads the active segment's last block with are not reported at all,
+//! as recovery does not report them. One difference remains by design: verify scans every
+//! sealed segment, while an open trusts a sealed segment's intact index files and finds damage
+//! inside it only when a read reaches it.
 
 use crate::Offset;
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
-use crate::error::{CorruptionKind, IoError};
-use crate::format::DecodeError;
+use crate::error::IoError;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::index::SegmentIndex;
 use crate::io::{Io, OpenMode};
 use crate::log_start::{self, LOG_START_FILE};
 use crate::segment::{self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX};
+use crate::tail::{self, ActiveVerdict, Tail};
 use crate::topic::{TOPIC_META_FILE, TopicConfig};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -176,6 +188,21 @@ fn verify_partition<I: Io>(
 ) -> Result<(), IoError> {
     let mut summary =
         PartitionSummary { topic: topic.to_owned(), partition, ..PartitionSummary::default() };
+    // Read before listing, as recovery does: a writer beside us may roll in between, and the
+    // checkpoint must never name a segment the listing has not seen.
+    let checkpoint_path = directory.join(CHECKPOINT_FILE);
+    let checkpoint = match segment::read_small_file(&**io, &checkpoint_path)? {
+        None => None,
+        Some(bytes) => {
+            let newest = Checkpoint::newest(&bytes);
+            if newest.is_none() && !bytes.is_empty() {
+                let what = "no valid slot (a hint only: recovery then treats the active \
+                            segment's damage as a torn tail only where later batches agree)";
+                report.add(Severity::Notice, &checkpoint_path, Some(0), what.to_owned());
+            }
+            newest
+        }
+    };
     let entries = match io.list(directory) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -223,26 +250,6 @@ fn verify_partition<I: Io>(
         report.partitions.push(summary);
         return Ok(());
     }
-    let checkpoint_path = directory.join(CHECKPOINT_FILE);
-    let checkpoint = match segment::read_small_file(&**io, &checkpoint_path)? {
-        None => None,
-        Some(bytes) => {
-            let newest = Checkpoint::newest(&bytes);
-            if newest.is_none() && !bytes.is_empty() {
-                let what = "no valid slot (a hint only: recovery then treats the active \
-                            segment's damage as a torn tail only where later batches agree)";
-                report.add(Severity::Notice, &checkpoint_path, Some(0), what.to_owned());
-            }
-            newest
-        }
-    };
-    if let Some(c) = checkpoint
-        && !bases.contains(&c.segment_base)
-        && c.segment_base > bases[bases.len() - 1]
-    {
-        let what = format!("names segment {} which does not exist", c.segment_base);
-        report.add(Severity::Damage, &checkpoint_path, None, what);
-    }
     if bases[0] > log_start {
         let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
         let what = format!("the log starts at {log_start} but the first segment at {}", bases[0]);
@@ -268,52 +275,25 @@ fn verify_partition<I: Io>(
         };
         let size = file.size()?;
         let mut index = SegmentIndex::new(base, config.index_interval_bytes);
-        let mut next = base;
-        let mut mismatch = None;
         let mut starts: Vec<(u64, Offset, Offset)> = Vec::new();
-        let end = segment::scan(&file, 0, size, |position, batch| {
-            if batch.base_offset() != next {
-                mismatch = Some((position, batch.base_offset()));
-                return false;
-            }
+        let scanned = tail::scan(&file, base, size, |position, batch| {
             let info = batch.info();
             let position32 = u32::try_from(position).unwrap_or(u32::MAX);
             index.on_batch(position32, info.base_offset, info.max_timestamp, info.length);
             starts.push((position, batch.base_offset(), batch.next_offset()));
             summary.batches += 1;
             summary.records += u64::from(batch.record_count());
-            next = batch.next_offset();
-            true
         })?;
+        let next = scanned.next_offset;
         summary.segments += 1;
         summary.bytes += size;
-        let stopped_at = mismatch.map_or(end.position, |(position, _)| position);
-        if let Some((position, found)) = mismatch {
-            let what = format!("batch at offset {found} where {next} was expected");
-            report.add(Severity::Damage, &path, Some(position), what);
-        } else if let Some(damage) = &end.damage {
-            let kind = match damage {
-                DecodeError::Corrupt(kind) => kind.clone(),
-                &DecodeError::Incomplete { needed, available } => {
-                    CorruptionKind::Truncated { needed, available }
-                }
-            };
-            let synced = checkpoint.is_some_and(|c| {
-                c.segment_base > base
-                    || (c.segment_base == base && c.synced_position > end.position)
-            });
-            if active && !synced {
-                let what = format!(
-                    "{kind}: an unsynced tail of {} bytes (cut at the next open; it holds nothing \
-                     acknowledged under sync durability)",
-                    size - end.position
-                );
-                report.add(Severity::Notice, &path, Some(end.position), what);
-            } else {
-                report.add(Severity::Damage, &path, Some(end.position), kind.to_string());
-            }
-        }
-        if !active && stopped_at == size {
+        if active {
+            let verdict =
+                tail::classify_active(&file, base, &scanned, checkpoint, &checkpoint_path)?;
+            report_active(&verdict, checkpoint, report);
+        } else if let Tail::SyncedDamage(c) = tail::classify_sealed(&path, &scanned) {
+            report.add(Severity::Damage, &c.file, Some(c.position), c.kind.to_string());
+        } else {
             verify_indexes(io, directory, base, size, next, config, &starts, report)?;
         }
         expected = Some(next);
@@ -321,6 +301,40 @@ fn verify_partition<I: Io>(
     summary.log_end = expected.map_or(0, Offset::get);
     report.partitions.push(summary);
     Ok(())
+}
+
+/// Report the active segment's verdict, the one the next open acts on.
+fn report_active(
+    verdict: &ActiveVerdict,
+    checkpoint: Option<Checkpoint>,
+    report: &mut VerifyReport,
+) {
+    match &verdict.tail {
+        // Nor are the zeros a direct write pads its last block with: the next open cuts them
+        // and reports nothing.
+        Tail::Clean | Tail::BlockPadding { .. } => {}
+        Tail::SyncedDamage(c) => {
+            let what = format!("{} (in synced data: the next open keeps and reports it)", c.kind);
+            report.add(Severity::Damage, &c.file, Some(c.position), what);
+        }
+        Tail::SyncedBytesMissing(c) => {
+            let what = format!("{}: the file ends below the sync checkpoint's position", c.kind);
+            report.add(Severity::Damage, &c.file, Some(c.position), what);
+        }
+        Tail::Torn { why, bytes, records } => {
+            let what = format!(
+                "{}: an unsynced tail of {bytes} bytes, {records} records (cut at the next open; \
+                 it holds nothing acknowledged under sync durability)",
+                why.kind
+            );
+            report.add(Severity::Notice, &why.file, Some(why.position), what);
+        }
+    }
+    if let Some(c) = &verdict.missing_segment {
+        let named = checkpoint.map_or(0, |c| c.segment_base.get());
+        let what = format!("names segment {named}, which does not exist: {}", c.kind);
+        report.add(Severity::Damage, &c.file, None, what);
+    }
 }
 
 /// A sealed segment's index files against its batches.
