@@ -6,7 +6,7 @@
 //! engine behaves exactly as if the branches were not there.
 //!
 //! With the feature, the active canary is a process-global: a global is tolerable only
-//! because it exists solely under this test-only feature. No canary is active until [`set`]
+//! because it exists solely under this test-only feature. No canary is active until `set`
 //! is called, so a build with the feature on (for example through workspace feature
 //! unification in `cargo test --workspace`) still behaves normally.
 

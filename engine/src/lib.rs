@@ -141,6 +141,6 @@ pub mod limits {
     pub const SCAN_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
     const _: () = assert!(BATCH_BYTES_MAX as u64 <= SEGMENT_BYTES_MAX);
-    const _: () = assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+    const _: () = assert!(SEGMENT_BYTES_MAX + BATCH_BYTES_MAX as u64 <= u32::MAX as u64);
     const _: () = assert!(SEGMENT_BYTES_MIN < SEGMENT_BYTES_MAX);
 }

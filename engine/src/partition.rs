@@ -4,7 +4,7 @@
 //! list): `maintenance` (retention and compaction, held for a whole pass), `state` (the
 //! segment list, the write position, the transaction fence), `file_sync` (held across every
 //! fdatasync of a segment file), the group commit queue's lock (`sync`, inside
-//! [`SyncQueue`]), then the watermark's. `checkpoint` and the compaction bookkeeping
+//! `SyncQueue`), then the watermark's. `checkpoint` and the compaction bookkeeping
 //! (`first_dirty`, `compaction_blocked`, `compaction_failure`) are taken with no other lock
 //! held but `maintenance`.
 //!

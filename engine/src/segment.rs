@@ -3,7 +3,7 @@
 
 use crate::Offset;
 use crate::canary::{self, Canary};
-use crate::error::IoError;
+use crate::error::{CorruptionKind, IoError};
 use crate::format::{BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, DIRECT_ALIGNMENT, FileHandle, Io, OpenMode, Operation};
@@ -307,6 +307,14 @@ pub fn scan<I: Io>(
         }
         match crate::format::parse_batch_unless(Canary::RecoveryTrustsTornTail, &buffer[cursor..]) {
             Ok(batch) => {
+                // Positions are u32 in the index files and in memory: the engine never writes a
+                // segment past 4 GiB (`SEGMENT_BYTES_MAX` plus one batch), so a batch beyond
+                // that was not written by it. Damage, not a panic in `Segment::on_batch`.
+                if position + batch.len() as u64 > u64::from(u32::MAX) {
+                    let reason = "a batch past the 4 GiB a segment can hold";
+                    let damage = Some(DecodeError::Corrupt(CorruptionKind::Malformed { reason }));
+                    return Ok(ScanEnd { position, damage });
+                }
                 if !visit(position, &batch) {
                     return Ok(ScanEnd { position, damage: None });
                 }
