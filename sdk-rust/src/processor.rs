@@ -38,7 +38,7 @@ const RESTORE_FETCH_BYTES: usize = 4 << 20;
 /// engine's batch limit, since one partition's writes of a commit are one batch.
 const PENDING_BYTES_MAX: usize = 4 << 20;
 /// Records one [`Processor::process_batch`] call gets at most. Commits for pending bytes are
-/// considered between batches, so this also bounds how far past [`PENDING_BYTES_MAX`] a
+/// considered between batches, so this also bounds how far past `PENDING_BYTES_MAX` a
 /// commit's batches may grow.
 pub const BATCH_RECORDS_MAX: usize = 1024;
 /// How long an idle worker waits for input before looking again (and at the stop flag).
