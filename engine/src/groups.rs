@@ -138,11 +138,7 @@ impl Committed {
     /// the name starts empty, and an offset of the old one would point past its end or at
     /// other records. (The name predates the group offsets joining in.)
     pub fn transaction_keys(&self, topic: &str) -> Vec<CommitKey> {
-        self.latest
-            .keys()
-            .filter(|key| key.topic == topic)
-            .cloned()
-            .collect()
+        self.latest.keys().filter(|key| key.topic == topic).cloned().collect()
     }
 
     pub fn remove(&mut self, key: &CommitKey) {

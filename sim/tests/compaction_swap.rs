@@ -111,7 +111,10 @@ fn a_swap_cut_at_any_directory_fsync_keeps_the_latest_values_and_the_canary_brea
         }
     }
     // At least the uncut scenario of each seed ended its pass, so the premise was checked.
-    eprintln!("{passes_ended} of {} scenarios ended the pass before a cut", CRASH_SEEDS * (DIRECTORY_SYNCS + 1));
+    eprintln!(
+        "{passes_ended} of {} scenarios ended the pass before a cut",
+        CRASH_SEEDS * (DIRECTORY_SYNCS + 1)
+    );
     assert!(passes_ended >= CRASH_SEEDS, "{passes_ended} passes ended");
     let _armed = arm(Some(Canary::SwapRenameBeforeRemovalsSynced));
     let caught = (0..CRASH_SEEDS)

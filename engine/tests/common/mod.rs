@@ -11,8 +11,8 @@ use chronik_engine::{
     Clock, Durability, Fetch, Offset, Options, Record, RecoveryReport, TopicConfig,
 };
 use parking_lot::{Condvar, Mutex};
-use std::io;
 use std::collections::{BTreeSet, HashMap};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
