@@ -132,13 +132,13 @@ impl Committed {
         self.get(&CommitKey::transaction(topic, partition)).unwrap_or(Offset::ZERO)
     }
 
-    /// The transaction commit records of `topic`.
+    /// Every commit record of `topic`: its transaction commit records and every group's
+    /// committed offsets. A deleted topic's records are all forgotten (by its delete, or by a
+    /// create of the same name should a crash have come first): a topic created again under
+    /// the name starts empty, and an offset of the old one would point past its end or at
+    /// other records. (The name predates the group offsets joining in.)
     pub fn transaction_keys(&self, topic: &str) -> Vec<CommitKey> {
-        self.latest
-            .keys()
-            .filter(|key| key.group.is_empty() && key.topic == topic)
-            .cloned()
-            .collect()
+        self.latest.keys().filter(|key| key.topic == topic).cloned().collect()
     }
 
     pub fn remove(&mut self, key: &CommitKey) {

@@ -152,6 +152,15 @@ pub struct Model {
     pub scratch: TopicState,
     /// Its partition count whenever it exists.
     pub scratch_partitions: u32,
+    /// The group `sim`'s committed position on partition 0 of the scratch topic (a commit
+    /// there rides along with a commit on the topic). Only while the topic lives: its delete
+    /// and its create forget it, for a new topic of the name starts empty and an old position
+    /// would point past its end.
+    pub scratch_commit: Option<u64>,
+    /// A failed commit of it: the engine may hold it or `scratch_commit`.
+    pub scratch_uncertain_commit: Option<u64>,
+    /// A create or delete of the scratch topic failed: its commits may be forgotten already.
+    pub scratch_commit_maybe_forgotten: bool,
     /// The topic's retention settings: `retention_ms`, `retention_bytes` (the swarm sets at
     /// most one).
     pub retention_ms: Option<i64>,
@@ -184,6 +193,9 @@ impl Model {
             durability: Durability::Sync,
             scratch: TopicState::Absent,
             scratch_partitions: 1,
+            scratch_commit: None,
+            scratch_uncertain_commit: None,
+            scratch_commit_maybe_forgotten: false,
             retention_ms: None,
             retention_bytes: None,
             compacted: false,

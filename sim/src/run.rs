@@ -1111,10 +1111,15 @@ impl Sim {
         match result {
             Ok(()) => {
                 self.model.scratch = if exists { TopicState::Absent } else { TopicState::Present };
+                self.model.scratch_commit = None;
+                self.model.scratch_uncertain_commit = None;
+                self.model.scratch_commit_maybe_forgotten = false;
+                self.scratch_commits_forgotten(engine)?;
                 Ok(Flow::Continue)
             }
             Err(TopicError::Io(error)) => {
                 self.model.scratch = TopicState::Uncertain;
+                self.model.scratch_commit_maybe_forgotten = true;
                 self.faults_seen += 1;
                 if engine.poisoned().is_none() {
                     let detail = format!("a failed {verb} did not poison: {error}");
@@ -1125,6 +1130,21 @@ impl Sim {
             Err(TopicError::Poisoned(_)) => self.after_error(engine, None),
             Err(error) => Err(Violation::new("topic_errors", format!("{verb} {SCRATCH}: {error}"))),
         }
+    }
+
+    /// After an acknowledged create or delete of the scratch topic: no group position of it
+    /// is left, so a topic created again under the name does not inherit the old one's.
+    fn scratch_commits_forgotten(&self, engine: &SimEngine) -> Result<(), Violation> {
+        for partition in 0..self.swarm.scratch.partitions {
+            if let Some(found) = engine.committed_offset(GROUP, SCRATCH, partition) {
+                let detail = format!(
+                    "{SCRATCH} p{partition}: committed {} after the topic was created or deleted",
+                    found.get()
+                );
+                return Err(Violation::new("commits_forgotten", detail));
+            }
+        }
+        Ok(())
     }
 
     fn append(
@@ -1302,9 +1322,25 @@ impl Sim {
         self.counters.commits += 1;
         let watermark = engine.high_watermark(TOPIC, partition).map_or(0, Offset::get);
         let offset = watermark * u64::from(offset_per_million) / 1_000_000;
-        let result = engine.commit_offsets(GROUP, &[(TOPIC, partition, Offset::new(offset))]);
-        self.trace.event(format!("commit p{partition} {offset} -> {}", ok_or_error(&result)));
+        let mut offsets = vec![(TOPIC, partition, Offset::new(offset))];
+        // The scratch topic holds no records: any position of it is past its end, which a
+        // position surviving its delete and create again would show.
+        let scratch = (self.model.scratch == TopicState::Present
+            && engine.partition_count(SCRATCH).is_some())
+        .then_some(offset + 1);
+        if let Some(scratch) = scratch {
+            offsets.push((SCRATCH, 0, Offset::new(scratch)));
+        }
+        let result = engine.commit_offsets(GROUP, &offsets);
+        let also = scratch.map_or(String::new(), |o| format!(", {SCRATCH} p0 {o}"));
+        self.trace.event(format!("commit p{partition} {offset}{also} -> {}", ok_or_error(&result)));
         let model = &mut self.model.partitions[partition as usize];
+        if result.is_ok() {
+            self.model.scratch_commit = scratch.or(self.model.scratch_commit);
+            self.model.scratch_uncertain_commit = None;
+        } else if scratch.is_some() {
+            self.model.scratch_uncertain_commit = scratch;
+        }
         match result {
             Ok(()) => {
                 model.committed = Some(offset);
@@ -1345,6 +1381,31 @@ impl Sim {
             model.committed = found;
             model.uncertain_commit = None;
         }
+        self.check_scratch_commit(engine)
+    }
+
+    /// After an open: the group's position on the scratch topic is the last acknowledged
+    /// one, a failed one after it, or none if a create or delete failed meanwhile (each
+    /// forgets it). Never one an acknowledged create or delete forgot.
+    fn check_scratch_commit(&mut self, engine: &SimEngine) -> Result<(), Violation> {
+        let found = engine.committed_offset(GROUP, SCRATCH, 0).map(Offset::get);
+        let model = &mut self.model;
+        let allowed = found == model.scratch_commit
+            || (found.is_some() && found == model.scratch_uncertain_commit)
+            || (found.is_none() && model.scratch_commit_maybe_forgotten);
+        if !allowed {
+            let detail = format!(
+                "{SCRATCH} p0: committed {found:?}, model {:?} (failed commit {:?}, maybe \
+                 forgotten: {})",
+                model.scratch_commit,
+                model.scratch_uncertain_commit,
+                model.scratch_commit_maybe_forgotten
+            );
+            return Err(Violation::new("commits_survive", detail));
+        }
+        model.scratch_commit = found;
+        model.scratch_uncertain_commit = None;
+        model.scratch_commit_maybe_forgotten = false;
         Ok(())
     }
 

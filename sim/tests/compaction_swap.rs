@@ -4,6 +4,10 @@
 //! second pass over small cleaned segments); here it is built on purpose for every crash
 //! seed and every fsync of the pass. Run with the canary that drops the fsync between the
 //! sources' removal and the rename, the same scenario must fail: the test can fail.
+//!
+//! The premise is checked too: the pass merges (fewer segments out than in) in the scenario
+//! left uncut and in every scenario whose cut comes after the pass ended, so a compaction that
+//! stopped merging fails here instead of leaving the swaps of single segments tested only.
 
 use chronik_engine::canary::Canary;
 use chronik_engine::{Cleanup, Durability, Engine, Offset, Options, Record, TopicConfig};
@@ -18,8 +22,9 @@ const KEYS: u64 = 6;
 const CRASH_SEEDS: u64 = 24;
 const DIRECTORY_SYNCS: u64 = 6;
 
-/// What went wrong in one scenario, if anything.
-fn scenario(crash_seed: u64, cut_at_sync: u64) -> Result<(), String> {
+/// What went wrong in one scenario, if anything; else whether the pass merged, if it ended
+/// before the power cut (`None` if the cut came during it). No cut if `cut_at_sync` is 0.
+fn scenario(crash_seed: u64, cut_at_sync: u64) -> Result<Option<bool>, String> {
     let disk = SimDisk::new(Rng::new(crash_seed));
     let clock = SimClock::new(EPOCH_MS);
     let open = || {
@@ -55,7 +60,9 @@ fn scenario(crash_seed: u64, cut_at_sync: u64) -> Result<(), String> {
     }
     append(&engine, 2)?;
     disk.set_faults(Faults { directory_subset_per_million: 1_000_000, ..Faults::NONE });
-    disk.cut_power_at_directory_sync(cut_at_sync);
+    if cut_at_sync > 0 {
+        disk.cut_power_at_directory_sync(cut_at_sync);
+    }
     let report = engine.compact_partition("t", 0);
     let merged = report.as_ref().ok().and_then(|r| *r).map(|r| r.segments_in > r.segments_out);
     drop(engine);
@@ -83,18 +90,32 @@ fn scenario(crash_seed: u64, cut_at_sync: u64) -> Result<(), String> {
     if found != latest {
         return Err(format!("latest values differ after the crash (merged: {merged:?})"));
     }
-    Ok(())
+    Ok(merged)
 }
 
 #[test]
 fn a_swap_cut_at_any_directory_fsync_keeps_the_latest_values_and_the_canary_breaks_it() {
+    let mut passes_ended = 0;
     for crash_seed in 0..CRASH_SEEDS {
-        for sync in 1..=DIRECTORY_SYNCS {
-            if let Err(failure) = scenario(crash_seed, sync) {
-                panic!("crash seed {crash_seed}, cut at directory fsync {sync}: {failure}");
+        for sync in 0..=DIRECTORY_SYNCS {
+            match scenario(crash_seed, sync) {
+                Err(failure) => {
+                    panic!("crash seed {crash_seed}, cut at directory fsync {sync}: {failure}")
+                }
+                Ok(Some(merged)) => {
+                    passes_ended += 1;
+                    assert!(merged, "crash seed {crash_seed}, cut at {sync}: the pass merged none");
+                }
+                Ok(None) => assert!(sync > 0, "crash seed {crash_seed}: the uncut pass failed"),
             }
         }
     }
+    // At least the uncut scenario of each seed ended its pass, so the premise was checked.
+    eprintln!(
+        "{passes_ended} of {} scenarios ended the pass before a cut",
+        CRASH_SEEDS * (DIRECTORY_SYNCS + 1)
+    );
+    assert!(passes_ended >= CRASH_SEEDS, "{passes_ended} passes ended");
     let _armed = arm(Some(Canary::SwapRenameBeforeRemovalsSynced));
     let caught = (0..CRASH_SEEDS)
         .flat_map(|seed| (1..=DIRECTORY_SYNCS).map(move |sync| (seed, sync)))

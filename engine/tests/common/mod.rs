@@ -11,6 +11,7 @@ use chronik_engine::{
     Clock, Durability, Fetch, Offset, Options, Record, RecoveryReport, TopicConfig,
 };
 use parking_lot::{Condvar, Mutex};
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,8 +61,14 @@ pub struct Faults {
     writes: AtomicU64,
     /// Hold the next fdatasync until `writes` reaches this value (0: no hold).
     hold_sync_until_writes: AtomicU64,
+    /// Successful writes to segment files (`*.log`) so far.
+    log_writes: AtomicU64,
+    /// Hold every fdatasync until `log_writes` is a multiple of this (0: no hold).
+    hold_syncs_until_log_writes_multiple_of: AtomicU64,
     gate: Mutex<()>,
     gate_changed: Condvar,
+    /// The path of every directory a successful fsync made durable, as the engine named it.
+    synced_directories: Mutex<BTreeSet<PathBuf>>,
 }
 
 impl Faults {
@@ -83,6 +90,11 @@ impl Faults {
         self.fsyncs.load(Ordering::SeqCst)
     }
 
+    /// The directories successfully fsynced so far, by the path the engine opened them with.
+    pub fn synced_directories(&self) -> BTreeSet<PathBuf> {
+        self.synced_directories.lock().clone()
+    }
+
     /// Successful writes so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::SeqCst)
@@ -94,27 +106,41 @@ impl Faults {
         self.hold_sync_until_writes.store(writes, Ordering::SeqCst);
     }
 
+    /// Make every fdatasync from now on wait (up to a safety timeout each) until the number of
+    /// writes to segment files is a multiple of `count`. A test whose `count` appenders each
+    /// write one batch per step, in lockstep, gets every fdatasync of a step held until the
+    /// whole step is written.
+    pub fn hold_fdatasyncs_until_log_writes_multiple_of(&self, count: u64) {
+        self.hold_syncs_until_log_writes_multiple_of.store(count, Ordering::SeqCst);
+    }
+
     fn take(counter: &AtomicU32) -> bool {
         counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
 
     fn wait_for_writes(&self) {
         let wanted = self.hold_sync_until_writes.swap(0, Ordering::SeqCst);
-        if wanted == 0 {
-            return;
-        }
+        let multiple = self.hold_syncs_until_log_writes_multiple_of.load(Ordering::SeqCst);
+        let released = || {
+            let log_writes = self.log_writes.load(Ordering::SeqCst);
+            self.writes() >= wanted && (multiple == 0 || log_writes.is_multiple_of(multiple))
+        };
+        // A safety net only: a test whose gate never opens fails on its bound, not by hanging.
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut guard = self.gate.lock();
-        while self.writes() < wanted {
+        while !released() {
             if self.gate_changed.wait_until(&mut guard, deadline).timed_out() {
                 return;
             }
         }
     }
 
-    fn on_write(&self) {
+    fn on_write(&self, to_log: bool) {
         let _guard = self.gate.lock();
         self.writes.fetch_add(1, Ordering::SeqCst);
+        if to_log {
+            self.log_writes.fetch_add(1, Ordering::SeqCst);
+        }
         self.gate_changed.notify_all();
     }
 }
@@ -134,12 +160,17 @@ pub fn test_io() -> SystemIo {
 pub struct FaultyIo {
     inner: SystemIo,
     faults: Arc<Faults>,
+    /// Every open handle's path and mode, to name the directory an fsync makes durable and to
+    /// tell segment writes apart (operations carry only the handle). Entries leave on close:
+    /// handles are reused.
+    opened: Mutex<HashMap<FileHandle, (PathBuf, OpenMode)>>,
 }
 
 impl FaultyIo {
     pub fn new() -> (FaultyIo, Arc<Faults>) {
         let faults = Arc::new(Faults::default());
-        (FaultyIo { inner: test_io(), faults: Arc::clone(&faults) }, faults)
+        let opened = Mutex::new(HashMap::new());
+        (FaultyIo { inner: test_io(), faults: Arc::clone(&faults), opened }, faults)
     }
 
     fn injected(what: &str) -> io::Error {
@@ -151,6 +182,10 @@ impl FaultyIo {
         match operation {
             Operation::Fsync { .. } | Operation::Fdatasync { .. } => {
                 let is_fdatasync = matches!(operation, Operation::Fdatasync { .. });
+                let fsynced = match operation {
+                    Operation::Fsync { file } => Some(file),
+                    _ => None,
+                };
                 if is_fdatasync {
                     faults.wait_for_writes();
                 }
@@ -161,16 +196,24 @@ impl FaultyIo {
                 if completion.result.is_ok() {
                     let counter = if is_fdatasync { &faults.fdatasyncs } else { &faults.fsyncs };
                     counter.fetch_add(1, Ordering::SeqCst);
+                    if let Some(file) = fsynced
+                        && let Some((path, OpenMode::Directory)) = self.opened.lock().get(&file)
+                    {
+                        faults.synced_directories.lock().insert(path.clone());
+                    }
                 }
                 completion
             }
             Operation::Write { buffer, .. } if Faults::take(&faults.fail_writes) => {
                 Completion { buffer, result: Err(Self::injected("write")) }
             }
-            Operation::Write { .. } => {
+            Operation::Write { file, .. } => {
+                let to_log = self.opened.lock().get(&file).is_some_and(|(path, _)| {
+                    path.extension().is_some_and(|extension| extension == "log")
+                });
                 let completion = self.delegate(operation);
                 if completion.result.is_ok() {
-                    faults.on_write();
+                    faults.on_write(to_log);
                 }
                 completion
             }
@@ -191,10 +234,13 @@ impl Io for FaultyIo {
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
-        self.inner.open(path, mode)
+        let file = self.inner.open(path, mode)?;
+        self.opened.lock().insert(file, (path.to_path_buf(), mode));
+        Ok(file)
     }
 
     fn close(&self, file: FileHandle) {
+        self.opened.lock().remove(&file);
         self.inner.close(file);
     }
 
