@@ -116,9 +116,12 @@ fn safe(text: &str) -> String {
 /// they got, one record per source directory, topic and partition.
 const STATE_TOPIC: &str = "chronik-mirror.state";
 
+/// A topic and one of its partitions.
+type PartitionKey = (String, u32);
+
 /// How far a mirror got in one partition: the next source offset and the next destination
 /// offset, the records before them copied.
-type Progress = BTreeMap<(String, u32), (u64, u64)>;
+type Progress = BTreeMap<PartitionKey, (u64, u64)>;
 
 /// The notes of one source directory on the destination cluster.
 struct SourceState {
@@ -188,7 +191,7 @@ impl SourceState {
 fn parse_note(
     record: &OwnedRecord,
     source: &str,
-) -> anyhow::Result<Option<((String, u32), (u64, u64))>> {
+) -> anyhow::Result<Option<(PartitionKey, (u64, u64))>> {
     let bad = || format!("a bad record at offset {} of topic {STATE_TOPIC}", record.offset.get());
     let key: serde_json::Value =
         serde_json::from_slice(record.key.as_deref().unwrap_or_default()).with_context(bad)?;

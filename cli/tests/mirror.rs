@@ -210,3 +210,39 @@ fn a_directory_mirrored_while_a_producer_writes_it_reaches_the_broker_exactly_on
     assert_eq!(values, expected, "every record once");
     eprintln!("{runs} mirrors beside the producer copied {copied_while_writing} records");
 }
+
+/// A mirror begun by the previous version, which kept its progress in a state file of the
+/// source (`state/mirror-to-<cluster>.progress`), goes on from that file. Its note pairs source
+/// offset 50 with destination offset 40 (the old run began at source offset 10, as after
+/// retention), and the destination holds 5 records past it (a chunk acknowledged, its note
+/// never written): the copy ends with source records 10 to 99, each once. Counting the
+/// destination's records instead of reading the note would copy records 45 to 54 twice.
+#[test]
+fn a_mirror_begun_by_the_previous_version_goes_on_from_its_state_file() {
+    let broker = TestBroker::start().expect("start tansu (scripts/kafka-broker install)");
+    let directory = tempfile::tempdir().unwrap();
+    let values: Vec<Vec<u8>> = (0..100).map(|i| format!("value-{i}").into_bytes()).collect();
+    let records: Vec<Record<'_>> =
+        values.iter().map(|v| Record::new(None, v).with_timestamp(1_700_000_000_000)).collect();
+    {
+        let source = Chronik::open(directory.path(), Options::default()).unwrap();
+        source.create_topic("old", TopicConfig::default()).unwrap();
+        source.producer("old").send(0, &records).unwrap();
+        let name = format!("mirror-to-{}.progress", broker.bootstrap().replace(':', "-"));
+        source.write_state_file(&name, b"old\t0\t50\t40\n".to_vec()).unwrap();
+    }
+    let cluster = KafkaClient::connect(&broker.bootstrap()).unwrap();
+    cluster.create_topic("old", 1, false).unwrap();
+    cluster.send("old", 0, &records[10..55]).unwrap();
+
+    let output = mirror_topic(directory.path(), &broker.target(), "old");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && mirrored(&stderr) == 45, "{stderr}");
+    let copied: Vec<Vec<u8>> =
+        cluster.records("old", 0).unwrap().into_iter().map(|r| r.value).collect();
+    assert_eq!(copied, values[10..]);
+    // Noted on the broker now: a further run copies nothing.
+    let output = mirror_topic(directory.path(), &broker.target(), "old");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && mirrored(&stderr) == 0, "{stderr}");
+}
