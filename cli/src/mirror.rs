@@ -20,18 +20,23 @@
 //!   the destination directory (the offset is kept as the commit of the consumer group
 //!   `mirror-from-<cluster>`).
 //!
-//! Why not the committed offsets of a consumer group on the destination: a commit holds one
-//! number per partition, and resuming needs two written together (a compacted source has
-//! gaps, so one does not give the other); two groups written one after the other can be seen
-//! half-written. A read-only source cannot hold the state either: writing there needs the
-//! writer's lock.
+//! The notes are named by the source's canonical path: a directory moved elsewhere starts
+//! without them, and its first run counts the destination's records as copied source records
+//! (exact for a source without offset gaps, as a topic never compacted).
+//!
+//! Why a topic and not the committed offsets of a consumer group on the destination: a commit
+//! holds one number per partition (this client sets no commit metadata), and resuming needs
+//! two noted together (a compacted source has gaps, so one does not give the other); two
+//! groups committed one after the other can be seen half-written. Why not the source: a
+//! read-only open writes nothing there, and writing needs the writer's lock.
 //!
 //! A read-only open sees what the writer wrote, synced or not (docs/format.md, "Reading beside
 //! a writer"): should the writer's machine crash, records it had not synced, which the mirror
-//! may already have copied, are lost from the source but not from the destination. When the
-//! engine reports that the writer recovered and rewrote what the mirror read
-//! (`ReadError::Changed`), the mirror stops with an error before sending anything it read
-//! since its last note; run again, it resumes from the note.
+//! may already have copied, are lost from the source but not from the destination. The mirror
+//! never refreshes its open, so the engine has no occasion to report that the writer
+//! recovered and rewrote what was read; should a read report it (`ReadError::Changed`), the
+//! mirror stops with an error before sending anything it read since its last note, and run
+//! again it goes on from that note.
 
 use anyhow::{Context as _, bail};
 use chronik::kafka::KafkaClient;
