@@ -99,6 +99,13 @@ pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
     }
 }
 
+/// Open the data directory read-only whether or not another process writes it: no lock, no
+/// file changed, recovery decided in memory only (see [`Options::read_only`]).
+#[cfg(feature = "kafka")]
+pub fn open_read_only(data: &std::path::Path) -> anyhow::Result<Chronik> {
+    open_with(data, Options { read_only: true, ..default_options() })
+}
+
 fn open_with(data: &std::path::Path, options: Options) -> anyhow::Result<Chronik> {
     report(Chronik::open(data, options), data)
 }
