@@ -31,6 +31,7 @@ fn consume_all(data: &Path, topic: &str) -> Vec<u8> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one table of cases
 fn bad_arguments_fail_with_one_line_and_the_right_exit_code() {
     let directory = tempfile::tempdir().unwrap();
     let data = directory.path().join("data");

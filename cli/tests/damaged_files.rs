@@ -36,7 +36,7 @@ fn segment_file(data: &Path, n: usize, suffix: &str) -> PathBuf {
 }
 
 fn lines(from: usize, to: usize) -> String {
-    (from..=to).map(|i| format!("{i}\n")).collect()
+    (from..=to).map(|i| i.to_string() + "\n").collect()
 }
 
 fn run(data: &Path, args: &[&str]) -> Output {
@@ -50,7 +50,7 @@ fn verify_notice(data: &Path, needle: &str) {
     let output = run(data, &["verify"]);
     let stdout = text(&output.stdout);
     assert!(output.status.success(), "{stdout}{}", text(&output.stderr));
-    assert!(stdout.contains(&format!("notice: ")) && stdout.contains(needle), "{stdout}");
+    assert!(stdout.contains("notice: ") && stdout.contains(needle), "{stdout}");
     assert!(stdout.contains("0 damaged, 1 notices"), "{stdout}");
 }
 
@@ -177,10 +177,8 @@ fn a_damaged_sync_checkpoint_is_a_hint_and_loses_nothing() {
     let checkpoint = partition(&data).join("synced.checkpoint");
     let original = std::fs::read(&checkpoint).unwrap();
     let garbage: Vec<u8> = (0..original.len()).map(|i| (i * 131 % 251) as u8).collect();
-    let mut next = RECORDS as u64;
-    for (case, bytes) in
-        [("garbage", Some(garbage)), ("empty", Some(Vec::new())), ("missing", None)]
-    {
+    let cases = [("garbage", Some(garbage)), ("empty", Some(Vec::new())), ("missing", None)];
+    for (next, (case, bytes)) in (RECORDS as u64..).zip(cases) {
         match bytes {
             Some(bytes) => std::fs::write(&checkpoint, bytes).unwrap(),
             None => std::fs::remove_file(&checkpoint).unwrap(),
@@ -193,7 +191,6 @@ fn a_damaged_sync_checkpoint_is_a_hint_and_loses_nothing() {
         // Every record reads, and an append goes after them: no offset given out twice.
         let output = chronik_bytes(&data, &["produce", "t"], format!("x{next}\n").as_bytes());
         assert_eq!(acknowledgements(&output), [(0, next)], "{case}: {}", text(&output.stderr));
-        next += 1;
     }
     let output = run(&data, &["consume", "t", "--from", "998"]);
     assert_eq!(text(&output.stdout), "999\n1000\nx1000\nx1001\nx1002\n");

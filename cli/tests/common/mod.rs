@@ -90,7 +90,7 @@ pub fn chronik_raw(args: &[&std::ffi::OsStr], stdin: &[u8]) -> Output {
         if wait.recv_timeout(TIMEOUT).is_err() {
             // SAFETY: kill(2) on the id of a child not yet waited for (the main thread waits
             // only after this thread is told to stop or has sent the signal).
-            unsafe { libc::kill(id as libc::pid_t, libc::SIGKILL) };
+            unsafe { libc::kill(libc::pid_t::try_from(id).unwrap(), libc::SIGKILL) };
         }
     });
     let output = child.wait_with_output().unwrap();
