@@ -1,6 +1,7 @@
 //! `chronik consume`: print records of one or all partitions.
 
 use crate::UsageError;
+use anyhow::Context as _;
 use chronik::{Offset, RecordView};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -56,7 +57,15 @@ pub struct ConsumeArgs {
 }
 
 pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
+    if let Some(group) = &args.group {
+        // Before anything is printed: a bad name would fail only at the commit, at the end.
+        chronik::engine::groups::validate_group(group)
+            .map_err(|error| UsageError(error.to_string()))?;
+    }
     let chronik = crate::open_for_reading(data)?;
+    if args.group.is_some() {
+        check_committed_offsets(&chronik)?;
+    }
     let count = chronik.partition_count(&args.topic).ok_or_else(|| {
         chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() })
     })?;
@@ -144,6 +153,26 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     out.flush()?;
     progress.finish();
     commit(&printed)?;
+    Ok(())
+}
+
+/// Read the consumer offsets topic to its end. Damage in it hides commits (the open then reads
+/// what it can and goes on), so a group's position is unknown: refuse before printing, rather
+/// than print from an older position and fail at the commit.
+fn check_committed_offsets(chronik: &chronik::Chronik) -> anyhow::Result<()> {
+    let topic = chronik::engine::groups::OFFSETS_TOPIC;
+    let Some(count) = chronik.partition_count(topic) else { return Ok(()) };
+    for partition in 0..count {
+        let mut consumer = chronik.consumer(topic, partition);
+        loop {
+            let fetch = consumer.poll(FETCH_BYTES).map_err(chronik::Error::from).with_context(
+                || "the consumer groups' committed offsets are damaged, so the group's position is unknown",
+            )?;
+            if fetch.is_empty() {
+                break;
+            }
+        }
+    }
     Ok(())
 }
 

@@ -131,6 +131,9 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
     let mut files = args.files.clone();
     if let Some(topic) = &args.topic {
         let data = data.ok_or_else(|| UsageError("--topic needs --data DIR".to_owned()))?;
+        // A name with `/` or `..` would read a directory outside the data directory's topics.
+        chronik::engine::topic::validate_name(topic)
+            .map_err(|error| UsageError(error.to_string()))?;
         let topic_dir = data.join("topics").join(topic);
         if !topic_dir.is_dir() {
             return Err(UsageError(format!("no topic {topic} in {}", data.display())).into());
@@ -140,6 +143,9 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
             .filter(|p| args.partition.is_none_or(|only| only == *p))
             .collect();
         partitions.sort_unstable();
+        if let (Some(only), []) = (args.partition, partitions.as_slice()) {
+            return Err(UsageError(format!("topic {topic} has no partition {only}")).into());
+        }
         for partition in partitions {
             let dir = topic_dir.join(partition.to_string());
             let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)?

@@ -193,6 +193,25 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     1
 }
 
+/// The error and its causes on one line, `: `-separated. A cause whose text its parent already
+/// shows (an I/O error that prints its OS error and also returns it as its source) is left out,
+/// so the line does not say "No space left on device" twice.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    // One line: a multi-line cause (none is known today) would break `chronik ... 2>&1 | grep`.
+    message.replace('\n', " ")
+}
+
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         cause
@@ -220,8 +239,7 @@ fn main() -> ExitCode {
         // A reader that went away (`chronik consume ... | head`) is not a failure.
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            let message = error.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ");
-            eprintln!("chronik: error: {message}");
+            eprintln!("chronik: error: {}", one_line(&error));
             ExitCode::from(exit_code(&error))
         }
     }

@@ -49,15 +49,32 @@ pub fn run(data: &Path, args: &ProduceArgs) -> anyhow::Result<()> {
     let mut round_robin = 0u32;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    while let Ok(first) = lines.recv() {
-        let mut batch = vec![first?];
-        let mut bytes = batch[0].len();
-        while batch.len() < BATCH_RECORDS_MAX && bytes < BATCH_BYTES_MAX {
+    // A line that would take the batch past its byte limit waits for the next batch, so a
+    // batch passes the limit only when it is that one line alone.
+    let mut carried: Option<Vec<u8>> = None;
+    // Lines of standard input acknowledged so far.
+    let mut acknowledged = 0u64;
+    loop {
+        let first = match carried.take() {
+            Some(line) => line,
+            None => match lines.recv() {
+                Ok(line) => line?,
+                Err(_) => break,
+            },
+        };
+        let mut bytes = first.len();
+        let mut batch = vec![first];
+        while batch.len() < BATCH_RECORDS_MAX {
             let Ok(line) = lines.try_recv() else { break };
             let line = line?;
+            if bytes + line.len() > BATCH_BYTES_MAX {
+                carried = Some(line);
+                break;
+            }
             bytes += line.len();
             batch.push(line);
         }
+        debug_assert!(batch.len() == 1 || bytes <= BATCH_BYTES_MAX);
         let records: Vec<Record<'_>> =
             batch.iter().map(|line| split(line, args.key_separator.as_deref())).collect();
         let targets: Vec<u32> = records
@@ -69,14 +86,38 @@ pub fn run(data: &Path, args: &ProduceArgs) -> anyhow::Result<()> {
             })
             .collect();
         round_robin = (round_robin + 1) % partitions;
-        let offsets = append_grouped(&mut producer, &records, &targets)?;
+        let offsets = append_grouped(&mut producer, &records, &targets)
+            .map_err(|error| too_large_line(error, &batch, acknowledged))?;
         for (partition, offset) in targets.iter().zip(offsets) {
             writeln!(out, "{partition}:{offset}")?;
         }
         // Acknowledgements leave the process only after the append returned.
         out.flush()?;
+        acknowledged += batch.len() as u64;
     }
     Ok(())
+}
+
+/// A line too large for one record (only such a line fills a batch past the engine's limit,
+/// alone in its batch): say which line, instead of the engine's "batch of N bytes".
+fn too_large_line(error: anyhow::Error, batch: &[Vec<u8>], acknowledged: u64) -> anyhow::Error {
+    let too_large = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<chronik::Error>(),
+            Some(chronik::Error::Append(chronik::AppendError::BatchTooLarge { .. }))
+        )
+    });
+    match batch {
+        [line] if too_large => anyhow::anyhow!(
+            "line {} of standard input holds {} bytes, more than one record can (a batch is at \
+             most {} bytes with its headers); the {acknowledged} lines before it are \
+             acknowledged",
+            acknowledged + 1,
+            line.len(),
+            chronik::engine::limits::BATCH_BYTES_MAX
+        ),
+        _ => error,
+    }
 }
 
 /// The topic's partition count, creating the topic if it does not exist.
@@ -85,7 +126,7 @@ fn ensure_topic(chronik: &Chronik, args: &ProduceArgs) -> anyhow::Result<u32> {
         return Ok(count);
     }
     let config = TopicConfig::default().with_partitions(args.create_partitions);
-    chronik.create_topic(&args.topic, config).map_err(chronik::Error::from)?;
+    chronik.create_topic(&args.topic, config).map_err(crate::topic::usage_if_invalid)?;
     eprintln!("chronik: created topic {} with {} partitions", args.topic, args.create_partitions);
     Ok(args.create_partitions)
 }

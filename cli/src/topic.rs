@@ -104,7 +104,7 @@ pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
             }
         }
         TopicCommand::Delete { name } => {
-            chronik.delete_topic(&name).map_err(chronik::Error::from)?;
+            chronik.delete_topic(&name).map_err(usage_if_invalid)?;
             println!("deleted topic {name}");
         }
     }
@@ -122,12 +122,13 @@ fn apply_settings(config: &mut TopicConfig, settings: &[String]) -> anyhow::Resu
     Ok(())
 }
 
-/// A bad setting is a usage error (exit code 2); anything else fails as usual.
-fn usage_if_invalid(error: TopicError) -> anyhow::Error {
+/// A bad setting or topic name is a usage error (exit code 2); anything else fails as usual.
+pub fn usage_if_invalid(error: TopicError) -> anyhow::Error {
     match error {
         TopicError::InvalidConfig { reason } => {
             UsageError(format!("invalid topic config: {reason}")).into()
         }
+        invalid @ TopicError::InvalidName { .. } => UsageError(invalid.to_string()).into(),
         other => chronik::Error::from(other).into(),
     }
 }

@@ -72,5 +72,5 @@ fn usage_errors_exit_2_and_missing_topics_exit_1() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing.stderr).contains("does not exist"));
     let invalid = chronik(&data, &["topic", "create", "bad/name"], None);
-    assert_eq!(invalid.status.code(), Some(1));
+    assert_eq!(invalid.status.code(), Some(2), "an invalid name is a usage error");
 }

@@ -4,10 +4,10 @@
 use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::error::{CorruptionKind, IoError};
-use crate::format::{BatchInfo, BatchView, DecodeError};
+use crate::format::{BATCH_HEADER_BYTES, BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, DIRECT_ALIGNMENT, FileHandle, Io, OpenMode, Operation};
-use crate::limits::SCAN_CHUNK_BYTES;
+use crate::limits::{SCAN_CHUNK_BYTES, SEGMENT_BYTES_MAX};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -238,16 +238,30 @@ pub fn write_file_durably<I: Io + ?Sized>(
     io.rename(&temporary, path).map_err(|e| IoError::new("rename", path, e))
 }
 
+/// Longest small file (metadata, index, checkpoint) that can be intact: the time index of the
+/// largest segment with a batch at every position a batch can start, the largest kind of
+/// small file there is.
+pub const SMALL_FILE_BYTES_MAX: u64 = (size_of::<crate::index::IndexFileHeader>()
+    + (SEGMENT_BYTES_MAX as usize / BATCH_HEADER_BYTES + 1) * size_of::<crate::index::TimeEntry>())
+    as u64;
+
 /// Read a whole small file, or `None` if it does not exist.
+///
+/// Of a file longer than [`SMALL_FILE_BYTES_MAX`] (damaged, whatever it holds: a size set
+/// wrong by a broken file system, a sparse file) only the first `SMALL_FILE_BYTES_MAX + 1`
+/// bytes are read: each caller's decoder then sees a length no such file has and treats it as
+/// any damage (an index is rebuilt, metadata is reported), without a read of the whole file
+/// (a 20 GiB sparse index took 23 GB of memory at open).
 pub fn read_small_file<I: Io + ?Sized>(io: &I, path: &Path) -> Result<Option<Vec<u8>>, IoError> {
     let file = match io.open(path, OpenMode::Read) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(IoError::new("open", path, error)),
     };
-    let result = io
-        .file_size(file)
-        .and_then(|size| io::read_exact(io, file, 0, usize::try_from(size).unwrap_or(usize::MAX)));
+    let result = io.file_size(file).and_then(|size| {
+        let length = size.min(SMALL_FILE_BYTES_MAX + 1);
+        io::read_exact(io, file, 0, usize::try_from(length).unwrap_or(usize::MAX))
+    });
     io.close(file);
     result.map(Some).map_err(|e| IoError::new("read", path, e))
 }
