@@ -12,7 +12,9 @@
 //! DIR/topics/.NAME.deleting     a topic being deleted (removed at open if a crash left it)
 //! ```
 
-use crate::error::{AppendError, CommitError, IoError, OpenError, Poisoned, ReadError, TopicError};
+use crate::error::{
+    AppendError, CommitError, CorruptionKind, IoError, OpenError, Poisoned, ReadError, TopicError,
+};
 use crate::fetch::Fetch;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
@@ -284,7 +286,10 @@ impl<I: Io> Engine<I> {
                 // The writer deleted the topic while this reader was listing.
                 continue;
             }
-            let bytes = bytes.unwrap_or_default();
+            let Some(bytes) = bytes else {
+                let kind = CorruptionKind::Malformed { reason: "the file is missing" };
+                return Err(Corruption { file: meta_path, position: 0, kind }.into());
+            };
             let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
                 file: meta_path.clone(),
                 position: 0,
@@ -1066,6 +1071,18 @@ fn check_data_directory_meta<I: Io + ?Sized>(
                 "not a Chronik data directory (no chronik.meta)",
             );
             return Err(IoError::new("open", &path, missing).into());
+        }
+        // A new directory gets `chronik.meta` before `topics/` exists, so topics without it
+        // mean the file was lost: writing a fresh one would hide that.
+        let topics = root.join(TOPICS_DIRECTORY);
+        let holds_topics = match io.list(&topics) {
+            Ok(entries) => entries.iter().any(|e| !e.name.starts_with('.')),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(IoError::new("list", &topics, e).into()),
+        };
+        if holds_topics {
+            let kind = CorruptionKind::Malformed { reason: "missing, but topics/ holds topics" };
+            return Err(Corruption { file: path, position: 0, kind }.into());
         }
         segment::write_file_durably(io, &path, DataDirectoryMeta::current().encode())?;
         sync(io, root)?;
