@@ -4,8 +4,8 @@
 //! trait, time comes from an injected [`Clock`], and background work (interval flushes,
 //! retention, compaction) is a step function, [`Engine::tick`] (its halves
 //! [`Engine::flush_due`] and [`Engine::maintain`]), that the [`runtime`] module drives from two
-//! threads in production and the simulator drives deterministically. See `ARCHITECTURE.md` for the code map
-//! and `docs/format.md` for the bytes on disk.
+//! threads in production and the simulator drives deterministically. See `ARCHITECTURE.md`
+//! for the code map and `docs/format.md` for the bytes on disk.
 //!
 //! ```
 //! use chronik_engine::{io::PreadIo, runtime::SystemClock, Engine, Options, Record, TopicConfig};
