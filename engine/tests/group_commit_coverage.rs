@@ -14,9 +14,7 @@
 
 mod common;
 
-use chronik_engine::io::{
-    Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, SystemIo,
-};
+use chronik_engine::io::{Completion, FileHandle, Io, OpenMode, Operation, SystemIo};
 use chronik_engine::{Durability, Offset, Options, Record, TopicConfig};
 use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
@@ -226,33 +224,7 @@ impl Io for CoverageIo {
         self.inner.close(file);
     }
 
-    fn file_size(&self, file: FileHandle) -> io::Result<u64> {
-        self.inner.file_size(file)
-    }
-
-    fn create_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_directory(path)
-    }
-
-    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
-        self.inner.list(directory)
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-
-    fn remove_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_directory(path)
-    }
-
-    fn lock(&self, path: &Path) -> io::Result<FileHandle> {
-        self.inner.lock(path)
-    }
+    crate::forward_io_namespace!();
 }
 
 /// Set this appender's phase for the gate, and wake a held fdatasync to look again.

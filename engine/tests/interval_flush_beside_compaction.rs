@@ -6,7 +6,7 @@
 
 mod common;
 
-use chronik_engine::io::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation};
+use chronik_engine::io::{Completion, FileHandle, Io, OpenMode, Operation};
 use chronik_engine::runtime::Runtime;
 use chronik_engine::{Cleanup, Durability, Engine, Offset, Options, Record, TopicConfig};
 use common::ManualClock;
@@ -103,33 +103,7 @@ impl Io for GatedIo {
         self.inner.close(file);
     }
 
-    fn file_size(&self, file: FileHandle) -> io::Result<u64> {
-        self.inner.file_size(file)
-    }
-
-    fn create_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_directory(path)
-    }
-
-    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
-        self.inner.list(directory)
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-
-    fn remove_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_directory(path)
-    }
-
-    fn lock(&self, path: &Path) -> io::Result<FileHandle> {
-        self.inner.lock(path)
-    }
+    crate::forward_io_namespace!();
 }
 
 #[test]

@@ -4,9 +4,7 @@
 //! Every test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
-use chronik_engine::io::{
-    Backend, Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, SystemIo,
-};
+use chronik_engine::io::{Backend, Completion, FileHandle, Io, OpenMode, Operation, SystemIo};
 use chronik_engine::{
     Clock, Durability, Fetch, Offset, Options, Record, RecoveryReport, TopicConfig,
 };
@@ -244,33 +242,7 @@ impl Io for FaultyIo {
         self.inner.close(file);
     }
 
-    fn file_size(&self, file: FileHandle) -> io::Result<u64> {
-        self.inner.file_size(file)
-    }
-
-    fn create_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_directory(path)
-    }
-
-    fn list(&self, directory: &Path) -> io::Result<Vec<DirectoryEntry>> {
-        self.inner.list(directory)
-    }
-
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-
-    fn remove_directory(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_directory(path)
-    }
-
-    fn lock(&self, path: &Path) -> io::Result<FileHandle> {
-        self.inner.lock(path)
-    }
+    crate::forward_io_namespace!();
 }
 
 /// Open an engine with the pread backend and a manual clock starting at [`EPOCH_MS`].
@@ -480,4 +452,42 @@ pub fn filled_small_segments(root: &Path, count: usize) -> PathBuf {
         append_value(&engine, "t", 0, format!("value-{i:04}").as_bytes());
     }
     partition_directory(root, "t", 0)
+}
+
+/// The `Io` methods a test wrapper passes on unchanged to the backend in its field `inner`:
+/// `file_size` and the namespace calls but `open` and `close` (which wrappers track).
+#[macro_export]
+macro_rules! forward_io_namespace {
+    () => {
+        fn file_size(&self, file: chronik_engine::io::FileHandle) -> std::io::Result<u64> {
+            self.inner.file_size(file)
+        }
+
+        fn create_directory(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.inner.create_directory(path)
+        }
+
+        fn list(
+            &self,
+            directory: &std::path::Path,
+        ) -> std::io::Result<Vec<chronik_engine::io::DirectoryEntry>> {
+            self.inner.list(directory)
+        }
+
+        fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+            self.inner.rename(from, to)
+        }
+
+        fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.inner.remove_file(path)
+        }
+
+        fn remove_directory(&self, path: &std::path::Path) -> std::io::Result<()> {
+            self.inner.remove_directory(path)
+        }
+
+        fn lock(&self, path: &std::path::Path) -> std::io::Result<chronik_engine::io::FileHandle> {
+            self.inner.lock(path)
+        }
+    };
 }
