@@ -10,6 +10,7 @@
 mod common;
 
 use common::{chronik, text};
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -178,7 +179,7 @@ fn a_killed_compaction_keeps_the_latest_value_of_every_key() {
     for round in 0..ROUNDS {
         for k in 0..KEYS {
             let (key, value) = (format!("key-{k}"), format!("round-{round}-of-{k}"));
-            input.push_str(&format!("{key}:{value}\n"));
+            writeln!(input, "{key}:{value}").unwrap();
             latest.insert(key, (round * KEYS + k, value));
         }
     }
