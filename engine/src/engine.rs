@@ -382,15 +382,16 @@ impl<I: Io> Engine<I> {
         if self.topic(name).is_none() {
             // A topic of this name deleted before (and a crash before its records were
             // forgotten): its transactions' ends must not speak for the new one.
-            self.forget_transactions(name).map_err(|e| self.as_topic_error(e, name))?;
+            self.forget_commits(name).map_err(|e| self.as_topic_error(e, name))?;
         }
         self.create_any_topic(name, config)
     }
 
-    /// Tombstone the transaction commit records of `topic` in `__consumer_offsets`, durably.
-    fn forget_transactions(&self, topic: &str) -> Result<(), CommitError> {
+    /// Tombstone every commit record of `topic` in `__consumer_offsets` (transactions' and
+    /// groups' offsets), durably, so a topic created again under the name inherits none.
+    fn forget_commits(&self, topic: &str) -> Result<(), CommitError> {
         let mut committed = self.inner.committed.lock();
-        let keys = committed.transaction_keys(topic);
+        let keys = committed.keys_of_topic(topic);
         if keys.is_empty() {
             return Ok(());
         }
@@ -530,7 +531,7 @@ impl<I: Io> Engine<I> {
         result
             .inspect_err(|e| self.inner.context.poison.set(format!("delete topic {name}: {e}")))?;
         // Housekeeping (a create of the same name does it too, should this one not happen).
-        self.forget_transactions(name).map_err(|e| self.as_topic_error(e, name))
+        self.forget_commits(name).map_err(|e| self.as_topic_error(e, name))
     }
 
     /// A commit error met while managing topic `name`.

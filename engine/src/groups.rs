@@ -136,8 +136,8 @@ impl Committed {
     /// committed offsets. A deleted topic's records are all forgotten (by its delete, or by a
     /// create of the same name should a crash have come first): a topic created again under
     /// the name starts empty, and an offset of the old one would point past its end or at
-    /// other records. (The name predates the group offsets joining in.)
-    pub fn transaction_keys(&self, topic: &str) -> Vec<CommitKey> {
+    /// other records.
+    pub fn keys_of_topic(&self, topic: &str) -> Vec<CommitKey> {
         self.latest.keys().filter(|key| key.topic == topic).cloned().collect()
     }
 
