@@ -22,10 +22,7 @@ fn bad_topic_names_and_configs_are_refused() {
     let names = ["", ".", "..", "../escape", "a/b", "/abs", "a\\b", "a\0b", "__internal", &long];
     for name in names {
         let result = chronik.create_topic(name, TopicConfig::default());
-        assert!(
-            matches!(result, Err(TopicError::InvalidName { .. })),
-            "name {name:?}: {result:?}"
-        );
+        assert!(matches!(result, Err(TopicError::InvalidName { .. })), "name {name:?}: {result:?}");
     }
     let partitions_max = chronik::engine::limits::PARTITIONS_MAX;
     for partitions in [0, partitions_max + 1, u32::MAX] {
@@ -75,8 +72,7 @@ fn bad_appends_are_refused() {
     }
     let error = chronik.producer("missing").partition_for_key(b"k").expect_err("no topic");
     assert!(matches!(error, AppendError::TopicNotFound { .. }), "{error}");
-    let read: Vec<Vec<u8>> =
-        chronik.consumer("t", 0).map(|r| r.expect("read").value).collect();
+    let read: Vec<Vec<u8>> = chronik.consumer("t", 0).map(|r| r.expect("read").value).collect();
     assert_eq!(read, acknowledged);
 }
 
@@ -86,13 +82,8 @@ fn bad_appends_are_refused() {
 fn bad_reads_are_refused_without_waiting() {
     let (_directory, chronik) = open();
     chronik.producer("t").send(0, &[Record::new(None, b"v")]).expect("append");
-    let cases: [(&str, u32, u64); 5] = [
-        ("missing", 0, 0),
-        ("t", 2, 0),
-        ("t", u32::MAX, 0),
-        ("t", 0, 2),
-        ("t", 0, u64::MAX),
-    ];
+    let cases: [(&str, u32, u64); 5] =
+        [("missing", 0, 0), ("t", 2, 0), ("t", u32::MAX, 0), ("t", 0, 2), ("t", 0, u64::MAX)];
     for (topic, partition, offset) in cases {
         let mut consumer = chronik.consumer(topic, partition);
         consumer.seek(Offset::new(offset));
