@@ -7,6 +7,9 @@ use chronik::{
 };
 use std::time::Duration;
 
+/// Whether an append error is the one a case expects.
+type Check = fn(&AppendError) -> bool;
+
 fn open() -> (tempfile::TempDir, Chronik) {
     let directory = tempfile::tempdir().expect("tempdir");
     let chronik = Chronik::open(directory.path(), Options::default()).expect("open");
@@ -48,7 +51,6 @@ fn bad_appends_are_refused() {
     let big = [Record::new(None, &huge)];
     let too_many_count = chronik::engine::limits::BATCH_RECORDS_MAX as usize + 1;
     let too_many = vec![Record::new(None, b""); too_many_count];
-    type Check = fn(&AppendError) -> bool;
     let cases: [(&str, u32, &[Record<'_>], Check); 7] = [
         ("missing", 0, &one, |e| matches!(e, AppendError::TopicNotFound { .. })),
         ("../t", 0, &one, |e| matches!(e, AppendError::TopicNotFound { .. })),
