@@ -71,9 +71,11 @@ pub(crate) fn error(error: chronik::Error) -> PyErr {
         }
         E::Topic(TopicError::AlreadyExists { .. }) => AlreadyExistsError::new_err(message),
         E::Topic(TopicError::InvalidName { .. } | TopicError::InvalidConfig { .. })
-        | E::Append(AppendError::Empty | AppendError::BatchTooLarge { .. }) => {
-            InvalidArgumentError::new_err(message)
-        }
+        | E::Append(
+            AppendError::Empty
+            | AppendError::BatchTooLarge { .. }
+            | AppendError::TooManyRecords { .. },
+        ) => InvalidArgumentError::new_err(message),
         E::Read(ReadError::OffsetOutOfRange { .. }) => OffsetOutOfRangeError::new_err(message),
         _ => ChronikIoError::new_err(message),
     }
@@ -470,6 +472,10 @@ impl PyProducer {
     }
 }
 
+/// What `send_batch` takes, for its error.
+const BATCH_RECORD_SHAPES: &str =
+    "records are (key, value), (key, value, headers) or (key, value, headers, timestamp) tuples";
+
 #[pymethods]
 impl PyProducer {
     /// Append one record; returns `(partition, offset)` once acknowledged under the data
@@ -492,8 +498,8 @@ impl PyProducer {
     }
 
     /// Append many records, `(key, value)`, `(key, value, headers)` or `(key, value, headers,
-    /// timestamp)` each: one batch per partition, one acknowledgement each. Returns `(partition, first offset, last offset)`
-    /// per batch.
+    /// timestamp)` each: one batch per partition, one acknowledgement each. Returns
+    /// `(partition, first offset, last offset)` per batch.
     #[pyo3(signature = (records, partition = None))]
     fn send_batch(
         &self,
@@ -504,11 +510,13 @@ impl PyProducer {
         let mut outgoing_records = Vec::with_capacity(records.len().unwrap_or(0));
         for item in records.try_iter()? {
             let item = item?;
-            let tuple = item.cast::<PyTuple>().map_err(|_| {
-                InvalidArgumentError::new_err(
-                    "records are (key, value), (key, value, headers) or (key, value, headers, timestamp) tuples",
-                )
-            })?;
+            // A tuple of another length is refused here, not left to `get_item`'s IndexError
+            // (or, past four, to extra fields silently dropped).
+            let tuple = item
+                .cast::<PyTuple>()
+                .ok()
+                .filter(|t| (2..=4).contains(&t.len()))
+                .ok_or_else(|| InvalidArgumentError::new_err(BATCH_RECORD_SHAPES))?;
             let key = tuple.get_item(0)?;
             let value = tuple.get_item(1)?;
             let headers = if tuple.len() > 2 { Some(tuple.get_item(2)?) } else { None };
