@@ -1101,6 +1101,7 @@ impl Sim {
     fn scratch(&mut self, engine: &SimEngine) -> Result<Flow, Violation> {
         self.counters.topic_changes += 1;
         let exists = engine.partition_count(SCRATCH).is_some();
+        let poisoned_before = engine.poisoned().is_some();
         let result = if exists {
             engine.delete_topic(SCRATCH)
         } else {
@@ -1127,7 +1128,16 @@ impl Sim {
                 }
                 self.after_error(engine, None)
             }
-            Err(TopicError::Poisoned(_)) => self.after_error(engine, None),
+            Err(TopicError::Poisoned(_)) => {
+                // Poisoned during the call (a write of the commit tombstones' checkpoint
+                // failed, say), not before it: the commits may be forgotten and the topic
+                // changed, as after an I/O error (seed 1366).
+                if !poisoned_before {
+                    self.model.scratch = TopicState::Uncertain;
+                    self.model.scratch_commit_maybe_forgotten = true;
+                }
+                self.after_error(engine, None)
+            }
             Err(error) => Err(Violation::new("topic_errors", format!("{verb} {SCRATCH}: {error}"))),
         }
     }
