@@ -156,24 +156,16 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Read the consumer offsets topic to its end. Damage in it hides commits (the open then reads
-/// what it can and goes on), so a group's position is unknown: refuse before printing, rather
+/// Damage in the consumer offsets topic hides commits (the open reads what it can and goes
+/// on, and keeps the damage), so a group's position is unknown: refuse before printing, rather
 /// than print from an older position and fail at the commit.
 fn check_committed_offsets(chronik: &chronik::Chronik) -> anyhow::Result<()> {
-    let topic = chronik::engine::groups::OFFSETS_TOPIC;
-    let Some(count) = chronik.partition_count(topic) else { return Ok(()) };
-    for partition in 0..count {
-        let mut consumer = chronik.consumer(topic, partition);
-        loop {
-            let fetch = consumer.poll(FETCH_BYTES).map_err(chronik::Error::from).with_context(
-                || "the consumer groups' committed offsets are damaged, so the group's position is unknown",
-            )?;
-            if fetch.is_empty() {
-                break;
-            }
-        }
+    match chronik.committed_offsets_damage() {
+        None => Ok(()),
+        Some(corruption) => Err(anyhow::Error::from(corruption)).context(
+            "the consumer groups' committed offsets are damaged, so the group's position is unknown",
+        ),
     }
-    Ok(())
 }
 
 /// The live display of `--follow`: records read, their rate, and the lag behind the high

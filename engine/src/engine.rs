@@ -739,6 +739,13 @@ impl<I: Io> Engine<I> {
         self.inner.committed.lock().get(&key)
     }
 
+    /// The damage in the consumer offsets topic that hid commit records at open, if any: then
+    /// a group's committed offset may be an older one than its last commit, and a consumer
+    /// that resumes from it would read records again.
+    pub fn committed_offsets_damage(&self) -> Option<Corruption> {
+        self.inner.committed.lock().damage.clone()
+    }
+
     /// Every offset `group` committed, as `(topic, partition, offset)`, sorted.
     pub fn committed_offsets(&self, group: &str) -> Vec<(String, u32, Offset)> {
         self.inner.committed.lock().of_group(group)
@@ -767,10 +774,10 @@ impl<I: Io> Engine<I> {
             }
             next = fetch.next_offset();
         }
-        if matches!(partition.read(next, 1), Err(ReadError::Corruption(_))) {
+        if let Err(ReadError::Corruption(corruption)) = partition.read(next, 1) {
             // Damage (reported by the open) hides the records after it: which transaction
-            // committed is unknown, so none is rolled back.
-            committed.transactions_unknown = true;
+            // committed is unknown, so none is rolled back, and no group's position is known.
+            committed.damage = Some(corruption);
         }
         Ok(committed)
     }

@@ -91,8 +91,8 @@ pub fn encode_commit(keys: &[(CommitKey, Offset)]) -> Vec<(Vec<u8>, [u8; 8])> {
 #[derive(Debug, Default)]
 pub struct Committed {
     latest: BTreeMap<CommitKey, Offset>,
-    /// The offsets topic is damaged: commit records after the damage could not be read.
-    pub transactions_unknown: bool,
+    /// The offsets topic is damaged here: commit records after the damage could not be read.
+    pub damage: Option<Corruption>,
 }
 
 impl Committed {
@@ -126,7 +126,7 @@ impl Committed {
     /// With the offsets topic damaged, every transaction counts as committed: keeping one
     /// that was not is reported damage, rolling back one that was would be silent loss.
     pub fn transaction_end(&self, topic: &str, partition: u32) -> Offset {
-        if self.transactions_unknown {
+        if self.damage.is_some() {
             return Offset::new(u64::MAX);
         }
         self.get(&CommitKey::transaction(topic, partition)).unwrap_or(Offset::ZERO)
