@@ -35,6 +35,10 @@ pub mod format;
 pub mod groups;
 pub mod index;
 pub mod io;
+/// The write path as a pure state machine (the second engine design, being built: not yet
+/// what [`Engine`] runs).
+#[doc(hidden)]
+pub mod log;
 pub mod log_start;
 #[cfg(all(test, loom))]
 mod loom_models;

@@ -1,0 +1,869 @@
+//! A partition's write path as a pure state machine (sans-I/O): the second engine design's core.
+//!
+//! [`PartitionLog`] owns what the write path decides: the segments' ends, the next offset, the
+//! written, synced and published ends, the transaction fence, the batches waiting to be written
+//! and the callers waiting for an acknowledgement. It never does I/O, takes no lock and never
+//! reads a clock. Callers hand it encoded batches ([`PartitionLog::append`]); it answers with
+//! the operations it wants run ([`PartitionLog::poll_ops`]), and takes their outcomes back
+//! ([`PartitionLog::complete`]); acknowledgements come out of [`PartitionLog::poll_ack`]. Time
+//! is passed in (`now_ms`), as in quinn-proto. An I/O reactor (one thread, one io_uring) runs
+//! the operations of many partitions in one submission; the simulator runs them on its disk and
+//! completes them in an order its seed chooses. The same code decides in both.
+//!
+//! # Invariants (asserted here, and checked against a model of the disk by the tests)
+//!
+//! - Offsets are given in submission order, contiguous, each once.
+//! - In `sync` mode an append is acknowledged only after an fdatasync of its segment completed
+//!   that was submitted after its write completed, or linked behind it ([`LogOp::link_next`]:
+//!   the runner starts the next operation only after this one succeeded, as `IOSQE_IO_LINK`).
+//! - The published end (the high watermark) is never ahead of the durable end in `sync` and
+//!   `interval` modes, and never ahead of the written end in `os` mode; never past a fence.
+//! - At most one fdatasync (or seal) of a file is in flight: Linux reports a write-back error
+//!   to only one of two concurrent fsyncs.
+//! - Writes in flight never overlap (a direct write rewrites the partial block before its
+//!   batches, so it waits for the write that wrote that block).
+//! - A segment is sealed (durable at its exact length, its index files written) only when no
+//!   write or fdatasync of it is in flight, and the next segment's file is created only after
+//!   that: every segment but the last is fully durable.
+//! - After a failed write, fdatasync, seal or create the log is poisoned (fail-stop): nothing
+//!   more is acknowledged as written or durable, and every waiter gets the failure.
+//!
+//! What is deliberately not here yet: reads (readers use the segment list and the high
+//! watermark published by the runner), retention and compaction swaps, and recovery (which
+//! hands its result to [`PartitionLog::new`]).
+
+#[cfg(test)]
+mod tests;
+
+use crate::format::{self, BatchInfo};
+use crate::index::SegmentIndex;
+use crate::io::DIRECT_ALIGNMENT;
+use crate::{Durability, Offset};
+use std::collections::VecDeque;
+use std::io;
+
+/// Most bytes one coalesced write carries (a single larger batch is written alone).
+pub const WRITE_BYTES_MAX: usize = 1 << 20;
+/// Most writes of one partition in flight at once.
+pub const WRITES_IN_FLIGHT_MAX: usize = 16;
+/// Most batches and flushes queued in one partition before [`PartitionLog::append`] refuses
+/// more ([`Refusal::QueueFull`]): the caller's backpressure.
+pub const QUEUED_MAX: usize = 1 << 14;
+
+const _: () = assert!(WRITE_BYTES_MAX.is_multiple_of(DIRECT_ALIGNMENT));
+const _: () = assert!(WRITES_IN_FLIGHT_MAX >= 2, "pipelining needs two writes in flight");
+
+/// Names one operation the log asked for, so its outcome finds its way back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId(u64);
+
+impl OpId {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// Names a caller waiting for an acknowledgement. Chosen by the caller; the log only hands
+/// it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket(pub u64);
+
+/// A partition's settings, as the write path needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub durability: Durability,
+    pub segment_bytes: u64,
+    pub segment_ms: i64,
+    pub index_interval_bytes: u32,
+    /// Segment files are written with direct I/O: every write covers whole blocks.
+    pub direct: bool,
+}
+
+/// The active segment as recovery left it: everything in it below `size` is durable.
+#[derive(Debug)]
+pub struct Recovered {
+    pub base_offset: Offset,
+    pub size: u64,
+    pub next_offset: Offset,
+    pub created_ms: i64,
+    pub index: SegmentIndex,
+    /// On a direct file, the bytes of its last, partial block (`size % DIRECT_ALIGNMENT`).
+    pub tail: Vec<u8>,
+}
+
+/// A batch encoded at offset zero by the caller, outside any lock; the log gives it its
+/// offsets.
+#[derive(Debug)]
+pub struct Batch {
+    pub bytes: Vec<u8>,
+    /// As `format::encode_batch` returned it (relative offsets: `next_offset` is the count).
+    pub info: BatchInfo,
+}
+
+/// An operation the log wants run.
+#[derive(Debug)]
+pub struct LogOp {
+    pub id: OpId,
+    pub kind: OpKind,
+    /// The next operation of the same [`PartitionLog::poll_ops`] call may start only after
+    /// this one succeeded (io_uring's `IOSQE_IO_LINK`); if this one fails, the next one fails
+    /// too (or is cancelled) and its outcome is ignored.
+    pub link_next: bool,
+}
+
+#[derive(Debug)]
+pub enum OpKind {
+    /// Write `buffer` at `position` of the segment file based at `segment`. Its batches start
+    /// at `batches_position` (later than `position` only on a direct file, where the buffer
+    /// begins with the partial block already written and ends with zero padding).
+    Write { segment: Offset, position: u64, batches_position: u64, buffer: Vec<u8> },
+    /// fdatasync of the segment file.
+    Fdatasync { segment: Offset },
+    /// Make the segment durable at exactly `length` bytes (on a direct file: truncate the
+    /// padding, then fsync; otherwise fdatasync), then write its index files (temporary files
+    /// and renames; the directory fsync of the following [`OpKind::Create`] makes them
+    /// durable).
+    Seal { segment: Offset, length: u64, offset_index: Vec<u8>, time_index: Vec<u8> },
+    /// Create the file of the next segment and fsync the partition directory.
+    Create { segment: Offset },
+    /// Record in `synced.checkpoint` (not fsynced) that every byte below `position` of the
+    /// segment, and every offset below `offset`, is durable.
+    Checkpoint { segment: Offset, position: u64, offset: Offset },
+}
+
+/// Why an operation failed, kept for every waiter it fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub operation: &'static str,
+    pub segment: Offset,
+    pub kind: io::ErrorKind,
+    pub message: String,
+}
+
+impl Failure {
+    fn from_error(operation: &'static str, segment: Offset, error: &io::Error) -> Self {
+        Failure { operation, segment, kind: error.kind(), message: error.to_string() }
+    }
+}
+
+/// Why the log refused or failed a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// An operation failed earlier: the log takes nothing more until it is reopened.
+    Poisoned(Failure),
+    /// [`QUEUED_MAX`] requests wait already.
+    QueueFull,
+}
+
+/// What an acknowledgement acknowledges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acked {
+    /// An append, durable as the durability mode promises.
+    Appended { base_offset: Offset, next_offset: Offset },
+    /// Every request queued before the flush is durable.
+    Flushed { end: Offset },
+    /// A transactional batch is written (not durable, not visible); the fence holds the
+    /// partition until [`PartitionLog::end_transaction`].
+    TransactionWritten { base_offset: Offset, next_offset: Offset },
+    /// The transactional batch is durable (still invisible).
+    TransactionSynced,
+}
+
+#[derive(Debug)]
+pub struct Ack {
+    pub ticket: Ticket,
+    pub result: Result<Acked, Refusal>,
+}
+
+/// A position in the log: an offset and the byte position of the active segment it maps to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+struct End {
+    offset: Offset,
+    position: u64,
+}
+
+#[derive(Debug)]
+enum Queued {
+    Append { ticket: Ticket, batch: Batch, transactional: bool },
+    Flush { ticket: Ticket },
+}
+
+/// A batch given its offsets and place, not yet in a write.
+#[derive(Debug)]
+struct Placed {
+    bytes: Vec<u8>,
+    position: u64,
+}
+
+/// A caller waiting for the log to pass `end`.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    ticket: Ticket,
+    base_offset: Offset,
+    end: Offset,
+    kind: WaitKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitKind {
+    /// Acknowledged when written (`os`, `interval`) or durable (`sync`).
+    Append,
+    /// Acknowledged when written, whatever the mode.
+    Transaction,
+    /// Acknowledged when durable, whatever the mode.
+    Flush,
+}
+
+#[derive(Debug)]
+struct WriteInFlight {
+    id: OpId,
+    start: u64,
+    end: End,
+    done: bool,
+}
+
+/// Where a transaction's batch stands in the active segment.
+#[derive(Clone, Copy, Debug)]
+struct Fence {
+    start: End,
+    end: End,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Roll {
+    /// The next batch does not fit: seal once every write and fdatasync is done.
+    Due,
+    Sealing(OpId),
+    /// Sealed: create the next segment.
+    Sealed,
+    Creating(OpId, Offset),
+}
+
+#[derive(Debug)]
+struct Active {
+    base_offset: Offset,
+    created_ms: i64,
+    index: SegmentIndex,
+    tail: Vec<u8>,
+}
+
+/// The write path of one partition. See the module documentation.
+#[derive(Debug)]
+pub struct PartitionLog {
+    config: Config,
+    active: Active,
+    /// Where the next batch goes.
+    placed: End,
+    /// Every write below this end completed.
+    written: End,
+    /// Every byte below this end of the active segment is durable (fence included).
+    durable: End,
+    /// What acknowledgements and readers may take as durable: `durable`, but never past a
+    /// fence.
+    synced: Offset,
+    watermark: Offset,
+    queue: VecDeque<Queued>,
+    unwritten: VecDeque<Placed>,
+    writes: VecDeque<WriteInFlight>,
+    waiters: VecDeque<Waiter>,
+    fence: Option<Fence>,
+    transaction_sync: Option<Ticket>,
+    sync_in_flight: Option<(OpId, End)>,
+    roll: Option<Roll>,
+    checkpoint_due: Option<(Offset, u64, Offset)>,
+    checkpoint_in_flight: Option<OpId>,
+    last_sync_ms: i64,
+    acks: VecDeque<Ack>,
+    poisoned: Option<Failure>,
+    next_op: u64,
+}
+
+impl PartitionLog {
+    /// A log whose active segment recovery left as `recovered`, all of it durable.
+    pub fn new(config: Config, recovered: Recovered, now_ms: i64) -> Self {
+        assert!(recovered.next_offset >= recovered.base_offset);
+        assert_eq!(
+            recovered.tail.len() as u64,
+            if config.direct { recovered.size % DIRECT_ALIGNMENT as u64 } else { 0 },
+            "a direct segment's tail is its partial block"
+        );
+        let end = End { offset: recovered.next_offset, position: recovered.size };
+        PartitionLog {
+            config,
+            active: Active {
+                base_offset: recovered.base_offset,
+                created_ms: recovered.created_ms,
+                index: recovered.index,
+                tail: recovered.tail,
+            },
+            placed: end,
+            written: end,
+            durable: end,
+            synced: end.offset,
+            watermark: end.offset,
+            queue: VecDeque::new(),
+            unwritten: VecDeque::new(),
+            writes: VecDeque::new(),
+            waiters: VecDeque::new(),
+            fence: None,
+            transaction_sync: None,
+            sync_in_flight: None,
+            roll: None,
+            checkpoint_due: None,
+            checkpoint_in_flight: None,
+            last_sync_ms: now_ms,
+            acks: VecDeque::new(),
+            poisoned: None,
+            next_op: 0,
+        }
+    }
+
+    /// The offset the next placed batch gets.
+    pub fn next_offset(&self) -> Offset {
+        self.placed.offset
+    }
+
+    /// Every offset below this is durable and committed.
+    pub fn synced(&self) -> Offset {
+        self.synced
+    }
+
+    /// What readers may see.
+    pub fn watermark(&self) -> Offset {
+        self.watermark
+    }
+
+    /// The base offset of the active segment.
+    pub fn active_segment(&self) -> Offset {
+        self.active.base_offset
+    }
+
+    pub fn poisoned(&self) -> Option<&Failure> {
+        self.poisoned.as_ref()
+    }
+
+    /// Nothing queued, in flight or waiting.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+            && self.unwritten.is_empty()
+            && self.writes.is_empty()
+            && self.waiters.is_empty()
+            && self.transaction_sync.is_none()
+            && self.sync_in_flight.is_none()
+            && self.roll.is_none()
+            && self.checkpoint_in_flight.is_none()
+            && self.checkpoint_due.is_none()
+    }
+
+    /// Queue an append; `ticket` is acknowledged through [`PartitionLog::poll_ack`].
+    pub fn append(&mut self, ticket: Ticket, batch: Batch) -> Result<(), Refusal> {
+        self.enqueue(Queued::Append { ticket, batch, transactional: false })
+    }
+
+    /// Queue a transaction's batch for this partition. Once placed it holds a fence: later
+    /// requests wait until [`PartitionLog::end_transaction`], syncs and readers stop before
+    /// it. Acknowledged ([`Acked::TransactionWritten`]) once written.
+    pub fn begin_transaction(&mut self, ticket: Ticket, batch: Batch) -> Result<(), Refusal> {
+        self.enqueue(Queued::Append { ticket, batch, transactional: true })
+    }
+
+    /// Make the written transactional batch durable (without showing it); acknowledged with
+    /// [`Acked::TransactionSynced`].
+    pub fn sync_transaction(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+        self.check_poison()?;
+        assert!(self.fence.is_some(), "a transaction's batch is written");
+        assert!(self.transaction_sync.is_none(), "one transaction sync at a time");
+        self.transaction_sync = Some(ticket);
+        self.complete_waiters();
+        Ok(())
+    }
+
+    /// Release the fence. `committed`: the commit record is durable, so the batch (made
+    /// durable by [`PartitionLog::sync_transaction`]) is shown like any durable append.
+    pub fn end_transaction(&mut self, committed: bool) {
+        let fence = self.fence.take().expect("a transaction holds the partition");
+        assert!(self.transaction_sync.is_none(), "the transaction's sync finished");
+        if committed && self.poisoned.is_none() {
+            assert!(self.durable.offset >= fence.end.offset, "a committed batch was synced");
+            self.mark_synced(self.durable.offset);
+            self.checkpoint_due =
+                Some((self.active.base_offset, self.durable.position, self.durable.offset));
+        }
+    }
+
+    /// Queue a flush: acknowledged once everything queued before it is durable.
+    pub fn flush(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+        self.enqueue(Queued::Flush { ticket })
+    }
+
+    fn enqueue(&mut self, queued: Queued) -> Result<(), Refusal> {
+        self.check_poison()?;
+        if self.queue.len() >= QUEUED_MAX {
+            return Err(Refusal::QueueFull);
+        }
+        self.queue.push_back(queued);
+        Ok(())
+    }
+
+    fn check_poison(&self) -> Result<(), Refusal> {
+        match &self.poisoned {
+            Some(failure) => Err(Refusal::Poisoned(failure.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The next acknowledgement, in the order they were decided.
+    pub fn poll_ack(&mut self) -> Option<Ack> {
+        self.acks.pop_front()
+    }
+
+    /// When [`PartitionLog::poll_ops`] must run next without any new request or completion
+    /// (an `interval` flush), on the engine clock.
+    pub fn poll_timeout(&self) -> Option<i64> {
+        let Durability::Interval { ms } = self.config.durability else { return None };
+        let pending = self.written.offset > self.durable.offset || self.placed != self.written;
+        pending.then(|| self.last_sync_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
+    }
+
+    /// Append to `out` the operations to run now, in order; chains of
+    /// [`LogOp::link_next`] stay within them.
+    pub fn poll_ops(&mut self, now_ms: i64, out: &mut Vec<LogOp>) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        self.place(now_ms);
+        let first_new = out.len();
+        self.emit_writes(out);
+        self.emit_sync(now_ms, out, first_new);
+        self.emit_roll(out);
+        self.emit_checkpoint(out);
+    }
+
+    fn op_id(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    /// Give queued requests their offsets and places, in queue order, until the active
+    /// segment is full, a fence holds the partition, or a roll is under way.
+    fn place(&mut self, now_ms: i64) {
+        while self.roll.is_none() && self.fence.is_none() {
+            let Some(front) = self.queue.front() else { break };
+            if let Queued::Append { batch, .. } = front
+                && self.should_roll(batch.bytes.len() as u64, now_ms)
+            {
+                self.roll = Some(Roll::Due);
+                break;
+            }
+            match self.queue.pop_front().expect("front exists") {
+                Queued::Flush { ticket } => {
+                    let end = self.placed.offset;
+                    let base_offset = end;
+                    self.waiters.push_back(Waiter {
+                        ticket,
+                        base_offset,
+                        end,
+                        kind: WaitKind::Flush,
+                    });
+                }
+                Queued::Append { ticket, batch, transactional } => {
+                    self.place_batch(ticket, batch, transactional);
+                }
+            }
+        }
+        self.complete_waiters();
+    }
+
+    fn should_roll(&self, batch_bytes: u64, now_ms: i64) -> bool {
+        if self.placed.position == 0 {
+            return false;
+        }
+        let too_big = self.placed.position + batch_bytes > self.config.segment_bytes;
+        let too_old = now_ms.saturating_sub(self.active.created_ms) >= self.config.segment_ms;
+        too_big || too_old
+    }
+
+    fn place_batch(&mut self, ticket: Ticket, mut batch: Batch, transactional: bool) {
+        let length = u32::try_from(batch.bytes.len()).expect("a batch is at most 16 MiB");
+        assert_eq!(length, batch.info.length, "the batch is as encoded");
+        assert_eq!(batch.info.base_offset, Offset::ZERO, "batches come encoded at offset zero");
+        let count = batch.info.next_offset.get();
+        assert!(count > 0, "a batch holds at least one record");
+        if transactional {
+            format::set_transactional(&mut batch.bytes);
+        }
+        let start = self.placed;
+        format::set_batch_offsets(&mut batch.bytes, start.offset, self.synced);
+        let position = u32::try_from(start.position).expect("segment positions fit in u32");
+        self.active.index.on_batch(position, start.offset, batch.info.max_timestamp, length);
+        self.placed =
+            End { offset: start.offset.plus(count), position: start.position + u64::from(length) };
+        self.unwritten.push_back(Placed { bytes: batch.bytes, position: start.position });
+        let kind = if transactional { WaitKind::Transaction } else { WaitKind::Append };
+        self.waiters.push_back(Waiter {
+            ticket,
+            base_offset: start.offset,
+            end: self.placed.offset,
+            kind,
+        });
+        if transactional {
+            self.fence = Some(Fence { start, end: self.placed });
+        }
+    }
+
+    /// Coalesce placed batches into writes, as many as may be in flight.
+    fn emit_writes(&mut self, out: &mut Vec<LogOp>) {
+        while !self.unwritten.is_empty() && self.writes.len() < WRITES_IN_FLIGHT_MAX {
+            if self.config.direct && self.writes.back().is_some_and(|w| !w.done) {
+                let previous_end = self.writes.back().expect("checked").end.position;
+                // The next direct write rewrites the block this one ends in.
+                if !previous_end.is_multiple_of(DIRECT_ALIGNMENT as u64) {
+                    break;
+                }
+            }
+            let batches_position = self.unwritten[0].position;
+            let mut buffer = Vec::new();
+            let mut end = batches_position;
+            if self.config.direct {
+                buffer.extend_from_slice(&self.active.tail);
+            }
+            while let Some(next) = self.unwritten.front() {
+                let fits = buffer.len() + next.bytes.len() <= WRITE_BYTES_MAX;
+                if !buffer.is_empty() && end > batches_position && !fits {
+                    break;
+                }
+                let next = self.unwritten.pop_front().expect("front exists");
+                assert_eq!(next.position, end, "placed batches are contiguous");
+                end += next.bytes.len() as u64;
+                if buffer.is_empty() {
+                    buffer = next.bytes;
+                } else {
+                    buffer.extend_from_slice(&next.bytes);
+                }
+            }
+            let position = batches_position - self.active.tail.len() as u64;
+            if self.config.direct {
+                self.pad_direct(&mut buffer, position, end);
+            }
+            let end_offset = self.offset_at(end);
+            let id = self.op_id();
+            assert!(self.writes.back().is_none_or(|w| w.end.position == batches_position));
+            self.writes.push_back(WriteInFlight {
+                id,
+                start: position,
+                end: End { offset: end_offset, position: end },
+                done: false,
+            });
+            let segment = self.active.base_offset;
+            let kind = OpKind::Write { segment, position, batches_position, buffer };
+            out.push(LogOp { id, kind, link_next: false });
+        }
+    }
+
+    /// Keep the partial last block as the next write's tail and pad the buffer to whole
+    /// blocks.
+    fn pad_direct(&mut self, buffer: &mut Vec<u8>, position: u64, end: u64) {
+        let block = DIRECT_ALIGNMENT as u64;
+        assert!(position.is_multiple_of(block), "direct writes start at a block");
+        let tail_start = usize::try_from(end - end % block - position).expect("in memory");
+        self.active.tail = buffer[tail_start..].to_vec();
+        let padded = usize::try_from((end - position).next_multiple_of(block)).expect("in memory");
+        buffer.resize(padded, 0);
+    }
+
+    /// The offset after the placed batch that ends at byte `position` (a batch boundary).
+    fn offset_at(&self, position: u64) -> Offset {
+        if position == self.placed.position {
+            return self.placed.offset;
+        }
+        // A boundary before the placed end: the first unwritten batch starts there.
+        let next = self.unwritten.front().expect("a later batch is unwritten");
+        assert_eq!(next.position, position, "writes end at batch boundaries");
+        format::view_validated_batch(&next.bytes).expect("placed batches are valid").base_offset()
+    }
+
+    /// Start an fdatasync if a waiter needs one and none is in flight. The writes this call
+    /// emitted (`out[first_new..]`) are linked before it when no older write is still in
+    /// flight, so it covers them in the same submission; otherwise it covers what completed.
+    fn emit_sync(&mut self, now_ms: i64, out: &mut Vec<LogOp>, first_new: usize) {
+        if self.sync_in_flight.is_some()
+            || matches!(self.roll, Some(Roll::Sealing(_) | Roll::Sealed | Roll::Creating(..)))
+            || !self.sync_wanted(now_ms)
+        {
+            return;
+        }
+        let new_writes = out.len() - first_new;
+        let older_in_flight = self.writes.iter().rev().skip(new_writes).any(|write| !write.done);
+        let link = new_writes > 0 && !older_in_flight;
+        let covers = if link { self.writes.back().expect("new writes").end } else { self.written };
+        if covers.position <= self.durable.position {
+            return;
+        }
+        if link {
+            for op in &mut out[first_new..] {
+                assert!(matches!(op.kind, OpKind::Write { .. }), "only writes precede the sync");
+                op.link_next = true;
+            }
+        }
+        let id = self.op_id();
+        self.sync_in_flight = Some((id, covers));
+        let kind = OpKind::Fdatasync { segment: self.active.base_offset };
+        out.push(LogOp { id, kind, link_next: false });
+    }
+
+    /// Whether anyone waits for an fdatasync of the active segment.
+    fn sync_wanted(&self, now_ms: i64) -> bool {
+        let bound = self.synced;
+        let waits = |kind: WaitKind| self.waiters.iter().any(|w| w.kind == kind && w.end > bound);
+        if waits(WaitKind::Flush) || self.transaction_sync.is_some() {
+            return true;
+        }
+        match self.config.durability {
+            Durability::Sync => waits(WaitKind::Append),
+            Durability::Interval { ms } => {
+                let due = self.last_sync_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX));
+                now_ms >= due && self.written.position > self.durable.position
+            }
+            Durability::Os => false,
+        }
+    }
+
+    /// Move a due roll on: seal the active segment once nothing of it is in flight, then
+    /// create the next one.
+    fn emit_roll(&mut self, out: &mut Vec<LogOp>) {
+        match self.roll {
+            Some(Roll::Due)
+                if self.unwritten.is_empty()
+                    && self.writes.is_empty()
+                    && self.sync_in_flight.is_none() =>
+            {
+                assert!(self.fence.is_none(), "no roll under a fence");
+                assert_eq!(self.written, self.placed, "every placed batch is written");
+                let id = self.op_id();
+                let length = self.placed.position;
+                let (offset_index, time_index) =
+                    self.active.index.encode(length, self.placed.offset);
+                let segment = self.active.base_offset;
+                let kind = OpKind::Seal { segment, length, offset_index, time_index };
+                out.push(LogOp { id, kind, link_next: false });
+                self.roll = Some(Roll::Sealing(id));
+            }
+            Some(Roll::Sealed) => {
+                let id = self.op_id();
+                let segment = self.placed.offset;
+                out.push(LogOp { id, kind: OpKind::Create { segment }, link_next: false });
+                self.roll = Some(Roll::Creating(id, segment));
+            }
+            _ => {}
+        }
+    }
+
+    fn emit_checkpoint(&mut self, out: &mut Vec<LogOp>) {
+        if self.checkpoint_in_flight.is_some() {
+            return;
+        }
+        if let Some((segment, position, offset)) = self.checkpoint_due.take() {
+            let id = self.op_id();
+            out.push(LogOp {
+                id,
+                kind: OpKind::Checkpoint { segment, position, offset },
+                link_next: false,
+            });
+            self.checkpoint_in_flight = Some(id);
+        }
+    }
+
+    /// Take the outcome of operation `id` back. Every operation [`PartitionLog::poll_ops`]
+    /// emitted completes exactly once, also after a failure poisoned the log (a cancelled
+    /// link reports an error).
+    pub fn complete(&mut self, id: OpId, result: io::Result<()>, now_ms: i64) {
+        if let Some(index) = self.writes.iter().position(|w| w.id == id) {
+            self.complete_write(index, result);
+        } else if self.sync_in_flight.is_some_and(|(sync, _)| sync == id) {
+            let (_, covers) = self.sync_in_flight.take().expect("checked");
+            self.complete_sync(covers, result, now_ms);
+        } else if self.roll == Some(Roll::Sealing(id)) {
+            self.complete_seal(result, now_ms);
+        } else if let Some(Roll::Creating(create, base)) = self.roll
+            && create == id
+        {
+            self.complete_create(base, result, now_ms);
+        } else if self.checkpoint_in_flight == Some(id) {
+            self.checkpoint_in_flight = None;
+            if let Err(error) = result {
+                // The records it names are durable and acknowledged; the failure still stops
+                // the log, as every I/O error does.
+                self.poison(Failure::from_error("checkpoint", self.active.base_offset, &error));
+            }
+        } else {
+            panic!("completion of an operation not in flight: {id:?}");
+        }
+        self.complete_waiters();
+    }
+
+    fn complete_write(&mut self, index: usize, result: io::Result<()>) {
+        if let Err(error) = result {
+            self.writes.remove(index);
+            self.poison(Failure::from_error("write", self.active.base_offset, &error));
+            return;
+        }
+        if self.poisoned.is_some() {
+            // Nothing is called written any more; the write only leaves the books.
+            self.writes.remove(index);
+            return;
+        }
+        assert!(!self.writes[index].done, "a write completes once");
+        self.writes[index].done = true;
+        let block = DIRECT_ALIGNMENT as u64;
+        while self.writes.front().is_some_and(|w| w.done) {
+            let write = self.writes.pop_front().expect("front exists");
+            let position = self.written.position;
+            let expected = if self.config.direct { position - position % block } else { position };
+            assert_eq!(write.start, expected, "writes complete the log in order");
+            self.written = write.end;
+        }
+        if self.poisoned.is_none() && self.config.durability == Durability::Os {
+            self.publish(self.visible_end(self.written.offset));
+        }
+    }
+
+    fn complete_sync(&mut self, covers: End, result: io::Result<()>, now_ms: i64) {
+        if let Err(error) = result {
+            // Never retried: after a failed fdatasync the dirty pages may be gone.
+            self.poison(Failure::from_error("fdatasync", self.active.base_offset, &error));
+            return;
+        }
+        if self.poisoned.is_some() {
+            return;
+        }
+        assert!(covers.offset <= self.placed.offset, "a sync covers placed batches");
+        if covers.position > self.durable.position {
+            self.durable = covers;
+        }
+        self.last_sync_ms = now_ms;
+        let synced = self.visible_end(self.durable.offset);
+        self.mark_synced(synced);
+        let position = match self.fence {
+            Some(fence) if fence.start.offset < self.durable.offset => fence.start.position,
+            _ => self.durable.position,
+        };
+        self.checkpoint_due = Some((self.active.base_offset, position, synced));
+    }
+
+    fn complete_seal(&mut self, result: io::Result<()>, now_ms: i64) {
+        if let Err(error) = result {
+            self.poison(Failure::from_error("seal", self.active.base_offset, &error));
+            return;
+        }
+        self.last_sync_ms = now_ms;
+        self.durable = self.placed;
+        self.mark_synced(self.placed.offset);
+        self.roll = Some(Roll::Sealed);
+    }
+
+    fn complete_create(&mut self, base: Offset, result: io::Result<()>, now_ms: i64) {
+        if let Err(error) = result {
+            self.poison(Failure::from_error("create", base, &error));
+            return;
+        }
+        assert_eq!(base, self.placed.offset, "the new segment starts where the log ends");
+        let end = End { offset: base, position: 0 };
+        self.active = Active {
+            base_offset: base,
+            created_ms: now_ms,
+            index: SegmentIndex::new(base, self.config.index_interval_bytes),
+            tail: Vec::new(),
+        };
+        (self.placed, self.written, self.durable) = (end, end, end);
+        self.roll = None;
+        self.checkpoint_due = Some((base, 0, base));
+    }
+
+    /// `offset`, held back to the start of a fence.
+    fn visible_end(&self, offset: Offset) -> Offset {
+        match self.fence {
+            Some(fence) => offset.min(fence.start.offset),
+            None => offset,
+        }
+    }
+
+    /// Every offset below `offset` is durable and committed: acknowledge and show it.
+    fn mark_synced(&mut self, offset: Offset) {
+        if self.poisoned.is_some() || offset <= self.synced {
+            return;
+        }
+        assert!(offset <= self.durable.offset, "synced only what an fdatasync covered");
+        self.synced = offset;
+        self.publish(offset);
+    }
+
+    /// Show readers every offset below `offset`.
+    fn publish(&mut self, offset: Offset) {
+        let limit = match self.config.durability {
+            Durability::Os => self.written.offset,
+            Durability::Sync | Durability::Interval { .. } => self.synced,
+        };
+        assert!(offset <= limit, "the watermark never passes what the mode promises");
+        assert!(self.fence.is_none_or(|f| offset <= f.start.offset), "nothing past a fence");
+        self.watermark = self.watermark.max(offset);
+    }
+
+    /// Acknowledge every waiter the log has passed.
+    fn complete_waiters(&mut self) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let written = self.written.offset;
+        let bound = written.max(self.synced);
+        let mut index = 0;
+        while index < self.waiters.len() && self.waiters[index].end <= bound {
+            let waiter = self.waiters[index];
+            let (base_offset, next_offset) = (waiter.base_offset, waiter.end);
+            let acked = match waiter.kind {
+                WaitKind::Append if self.config.durability == Durability::Sync => (waiter.end
+                    <= self.synced)
+                    .then_some(Acked::Appended { base_offset, next_offset }),
+                WaitKind::Append => {
+                    (waiter.end <= written).then_some(Acked::Appended { base_offset, next_offset })
+                }
+                WaitKind::Transaction => (waiter.end <= written)
+                    .then_some(Acked::TransactionWritten { base_offset, next_offset }),
+                WaitKind::Flush => {
+                    (waiter.end <= self.synced).then_some(Acked::Flushed { end: waiter.end })
+                }
+            };
+            match acked {
+                Some(acked) => {
+                    self.waiters.remove(index);
+                    self.acks.push_back(Ack { ticket: waiter.ticket, result: Ok(acked) });
+                }
+                None => index += 1,
+            }
+        }
+        if let (Some(ticket), Some(fence)) = (self.transaction_sync, self.fence)
+            && self.durable.offset >= fence.end.offset
+        {
+            self.transaction_sync = None;
+            self.acks.push_back(Ack { ticket, result: Ok(Acked::TransactionSynced) });
+        }
+    }
+
+    /// Fail-stop: fail every waiter and every queued request, and take nothing more.
+    fn poison(&mut self, failure: Failure) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let refused = || Err(Refusal::Poisoned(failure.clone()));
+        let mut tickets: Vec<Ticket> = self.waiters.drain(..).map(|w| w.ticket).collect();
+        tickets.extend(self.transaction_sync.take());
+        tickets.extend(self.queue.drain(..).map(|queued| match queued {
+            Queued::Append { ticket, .. } | Queued::Flush { ticket } => ticket,
+        }));
+        for ticket in tickets {
+            self.acks.push_back(Ack { ticket, result: refused() });
+        }
+        self.unwritten.clear();
+        self.checkpoint_due = None;
+        self.poisoned = Some(failure);
+    }
+}
