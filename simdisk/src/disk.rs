@@ -54,7 +54,7 @@
 
 use crate::rng::Rng;
 use chronik_engine::io::{
-    self as io_trait, Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation,
+    self as io_trait, Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation,
 };
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -594,7 +594,7 @@ impl State {
     fn execute(&mut self, operation: Operation) -> Completion {
         let name = operation.name();
         let (buffer, result) = match self.check_power() {
-            Err(e) => (operation_buffer(operation), Err(e)),
+            Err(e) => (io_trait::operation_buffer(operation), Err(e)),
             Ok(()) => self.execute_powered(operation),
         };
         self.record(name.as_bytes());
@@ -635,13 +635,6 @@ impl State {
             return Ok(0);
         }
         self.change(file, &Pending::Resize { length: wanted }).map(|_| 0)
-    }
-}
-
-fn operation_buffer(operation: Operation) -> Vec<u8> {
-    match operation {
-        Operation::Read { buffer, .. } | Operation::Write { buffer, .. } => buffer,
-        _ => Vec::new(),
     }
 }
 
@@ -1059,6 +1052,39 @@ impl Io for SimDisk {
         for index in order {
             let operation = slots[index].take().expect("each operation runs once");
             completions[index] = Some(state.execute(operation));
+        }
+        completions.into_iter().map(|c| c.expect("every operation completed")).collect()
+    }
+
+    fn submit_linked(&self, operations: Vec<Linked>) -> Vec<Completion> {
+        // Chains run concurrently: each step the seed picks a chain and runs its next
+        // operation, so unlinked operations complete in any order while each chain keeps its
+        // own. A failure cancels the rest of its chain; a power cut between any two steps is a
+        // crash between two completions.
+        let mut state = self.state.lock();
+        let chains = io_trait::chains(&operations);
+        let mut slots: Vec<Option<Operation>> =
+            operations.into_iter().map(|linked| Some(linked.operation)).collect();
+        let mut completions: Vec<Option<Completion>> = (0..slots.len()).map(|_| None).collect();
+        let mut next: Vec<usize> = chains.iter().map(|chain| chain.start).collect();
+        let mut failed = vec![false; chains.len()];
+        loop {
+            let live: Vec<usize> = (0..chains.len()).filter(|&c| next[c] < chains[c].end).collect();
+            if live.is_empty() {
+                break;
+            }
+            let chain = live[state.rng.index(live.len())];
+            let index = next[chain];
+            next[chain] += 1;
+            let operation = slots[index].take().expect("each operation runs once");
+            let completion = if failed[chain] {
+                let buffer = io_trait::operation_buffer(operation);
+                Completion { buffer, result: Err(io_trait::canceled()) }
+            } else {
+                state.execute(operation)
+            };
+            failed[chain] |= completion.result.is_err();
+            completions[index] = Some(completion);
         }
         completions.into_iter().map(|c| c.expect("every operation completed")).collect()
     }

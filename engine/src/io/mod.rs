@@ -160,8 +160,87 @@ pub struct Completion {
     pub result: io::Result<usize>,
 }
 
+/// One operation of [`Io::submit_linked`].
+#[derive(Debug)]
+pub struct Linked {
+    pub operation: Operation,
+    /// The next operation of the batch starts only after this one completed in full (io_uring's
+    /// `IOSQE_IO_LINK`). If this one fails, every later operation of its chain fails with
+    /// [`canceled`] without running.
+    pub link_next: bool,
+}
+
+/// The error of an operation that did not run because an earlier one of its chain failed.
+pub fn canceled() -> io::Error {
+    io::Error::from_raw_os_error(ECANCELED)
+}
+
+/// `ECANCELED` on Linux; the same number wherever the error is only ours.
+const ECANCELED: i32 = 125;
+
+/// Whether `error` is [`canceled`].
+pub fn is_canceled(error: &io::Error) -> bool {
+    error.raw_os_error() == Some(ECANCELED)
+}
+
+/// Run `operations` as [`Io::submit_linked`] promises, one operation at a time through
+/// `io.submit`: the portable way, for backends without a ring.
+pub fn submit_linked_in_order<I: Io + ?Sized>(io: &I, operations: Vec<Linked>) -> Vec<Completion> {
+    let mut completions = Vec::with_capacity(operations.len());
+    let mut chain_failed = false;
+    for Linked { operation, link_next } in operations {
+        let completion = if chain_failed {
+            Completion { buffer: operation_buffer(operation), result: Err(canceled()) }
+        } else {
+            run(io, operation)
+        };
+        // A short read is not a failure; a short write completes as an error already.
+        chain_failed = link_next && (chain_failed || completion.result.is_err());
+        completions.push(completion);
+    }
+    completions
+}
+
+/// The chains of a linked batch, as index ranges.
+pub fn chains(operations: &[Linked]) -> Vec<std::ops::Range<usize>> {
+    let mut chains = Vec::new();
+    let mut start = 0;
+    for (index, linked) in operations.iter().enumerate() {
+        if !linked.link_next {
+            chains.push(start..index + 1);
+            start = index + 1;
+        }
+    }
+    if start < operations.len() {
+        // The last operation asked for a link to nothing: its chain ends with the batch.
+        chains.push(start..operations.len());
+    }
+    chains
+}
+
+/// The buffer an operation carries (empty for those without one).
+pub fn operation_buffer(operation: Operation) -> Vec<u8> {
+    match operation {
+        Operation::Read { buffer, .. } | Operation::Write { buffer, .. } => buffer,
+        _ => Vec::new(),
+    }
+}
+
 /// Every file operation of the engine. See the module documentation for the crash contract.
 pub trait Io: Send + Sync + 'static {
+    /// Submit a batch of operations in chains and wait for all of them. A chain is a run of
+    /// operations each with [`Linked::link_next`] set, and the one after the last of them: its
+    /// operations run one after another, each only once the one before it succeeded (a failure
+    /// cancels the rest of the chain, see [`canceled`]). Operations of different chains may run
+    /// concurrently and complete in any order. For the crash contract, a linked operation is
+    /// submitted when the one before it completed: an fdatasync linked behind a write covers it.
+    /// Completions come back in the order of `operations`.
+    ///
+    /// The default runs the operations one at a time, in order, through [`Io::submit`].
+    fn submit_linked(&self, operations: Vec<Linked>) -> Vec<Completion> {
+        submit_linked_in_order(self, operations)
+    }
+
     /// Submit a batch of operations and wait for all of them. Completions come back in the order
     /// of `operations`. Operations in one batch may run concurrently: a caller that needs an
     /// order between two operations (write, then fdatasync) submits them in separate batches,

@@ -1,7 +1,7 @@
 //! The backend for real files: io_uring on Linux where it can be set up, pread/pwrite otherwise
 //! or when asked.
 
-use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo};
+use super::{Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation, PreadIo};
 use std::io;
 use std::path::Path;
 use std::str::FromStr;
@@ -112,6 +112,10 @@ macro_rules! forward {
 impl Io for SystemIo {
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
         forward!(self, io => io.submit(operations))
+    }
+
+    fn submit_linked(&self, operations: Vec<Linked>) -> Vec<Completion> {
+        forward!(self, io => io.submit_linked(operations))
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {

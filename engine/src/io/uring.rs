@@ -37,7 +37,7 @@
 //! its buffer, owned by the slot as long as the write runs (see [`PreadIo`]).
 
 use super::aligned::AlignedBuffer;
-use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo};
+use super::{Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation, PreadIo};
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
 use std::fs::File;
@@ -218,6 +218,31 @@ impl Slot {
     }
 }
 
+impl Slot {
+    /// The completion of a finished slot, its buffer handed back.
+    fn into_completion(self) -> Completion {
+        let mut buffer = self.buffer;
+        let result = self.result.expect("every ring operation has an outcome");
+        if matches!(self.kind, Kind::Read) {
+            buffer.truncate(self.done);
+        }
+        Completion { buffer, result }
+    }
+}
+
+/// What a ring slot is made of, for an operation the ring runs.
+fn ring_parts(operation: Operation) -> (Kind, FileHandle, u64, Vec<u8>) {
+    match operation {
+        Operation::Read { file, position, buffer } => (Kind::Read, file, position, buffer),
+        Operation::Write { file, position, buffer } => (Kind::Write, file, position, buffer),
+        Operation::Fsync { file } => (Kind::Sync { data_only: false }, file, 0, Vec::new()),
+        Operation::Fdatasync { file } => (Kind::Sync { data_only: true }, file, 0, Vec::new()),
+        Operation::Truncate { .. } | Operation::Allocate { .. } => {
+            unreachable!("truncate and allocate are not ring operations")
+        }
+    }
+}
+
 /// Run the ring operations of one batch, in rounds (see the module documentation).
 fn run_rounds(ring: &mut IoUring, slots: &mut [Option<Slot>]) -> io::Result<()> {
     loop {
@@ -260,26 +285,8 @@ fn run_rounds(ring: &mut IoUring, slots: &mut [Option<Slot>]) -> io::Result<()> 
             unsafe { ring.submission().push(&entry) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
-        let mut completed = 0;
-        while completed < round.len() {
-            match ring.submit_and_wait(round.len() - completed) {
-                Ok(_) => {}
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => {
-                    // Entries may still be in flight: wait them out before the buffers go.
-                    drain_after_error(ring, round.len() - completed);
-                    return Err(error);
-                }
-            }
-            for entry in ring.completion() {
-                let index = entry.user_data() as usize;
-                assert!(round.contains(&index), "a completion names an entry of this round");
-                let slot = slots[index].as_mut().expect("completions name ring slots");
-                slot.complete(entry.result());
-                completed += 1;
-            }
-            assert!(completed <= round.len(), "one completion per entry");
-        }
+        let round: Vec<(usize, bool)> = round.into_iter().map(|index| (index, false)).collect();
+        wait_round(ring, slots, &round)?;
     }
 }
 
@@ -289,6 +296,102 @@ fn drain_after_error(ring: &mut IoUring, mut outstanding: usize) {
     while outstanding > 0 {
         let _ = ring.submitter().submit_and_wait(1);
         outstanding -= ring.completion().count();
+    }
+}
+
+/// Run chains of ring operations ([`Io::submit_linked`]) in rounds: each round submits, for
+/// every chain not finished, what is left of it (as one linked run of entries), all chains in
+/// one system call, and waits for the round. A chain whose operation failed ends there: the
+/// rest of it fails as cancelled. A short transfer, or `EINTR`/`EAGAIN`, makes the kernel
+/// cancel the rest of that chain's round; it all runs again, resumed, in the next round. Each
+/// round moves the first unfinished operation of every chain it holds (it completes, fails, or
+/// transfers more), so the batch ends.
+fn run_chains(
+    ring: &mut IoUring,
+    slots: &mut [Option<Slot>],
+    chains: &[std::ops::Range<usize>],
+) -> io::Result<()> {
+    loop {
+        let mut round: Vec<(usize, bool)> = Vec::new();
+        for chain in chains {
+            let Some(first) = chain.clone().find(|&i| ring_slot(slots, i).result.is_none()) else {
+                continue;
+            };
+            let room = QUEUE_DEPTH as usize - round.len();
+            if room == 0 {
+                break;
+            }
+            let end = chain.end.min(first + room);
+            for index in first..end {
+                round.push((index, index + 1 < end));
+            }
+        }
+        if round.is_empty() {
+            return Ok(());
+        }
+        assert!(round.len() <= QUEUE_DEPTH as usize, "a round fits the ring");
+        for &(index, link) in &round {
+            let slot = slots[index].as_mut().expect("chains hold ring slots");
+            let mut entry = slot.entry(index);
+            if link {
+                entry = entry.flags(squeue::Flags::IO_LINK);
+            }
+            // SAFETY: as in `run_rounds`: the entry points into `slot.buffer` (or its aligned
+            // copy) and names `slot.file`; `slots` is neither moved nor resized, and every
+            // entry of the round is waited for below before they are touched again.
+            unsafe { ring.submission().push(&entry) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        wait_round(ring, slots, &round)?;
+        cancel_after_failures(slots, chains);
+    }
+}
+
+fn ring_slot(slots: &[Option<Slot>], index: usize) -> &Slot {
+    slots[index].as_ref().expect("chains hold ring slots")
+}
+
+/// Submit what is queued and take in one completion per entry of `round`.
+fn wait_round(
+    ring: &mut IoUring,
+    slots: &mut [Option<Slot>],
+    round: &[(usize, bool)],
+) -> io::Result<()> {
+    let mut completed = 0;
+    while completed < round.len() {
+        match ring.submit_and_wait(round.len() - completed) {
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                drain_after_error(ring, round.len() - completed);
+                return Err(error);
+            }
+        }
+        for entry in ring.completion() {
+            let index = entry.user_data() as usize;
+            assert!(round.iter().any(|&(i, _)| i == index), "a completion of this round");
+            slots[index].as_mut().expect("completions name ring slots").complete(entry.result());
+            completed += 1;
+        }
+        assert!(completed <= round.len(), "one completion per entry");
+    }
+    Ok(())
+}
+
+/// In every chain, the operations after a failed one fail too, without running.
+fn cancel_after_failures(slots: &mut [Option<Slot>], chains: &[std::ops::Range<usize>]) {
+    for chain in chains {
+        let failed = chain
+            .clone()
+            .find(|&i| ring_slot(slots, i).result.as_ref().is_some_and(Result::is_err));
+        if let Some(failed) = failed {
+            for index in failed + 1..chain.end {
+                let slot = slots[index].as_mut().expect("chains hold ring slots");
+                if slot.result.is_none() {
+                    slot.result = Some(Err(super::canceled()));
+                }
+            }
+        }
     }
 }
 
@@ -331,21 +434,12 @@ impl Io for UringIo {
         let mut completions: Vec<Option<Completion>> = Vec::with_capacity(operations.len());
         let mut slots: Vec<Option<Slot>> = Vec::with_capacity(operations.len());
         for operation in operations {
-            let (kind, file, position, buffer) = match operation {
-                Operation::Read { file, position, buffer } => (Kind::Read, file, position, buffer),
-                Operation::Write { file, position, buffer } => {
-                    (Kind::Write, file, position, buffer)
-                }
-                Operation::Fsync { file } => (Kind::Sync { data_only: false }, file, 0, Vec::new()),
-                Operation::Fdatasync { file } => {
-                    (Kind::Sync { data_only: true }, file, 0, Vec::new())
-                }
-                other @ (Operation::Truncate { .. } | Operation::Allocate { .. }) => {
-                    completions.push(Some(self.files.execute(other)));
-                    slots.push(None);
-                    continue;
-                }
-            };
+            if matches!(operation, Operation::Truncate { .. } | Operation::Allocate { .. }) {
+                completions.push(Some(self.files.execute(operation)));
+                slots.push(None);
+                continue;
+            }
+            let (kind, file, position, buffer) = ring_parts(operation);
             match self.slot(kind, file, position, buffer) {
                 Ok(slot) => {
                     completions.push(None);
@@ -379,15 +473,92 @@ impl Io for UringIo {
             .zip(slots)
             .map(|(completion, slot)| match (completion, slot) {
                 (Some(completion), _) => completion,
-                (None, Some(slot)) => {
-                    let mut buffer = slot.buffer;
-                    let result = slot.result.expect("every ring operation has an outcome");
-                    if matches!(slot.kind, Kind::Read) {
-                        buffer.truncate(slot.done);
-                    }
-                    Completion { buffer, result }
-                }
+                (None, Some(slot)) => slot.into_completion(),
                 (None, None) => unreachable!("every operation is a completion or a slot"),
+            })
+            .collect();
+        assert_eq!(completions.len(), count, "a completion per operation, in order");
+        completions
+    }
+
+    fn submit_linked(&self, operations: Vec<Linked>) -> Vec<Completion> {
+        if operations.len() <= 1 {
+            return super::submit_linked_in_order(self, operations);
+        }
+        let count = operations.len();
+        let chains = super::chains(&operations);
+        let mut completions: Vec<Option<Completion>> = (0..count).map(|_| None).collect();
+        let mut slots: Vec<Option<Slot>> = (0..count).map(|_| None).collect();
+        let mut ring_chains = Vec::new();
+        let mut operations: Vec<Option<Operation>> =
+            operations.into_iter().map(|linked| Some(linked.operation)).collect();
+        for chain in chains {
+            let on_ring = chain.clone().all(|i| {
+                !matches!(
+                    operations[i],
+                    Some(Operation::Truncate { .. } | Operation::Allocate { .. })
+                )
+            });
+            if !on_ring {
+                // Truncate and allocate are plain system calls: such a chain runs in order here.
+                let linked = chain
+                    .clone()
+                    .map(|i| Linked {
+                        operation: operations[i].take().expect("each operation once"),
+                        link_next: i + 1 < chain.end,
+                    })
+                    .collect();
+                let done = super::submit_linked_in_order(&self.files, linked);
+                for (i, completion) in chain.clone().zip(done) {
+                    completions[i] = Some(completion);
+                }
+                continue;
+            }
+            let mut failed = false;
+            for i in chain.clone() {
+                let operation = operations[i].take().expect("each operation once");
+                if failed {
+                    let buffer = super::operation_buffer(operation);
+                    completions[i] = Some(Completion { buffer, result: Err(super::canceled()) });
+                    continue;
+                }
+                let (kind, file, position, buffer) = ring_parts(operation);
+                match self.slot(kind, file, position, buffer) {
+                    Ok(slot) => slots[i] = Some(slot),
+                    Err((buffer, error)) => {
+                        completions[i] = Some(Completion { buffer, result: Err(error) });
+                        failed = true;
+                    }
+                }
+            }
+            // The ring runs the part of the chain before a slot that could not be set up.
+            let ring_end = chain.clone().find(|&i| slots[i].is_none()).unwrap_or(chain.end);
+            if ring_end > chain.start {
+                ring_chains.push(chain.start..ring_end);
+            }
+        }
+        if !ring_chains.is_empty() {
+            let outcome = self.take_ring().and_then(|mut ring| {
+                let outcome = run_chains(&mut ring, &mut slots, &ring_chains);
+                self.put_ring(ring);
+                outcome
+            });
+            if let Err(error) = outcome {
+                for slot in slots.iter_mut().flatten() {
+                    if slot.result.is_none() {
+                        let message = format!("io_uring: {error}");
+                        slot.result = Some(Err(io::Error::new(error.kind(), message)));
+                    }
+                }
+            }
+        }
+        let completions: Vec<Completion> = completions
+            .into_iter()
+            .zip(slots)
+            .map(|(completion, slot)| match (completion, slot) {
+                (Some(completion), None) => completion,
+                (None, Some(slot)) => slot.into_completion(),
+                _ => unreachable!("every operation is a completion or a slot, not both"),
             })
             .collect();
         assert_eq!(completions.len(), count, "a completion per operation, in order");
