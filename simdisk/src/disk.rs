@@ -1165,6 +1165,49 @@ mod tests {
         file
     }
 
+    fn linked(operation: Operation, link_next: bool) -> Linked {
+        Linked { operation, link_next }
+    }
+
+    /// Two chains write the same byte: a chain keeps its own order, the chains interleave in
+    /// an order the seed picks (both orders happen over a few seeds), and a failure cancels
+    /// only the rest of its chain.
+    #[test]
+    fn chains_keep_their_order_and_interleave_by_seed() {
+        let mut last_writers = BTreeSet::new();
+        for seed in 0..40 {
+            let disk = disk(seed);
+            let file = create(&disk, "/f", b"-");
+            let write = |byte: u8| Operation::Write { file, position: 0, buffer: vec![byte] };
+            let completions = disk.submit_linked(vec![
+                linked(write(b'a'), true),
+                linked(write(b'b'), true),
+                linked(Operation::Fdatasync { file }, false),
+                linked(write(b'c'), true),
+                linked(write(b'd'), false),
+            ]);
+            assert!(completions.iter().all(|c| c.result.is_ok()));
+            let byte = read_exact(&disk, file, 0, 1).unwrap()[0];
+            assert!(byte == b'b' || byte == b'd', "seed {seed}: a chain ran out of order");
+            last_writers.insert(byte);
+        }
+        assert_eq!(last_writers.len(), 2, "over 40 seeds, both chains finished last sometimes");
+
+        let disk = disk(7);
+        let file = create(&disk, "/g", b"");
+        disk.fail_next_syncs(1);
+        let completions = disk.submit_linked(vec![
+            linked(Operation::Fdatasync { file }, true),
+            linked(Operation::Write { file, position: 0, buffer: b"never".to_vec() }, false),
+            linked(Operation::Write { file, position: 10, buffer: b"kept".to_vec() }, false),
+        ]);
+        assert!(completions[0].result.is_err());
+        let cancelled = completions[1].result.as_ref().unwrap_err();
+        assert!(io_trait::is_canceled(cancelled), "{cancelled}");
+        assert_eq!(completions[1].buffer, b"never");
+        assert_eq!(*completions[2].result.as_ref().unwrap(), 4);
+    }
+
     #[test]
     fn synced_data_and_entries_survive_every_crash() {
         for seed in 0..50 {
