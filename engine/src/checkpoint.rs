@@ -127,10 +127,28 @@ impl<I: Io> CheckpointWriter<I> {
         synced_position: u64,
         synced_offset: Offset,
     ) -> Result<(), IoError> {
+        let Some((write, checkpoint)) = self.plan(segment_base, synced_position, synced_offset)
+        else {
+            return Ok(());
+        };
+        self.file.run(write)?;
+        self.written(checkpoint);
+        Ok(())
+    }
+
+    /// The write that records a checkpoint (see [`CheckpointWriter::record`]), for a caller
+    /// that runs it in a batch of its own and then reports it with
+    /// [`CheckpointWriter::written`]; `None` for a claim weaker than the last one.
+    pub fn plan(
+        &self,
+        segment_base: Offset,
+        synced_position: u64,
+        synced_offset: Offset,
+    ) -> Option<(Operation, Checkpoint)> {
         let last = self.last;
         let newer = (segment_base, synced_position) > (last.segment_base, last.synced_position);
         if !newer {
-            return Ok(());
+            return None;
         }
         let checkpoint = Checkpoint {
             sequence: last.sequence + 1,
@@ -140,9 +158,13 @@ impl<I: Io> CheckpointWriter<I> {
         };
         let position = (checkpoint.sequence % 2) * SLOT_STRIDE;
         let file = self.file.handle;
-        self.file.run(Operation::Write { file, position, buffer: checkpoint.encode() })?;
+        Some((Operation::Write { file, position, buffer: checkpoint.encode() }, checkpoint))
+    }
+
+    /// The write [`CheckpointWriter::plan`] gave succeeded.
+    pub fn written(&mut self, checkpoint: Checkpoint) {
+        assert_eq!(checkpoint.sequence, self.last.sequence + 1, "checkpoints are written in turn");
         self.last = checkpoint;
-        Ok(())
     }
 
     /// Make the last recorded checkpoint durable.

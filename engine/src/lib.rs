@@ -44,6 +44,10 @@ pub mod log_start;
 mod loom_models;
 pub mod metrics;
 pub mod partition;
+/// Runs partition logs' operations through one `Io`, a turn at a time (being built: not yet
+/// what [`Engine`] runs).
+#[doc(hidden)]
+pub mod reactor;
 pub mod recovery;
 pub mod runtime;
 pub mod segment;

@@ -85,7 +85,9 @@ fn many_chains_of_many_files_all_finish() {
                 assert!(data[part * 1000..(part + 1) * 1000].iter().all(|&b| b == expected));
             }
         }
-        files.into_iter().for_each(|f| io.close(f));
+        for file in files {
+            io.close(file);
+        }
     }
 }
 

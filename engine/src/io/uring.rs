@@ -385,8 +385,8 @@ fn cancel_after_failures(slots: &mut [Option<Slot>], chains: &[std::ops::Range<u
             .clone()
             .find(|&i| ring_slot(slots, i).result.as_ref().is_some_and(Result::is_err));
         if let Some(failed) = failed {
-            for index in failed + 1..chain.end {
-                let slot = slots[index].as_mut().expect("chains hold ring slots");
+            for slot in &mut slots[failed + 1..chain.end] {
+                let slot = slot.as_mut().expect("chains hold ring slots");
                 if slot.result.is_none() {
                     slot.result = Some(Err(super::canceled()));
                 }
