@@ -92,11 +92,20 @@ pub enum Canary {
     /// the transaction with the outputs and the input position (state applied, durably,
     /// before its commit).
     StateAppliedBeforeCommit = 34,
+    /// The second design's partition log (`log.rs`): a `sync` append is acknowledged when its
+    /// write completes, before any fdatasync covers it.
+    LogAckOnWrite = 35,
+    /// The second design's reactor submits a log's writes and their fdatasync unlinked, so
+    /// the fdatasync may run before the writes it is taken to cover.
+    ReactorUnlinkedSync = 36,
+    /// The second design's partition log publishes the watermark when a write completes, in
+    /// `sync` and `interval` modes too (readers see what a crash can take).
+    LogWatermarkBeforeSync = 37,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 34] = [
+    pub const ALL: [Canary; 37] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -131,6 +140,9 @@ impl Canary {
         Canary::RestoreSkipsTombstone,
         Canary::SnapshotAheadOfChangelog,
         Canary::StateAppliedBeforeCommit,
+        Canary::LogAckOnWrite,
+        Canary::ReactorUnlinkedSync,
+        Canary::LogWatermarkBeforeSync,
     ];
 }
 

@@ -18,6 +18,7 @@
 //! its operation until the completion hands it back.
 
 use crate::Offset;
+use crate::canary::{self, Canary};
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::error::IoError;
 use crate::io::{self, Io, Linked, OpenMode, Operation};
@@ -35,14 +36,6 @@ pub const PARTITIONS_MAX: usize = 1 << 16;
 /// Names a partition of one reactor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PartitionId(pub usize);
-
-/// A deliberate bug, for the tests that prove their checks can fail. Never set outside them.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReactorBug {
-    /// Writes and their fdatasync are submitted unlinked: the fdatasync may run first.
-    UnlinkedSync,
-}
 
 /// One partition as the reactor drives it.
 #[derive(Debug)]
@@ -71,13 +64,11 @@ pub struct Reactor<I: Io> {
     partitions: Vec<Driven<I>>,
     /// Scratch space for one log's operations, kept between turns.
     ops: Vec<LogOp>,
-    #[doc(hidden)]
-    pub bug: Option<ReactorBug>,
 }
 
 impl<I: Io> Reactor<I> {
     pub fn new(io: Arc<I>) -> Self {
-        Reactor { io, partitions: Vec::new(), ops: Vec::new(), bug: None }
+        Reactor { io, partitions: Vec::new(), ops: Vec::new() }
     }
 
     /// Drive `log`, whose active segment is `active`, in the partition `directory`.
@@ -154,7 +145,7 @@ impl<I: Io> Reactor<I> {
         batch: &mut Vec<Linked>,
         owners: &mut Vec<Owner>,
     ) {
-        let unlinked = self.bug == Some(ReactorBug::UnlinkedSync);
+        let unlinked = canary::active(Canary::ReactorUnlinkedSync);
         loop {
             let mut ops = std::mem::take(&mut self.ops);
             let driven = &mut self.partitions[index];

@@ -60,6 +60,9 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::RestoreSkipsTombstone => "restore-skips-tombstone",
         Canary::SnapshotAheadOfChangelog => "snapshot-ahead-of-changelog",
         Canary::StateAppliedBeforeCommit => "state-applied-before-commit",
+        Canary::LogAckOnWrite => "log-ack-on-write",
+        Canary::ReactorUnlinkedSync => "reactor-unlinked-sync",
+        Canary::LogWatermarkBeforeSync => "log-watermark-before-sync",
     }
 }
 
@@ -89,9 +92,12 @@ impl Drop for Armed {
 pub fn hunt(canary: Canary, max_seeds: u64, options: &RunOptions) -> Caught {
     let _armed = arm(Some(canary));
     let processor = PROCESSOR_CANARIES.contains(&canary);
+    let reactor = REACTOR_CANARIES.contains(&canary);
     for seed in 0..max_seeds {
         let violation = if processor {
             crate::processors::run_seed(seed).err()
+        } else if reactor {
+            crate::reactor::run_seed(seed).err()
         } else {
             run(seed, options).violation
         };
@@ -116,6 +122,11 @@ pub const PROCESSOR_CANARIES: [Canary; 4] = [
     Canary::SnapshotAheadOfChangelog,
     Canary::StateAppliedBeforeCommit,
 ];
+
+/// Canaries of the second design's write path (partition log and reactor), hunted with
+/// [`crate::reactor`] workloads: the engine does not run that path yet.
+pub const REACTOR_CANARIES: [Canary; 3] =
+    [Canary::LogAckOnWrite, Canary::ReactorUnlinkedSync, Canary::LogWatermarkBeforeSync];
 
 /// The canaries the swarm hunts: the catalogue but the targeted ones.
 pub fn hunted() -> impl Iterator<Item = Canary> {

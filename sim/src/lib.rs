@@ -28,6 +28,7 @@ pub mod fuzz;
 pub mod model;
 pub mod oracle;
 pub mod processors;
+pub mod reactor;
 pub mod run;
 pub mod shrink;
 pub mod trace;

@@ -7,6 +7,7 @@
 //! chronik-sim swarm --duration 60 [--jobs 2]
 //! chronik-sim check-determinism --seed 0 [--count 100]
 //! chronik-sim canaries [--max-seeds 2000]
+//! chronik-sim reactor --seeds 2000 [--start 0]
 //! ```
 //!
 //! `run` and `shrink` also take `--canary NAME` to switch on one mutation canary (a deliberate
@@ -95,6 +96,15 @@ enum Command {
     /// against a fault-free run: restored stores and outputs must be equal.
     Processors {
         #[arg(long, default_value_t = 1000)]
+        seeds: u64,
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+    },
+    /// The second design's write path (partition logs driven by the reactor) under seeded
+    /// chain orders, I/O errors, power cuts and crashes (`chronik_sim::reactor`); each seed
+    /// is run twice and must give the same run.
+    Reactor {
+        #[arg(long, default_value_t = 2000)]
         seeds: u64,
         #[arg(long, default_value_t = 0)]
         start: u64,
@@ -213,6 +223,7 @@ fn execute(cli: &Cli) -> anyhow::Result<bool> {
         Command::CheckDeterminism { seed, count, ops } => check_determinism(seed, count, ops),
         Command::Canaries { max_seeds, ops, ref only } => Ok(run_canaries(max_seeds, ops, only)),
         Command::Processors { seeds, start } => Ok(run_processors(start, seeds)),
+        Command::Reactor { seeds, start } => Ok(run_reactor(start, seeds)),
         Command::FuzzSeeds { ref dir } => {
             for (target, name, bytes) in chronik_sim::fuzz::seeds() {
                 let target_dir = dir.join(target);
@@ -437,6 +448,38 @@ fn run_processors(start: u64, seeds: u64) -> bool {
          seeds/s={:.1} failures=0",
         seeds - counting,
         seeds as f64 / elapsed.max(1e-9)
+    );
+    true
+}
+
+fn run_reactor(start: u64, seeds: u64) -> bool {
+    let started = Instant::now();
+    let (mut acknowledged, mut faulted, mut operations, mut hash) = (0, 0, 0, 0u64);
+    for seed in start..start.saturating_add(seeds) {
+        let replay = format!("chronik-sim reactor --start {seed} --seeds 1");
+        let report = match chronik_sim::reactor::run_seed(seed) {
+            Ok(report) => report,
+            Err(violation) => {
+                eprintln!("VIOLATION in seed {seed}: {violation}");
+                eprintln!("replay: {replay}");
+                return false;
+            }
+        };
+        if chronik_sim::reactor::run_seed(seed).ok().as_ref() != Some(&report) {
+            eprintln!("seed {seed} is not deterministic: a second run differs");
+            eprintln!("replay: {replay}");
+            return false;
+        }
+        acknowledged += report.acknowledged;
+        operations += report.operations;
+        faulted += u64::from(report.faults_met);
+        hash = hash.rotate_left(5) ^ report.trace_hash;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "reactor: seeds={seeds} acknowledged={acknowledged} operations={operations} \
+         faulted={faulted} seeds/s={:.1} trace_hash={hash:016x} failures=0",
+        2.0 * seeds as f64 / elapsed.max(1e-9)
     );
     true
 }

@@ -35,6 +35,7 @@
 #[cfg(test)]
 mod tests;
 
+use crate::canary::{self, Canary};
 use crate::format::{self, BatchInfo};
 use crate::index::SegmentIndex;
 use crate::io::DIRECT_ALIGNMENT;
@@ -725,6 +726,9 @@ impl PartitionLog {
         if self.poisoned.is_none() && self.config.durability == Durability::Os {
             self.publish(self.visible_end(self.written.offset));
         }
+        if self.poisoned.is_none() && canary::active(Canary::LogWatermarkBeforeSync) {
+            self.watermark = self.watermark.max(self.visible_end(self.written.offset));
+        }
     }
 
     fn complete_sync(&mut self, covers: End, result: io::Result<()>, now_ms: i64) {
@@ -820,9 +824,11 @@ impl PartitionLog {
             let waiter = self.waiters[index];
             let (base_offset, next_offset) = (waiter.base_offset, waiter.end);
             let acked = match waiter.kind {
-                WaitKind::Append if self.config.durability == Durability::Sync => (waiter.end
-                    <= self.synced)
-                    .then_some(Acked::Appended { base_offset, next_offset }),
+                WaitKind::Append if self.config.durability == Durability::Sync => {
+                    let bound =
+                        if canary::active(Canary::LogAckOnWrite) { written } else { self.synced };
+                    (waiter.end <= bound).then_some(Acked::Appended { base_offset, next_offset })
+                }
                 WaitKind::Append => {
                     (waiter.end <= written).then_some(Acked::Appended { base_offset, next_offset })
                 }
