@@ -416,6 +416,20 @@ fn chronik_scenarios(
             std::fs::remove_dir_all(&dir)?;
         }
     }
+    // The second design's write path, on its own (the engine does not run on it yet):
+    // sixteen appends of one record in flight on one partition (the sixteen writers above),
+    // one producer keeping sixteen batches of 100 in flight, and sixteen partitions.
+    let shapes: &[(u32, usize, usize)] =
+        if cli.runs(Group::Sync) { &[(1, 1, 16), (1, 100, 16), (16, 1, 4)] } else { &[] };
+    for &(partitions, batch, depth) in shapes {
+        for &backend in &backends {
+            let dir = fresh(base, &format!("{}-reactor-{partitions}-{batch}", backend.name()))?;
+            let io = ChronikIo::from(backend);
+            let seconds = sizes.sync_seconds;
+            out.push(report(reactor::append_sync(&dir, io, partitions, batch, depth, seconds)?));
+            std::fs::remove_dir_all(&dir)?;
+        }
+    }
     Ok(())
 }
 
@@ -665,6 +679,7 @@ fn human(value: f64) -> String {
 }
 
 mod peers;
+mod reactor;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -805,6 +820,40 @@ fn processor_ratios(measures: &[Measure], uring: &str) -> Vec<Ratio> {
     ]
 }
 
+/// The second design's write path beside the disk's fdatasync rate and the engine.
+fn reactor_ratios(
+    measures: &[Measure],
+    uring: &str,
+    sync16: Option<f64>,
+    fio_sync: Option<f64>,
+) -> Vec<Ratio> {
+    let rate = |partitions, batch, depth| {
+        find(measures, &reactor::scenario(partitions, batch, depth), uring)
+            .and_then(|m| m.records_per_second)
+    };
+    let (reactor16, reactor_pipelined) = (rate(1, 1, 16), rate(1, 100, 16));
+    vec![
+        Ratio {
+            what: "reactor, 16 appends in flight, sync, over fio fdatasync rate".into(),
+            value: divide(reactor16, fio_sync),
+            target: Some(10.0),
+            unit: "x",
+        },
+        Ratio {
+            what: "reactor over the engine: 16 appends in flight vs 16 writers, sync".into(),
+            value: divide(reactor16, sync16),
+            target: None,
+            unit: "x",
+        },
+        Ratio {
+            what: "reactor, one producer pipelined, sync, M rec/s".into(),
+            value: reactor_pipelined.map(|r| r / 1e6),
+            target: Some(1.0),
+            unit: "M",
+        },
+    ]
+}
+
 fn ratios(measures: &[Measure]) -> Vec<Ratio> {
     let uring = system_name(Backend::IoUring);
     let pread = system_name(Backend::Pread);
@@ -866,6 +915,7 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         unit: "x",
     });
     out.extend(processor_ratios(measures, &uring));
+    out.extend(reactor_ratios(measures, &uring, sync16, fio_sync));
     for scenario in ["append 1 KiB, batch 64, os", "append 100 B, sync, 16 writers"] {
         let value =
             |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
