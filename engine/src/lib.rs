@@ -57,6 +57,10 @@ mod tail;
 pub mod topic;
 pub mod verify;
 mod watermark;
+/// Requests for partition logs from any thread, answered as their reactor turns (being
+/// built: not yet what [`Engine`] runs).
+#[doc(hidden)]
+pub mod write_path;
 
 mod engine;
 

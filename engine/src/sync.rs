@@ -4,10 +4,10 @@
 //! over every interleaving loom explores. Loom has no time: under it a timed wait is a wait.
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Condvar, Mutex, RwLock};
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 #[cfg(loom)]
-pub(crate) use model::{Condvar, Mutex, RwLock};
+pub(crate) use model::{Condvar, Mutex, MutexGuard, RwLock};
 
 #[cfg(loom)]
 mod model {

@@ -1,0 +1,297 @@
+//! The second design's front door: callers on any thread queue requests for partition logs
+//! and get a [`Pending`] answer back at once; whoever waits drives the [`Reactor`].
+//!
+//! A request goes into a bounded inbox under a short lock and never waits for I/O. Turning the
+//! reactor is a role, not a thread: a caller that waits for an answer and finds nobody driving
+//! takes the role, moves every queued request into the logs, runs one reactor turn (one
+//! submission for every partition) and hands out the answers; it keeps the role until its own
+//! answer is in, then lets go and wakes the others, one of whom takes over if work is left.
+//! So one writer pays no hand-off, and sixteen writers share each turn's fdatasyncs (group
+//! commit falls out of draining the inbox). A thread of the runtime can hold the role instead
+//! ([`WritePath::drive_until_idle`]), which is what lets [`Pending`] be awaited as a
+//! `Future` without anyone blocking.
+//!
+//! *Invariants:* at most one driver at a time, and only the driver locks the reactor; every
+//! request is applied in inbox order (so a partition's offsets follow submission order); a
+//! waiter sleeps only under the inbox lock a driver takes to hand out answers and to let go,
+//! so no answer or hand-off is missed; a turn that moved nothing makes its driver sleep until a
+//! new request arrives instead of spinning.
+
+use crate::Clock;
+use crate::io::Io;
+use crate::log::{Acked, Batch, Refusal, Ticket};
+use crate::reactor::{PartitionId, Reactor};
+use crate::sync::{Condvar, Mutex, MutexGuard};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+/// Most requests queued in the inbox; a caller that finds it full waits (or drives).
+pub const REQUESTS_MAX: usize = 1 << 16;
+
+/// What a caller asks of one partition's log, answered through a [`Pending`].
+#[derive(Debug)]
+pub enum Request {
+    Append(Batch),
+    BeginTransaction(Batch),
+    SyncTransaction,
+    Flush,
+}
+
+/// A request as the inbox holds it: the end of a transaction has no answer.
+#[derive(Debug)]
+enum Queued {
+    Answered(u64, Request),
+    EndTransaction { committed: bool },
+}
+
+/// The outcome of one request.
+pub type Answer = Result<Acked, Refusal>;
+
+#[derive(Debug, Default)]
+struct Inbox {
+    requests: Vec<(PartitionId, Queued)>,
+    answers: HashMap<u64, Answer>,
+    wakers: HashMap<u64, Waker>,
+    /// Tickets whose `Pending` was dropped: their answers are thrown away.
+    forgotten: HashSet<u64>,
+    next_ticket: u64,
+    driving: bool,
+}
+
+/// Queues requests for a reactor's partitions and drives it. See the module documentation.
+pub struct WritePath<I: Io> {
+    inbox: Mutex<Inbox>,
+    /// Notified whenever answers arrive, a driver lets go, or a request is queued.
+    wake: Condvar,
+    reactor: Mutex<Reactor<I>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<I: Io> std::fmt::Debug for WritePath<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WritePath").finish_non_exhaustive()
+    }
+}
+
+impl<I: Io> WritePath<I> {
+    pub fn new(reactor: Reactor<I>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(WritePath {
+            inbox: Mutex::new(Inbox::default()),
+            wake: Condvar::new(),
+            reactor: Mutex::new(reactor),
+            clock,
+        })
+    }
+
+    /// Queue `request` for `partition`; the answer comes through the returned [`Pending`].
+    pub fn submit(self: &Arc<Self>, partition: PartitionId, request: Request) -> Pending<I> {
+        let mut inbox = self.room_for_one();
+        inbox.next_ticket += 1;
+        let ticket = inbox.next_ticket;
+        inbox.requests.push((partition, Queued::Answered(ticket, request)));
+        drop(inbox);
+        self.wake.notify_all();
+        Pending { path: Arc::clone(self), ticket: Some(ticket) }
+    }
+
+    /// Queue the end of `partition`'s transaction: its fence goes when the driver reaches it,
+    /// after every request queued before it. Nothing to wait for.
+    pub fn end_transaction(&self, partition: PartitionId, committed: bool) {
+        let mut inbox = self.room_for_one();
+        inbox.requests.push((partition, Queued::EndTransaction { committed }));
+        drop(inbox);
+        self.wake.notify_all();
+    }
+
+    /// The inbox lock, with room for one more request (waiting, or driving, until there is).
+    fn room_for_one(&self) -> MutexGuard<'_, Inbox> {
+        let mut inbox = self.inbox.lock();
+        while inbox.requests.len() >= REQUESTS_MAX {
+            if inbox.driving {
+                self.wake.wait(&mut inbox);
+            } else {
+                inbox = self.drive_one(inbox).0;
+            }
+        }
+        inbox
+    }
+
+    /// Run `f` on the reactor with nobody driving (to add partitions, or to look).
+    pub fn with_reactor<T>(&self, f: impl FnOnce(&mut Reactor<I>) -> T) -> T {
+        let mut inbox = self.inbox.lock();
+        while inbox.driving {
+            self.wake.wait(&mut inbox);
+        }
+        inbox.driving = true;
+        drop(inbox);
+        let result = f(&mut self.reactor.lock());
+        self.inbox.lock().driving = false;
+        self.wake.notify_all();
+        result
+    }
+
+    /// Wait for `ticket`'s answer, driving the reactor whenever nobody else does.
+    fn wait(&self, ticket: u64) -> Answer {
+        let mut inbox = self.inbox.lock();
+        loop {
+            if let Some(answer) = inbox.answers.remove(&ticket) {
+                return answer;
+            }
+            if inbox.driving {
+                self.wake.wait(&mut inbox);
+                continue;
+            }
+            let progressed;
+            (inbox, progressed) = self.drive_one(inbox);
+            let answered = inbox.answers.contains_key(&ticket);
+            if !progressed && !answered && inbox.requests.is_empty() && !inbox.driving {
+                // The turn moved nothing (a fence holds the partition, say): sleep until a
+                // request or another driver changes that, rather than spin.
+                self.wake.wait(&mut inbox);
+            }
+        }
+    }
+
+    /// As the driver: apply the queued requests, run one turn, hand out the answers. Takes
+    /// and gives back the inbox lock; holds no lock but the reactor's during the I/O. Returns
+    /// whether anything moved (an operation ran or an answer came).
+    fn drive_one<'a>(&'a self, mut inbox: MutexGuard<'a, Inbox>) -> (MutexGuard<'a, Inbox>, bool) {
+        assert!(!inbox.driving, "one driver at a time");
+        inbox.driving = true;
+        let requests = std::mem::take(&mut inbox.requests);
+        drop(inbox);
+        self.wake.notify_all(); // submitters waiting for room in the inbox
+        let mut answers = Vec::new();
+        let operations = {
+            let mut reactor = self.reactor.lock();
+            for (partition, queued) in requests {
+                if let Err((ticket, refusal)) = apply(&mut reactor, partition, queued) {
+                    answers.push((ticket, Err(refusal)));
+                }
+            }
+            let mut acks = Vec::new();
+            let operations = reactor.turn(self.clock.now_ms(), &mut acks);
+            answers.extend(acks.into_iter().map(|(_, ack)| (ack.ticket.0, ack.result)));
+            operations
+        };
+        let progressed = operations > 0 || !answers.is_empty();
+        let mut inbox = self.inbox.lock();
+        inbox.driving = false;
+        for (ticket, answer) in answers {
+            if inbox.forgotten.remove(&ticket) {
+                continue;
+            }
+            if let Some(waker) = inbox.wakers.remove(&ticket) {
+                waker.wake();
+            }
+            let previous = inbox.answers.insert(ticket, answer);
+            assert!(previous.is_none(), "a ticket is answered once");
+        }
+        self.wake.notify_all();
+        (inbox, progressed)
+    }
+
+    /// For a driver thread: take the role whenever there is work, drive while turns move
+    /// something, sleep otherwise; return once `stop()` holds (call [`WritePath::notify`]
+    /// after setting what it reads).
+    pub fn drive_until_idle(&self, stop: &dyn Fn() -> bool) {
+        let mut inbox = self.inbox.lock();
+        let mut busy = false;
+        while !stop() {
+            if inbox.driving || (inbox.requests.is_empty() && !busy) {
+                self.wake.wait(&mut inbox);
+                continue;
+            }
+            (inbox, busy) = self.drive_one(inbox);
+        }
+    }
+
+    /// Wake every sleeper (a driver thread told to stop, say).
+    pub fn notify(&self) {
+        let _inbox = self.inbox.lock();
+        self.wake.notify_all();
+    }
+}
+
+/// Hand one queued request to its log; a refusal is answered at once.
+fn apply<I: Io>(
+    reactor: &mut Reactor<I>,
+    partition: PartitionId,
+    queued: Queued,
+) -> Result<(), (u64, Refusal)> {
+    let log = reactor.log_mut(partition);
+    let (ticket, request) = match queued {
+        Queued::EndTransaction { committed } => {
+            log.end_transaction(committed);
+            return Ok(());
+        }
+        Queued::Answered(ticket, request) => (ticket, request),
+    };
+    let result = match request {
+        Request::Append(batch) => log.append(Ticket(ticket), batch),
+        Request::BeginTransaction(batch) => log.begin_transaction(Ticket(ticket), batch),
+        Request::SyncTransaction => log.sync_transaction(Ticket(ticket)),
+        Request::Flush => log.flush(Ticket(ticket)),
+    };
+    result.map_err(|refusal| (ticket, refusal))
+}
+
+/// The answer to a request, to wait for, poll, or await. Dropped unanswered, its answer is
+/// thrown away when it comes.
+#[derive(Debug)]
+pub struct Pending<I: Io> {
+    path: Arc<WritePath<I>>,
+    ticket: Option<u64>,
+}
+
+impl<I: Io> Pending<I> {
+    /// Block until answered, driving the reactor when nobody else does.
+    pub fn wait(mut self) -> Answer {
+        let ticket = self.ticket.take().expect("a pending answer is taken once");
+        self.path.wait(ticket)
+    }
+
+    /// The answer, if it is in (never drives).
+    pub fn try_take(&mut self) -> Option<Answer> {
+        let ticket = self.ticket?;
+        let answer = self.path.inbox.lock().answers.remove(&ticket)?;
+        self.ticket = None;
+        Some(answer)
+    }
+}
+
+impl<I: Io> Drop for Pending<I> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let mut inbox = self.path.inbox.lock();
+            inbox.wakers.remove(&ticket);
+            if inbox.answers.remove(&ticket).is_none() {
+                inbox.forgotten.insert(ticket);
+            }
+        }
+    }
+}
+
+/// Awaiting never drives: it needs a driver thread ([`WritePath::drive_until_idle`]), or
+/// another caller waiting.
+impl<I: Io> Future for Pending<I> {
+    type Output = Answer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        let Some(ticket) = self.ticket else {
+            panic!("a pending answer polled after it was taken");
+        };
+        let mut inbox = self.path.inbox.lock();
+        if let Some(answer) = inbox.answers.remove(&ticket) {
+            inbox.wakers.remove(&ticket);
+            drop(inbox);
+            self.ticket = None;
+            return Poll::Ready(answer);
+        }
+        inbox.wakers.insert(ticket, cx.waker().clone());
+        Poll::Pending
+    }
+}
