@@ -7,38 +7,102 @@
 //! partition's writes linked before its fdatasync), and hands every completion back to its log.
 //! Sealing a segment and creating the next one are rare and involve namespace calls (index
 //! files through renames, the new file, the directory fsync): the reactor runs them inline,
-//! at once, and completes them before it asks that log again.
+//! at once, and completes them before it asks that log again. What changed in a log (batches
+//! placed and written, the watermark, a roll, a poison) goes to the partition's [`Host`], which
+//! shows it to readers.
 //!
-//! The reactor holds no lock and reads no clock: `now_ms` is passed in, and a caller (a
-//! thread of the runtime, or the simulator) decides when to turn it. It is being built: the
-//! engine's partitions do not run on it yet.
+//! The reactor holds no lock and reads no clock: `now_ms` is passed in, and a caller (the
+//! write path's driver, or the simulator) decides when to turn it.
 //!
 //! *Invariants:* every operation a log emitted is completed exactly once, in the turn that
 //! submitted it; a log's linked chain is submitted whole and in order; a buffer stays owned by
-//! its operation until the completion hands it back.
+//! its operation until the completion hands it back; a host hears a log's events in the order
+//! the log decided them, and hears of a new segment's file before any event about it.
 
-use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::error::IoError;
+use crate::format::BatchInfo;
+use crate::index::SegmentIndex;
 use crate::io::{self, Io, Linked, OpenMode, Operation};
-use crate::log::{Ack, LogOp, OpId, OpKind, PartitionLog};
+use crate::log::{Ack, Event, LogOp, OpId, OpKind, PartitionLog};
+use crate::metrics::Metrics;
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX, write_file_durably,
 };
+use crate::{Clock, Offset};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Most partitions one reactor drives.
-pub const PARTITIONS_MAX: usize = 1 << 16;
+/// Most partitions one reactor drives at once.
+pub const PARTITIONS_MAX: usize = 1 << 20;
 
-/// Names a partition of one reactor.
+/// Names a partition of one reactor. A slot freed by [`Reactor::remove`] is used again with a
+/// new generation, so a name kept past its partition's removal never reaches another one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PartitionId(pub usize);
+pub struct PartitionId {
+    slot: u32,
+    generation: u32,
+}
+
+/// Whoever shows a partition to readers: it hears what changed in the log, in order.
+pub trait Host<I: Io>: Send + Sync {
+    /// A change decided by the log (see [`Event`]).
+    fn on_event(&self, event: &Event);
+    /// The file of the segment the log rolls to, created and its directory fsynced; the
+    /// [`Event::Rolled`] naming it follows.
+    fn created(&self, file: Arc<SegmentFile<I>>, now_ms: i64);
+    /// The encoded offset and time index files of segment `segment`, sealed at `length`
+    /// bytes ending before offset `next_offset`.
+    fn index_files(&self, segment: Offset, length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>);
+}
+
+/// A [`Host`] that keeps only the segments' indexes, for a reactor run without an engine
+/// around it (the simulator's workload, the benchmark, tests).
+#[derive(Debug)]
+pub struct IndexHost {
+    interval_bytes: u32,
+    indexes: crate::sync::Mutex<BTreeMap<Offset, SegmentIndex>>,
+}
+
+impl IndexHost {
+    /// For a log whose active segment starts at `base` and is empty.
+    pub fn new(base: Offset, interval_bytes: u32) -> Arc<IndexHost> {
+        let indexes = BTreeMap::from([(base, SegmentIndex::new(base, interval_bytes))]);
+        Arc::new(IndexHost { interval_bytes, indexes: crate::sync::Mutex::new(indexes) })
+    }
+}
+
+impl<I: Io> Host<I> for IndexHost {
+    fn on_event(&self, event: &Event) {
+        let mut indexes = self.indexes.lock();
+        match event {
+            Event::Placed { position, info } => {
+                let (_, index) = indexes.iter_mut().next_back().expect("an active index");
+                on_placed(index, *position, info);
+            }
+            Event::Rolled { segment } => {
+                indexes.insert(*segment, SegmentIndex::new(*segment, self.interval_bytes));
+            }
+            Event::Written { .. } | Event::Published(_) | Event::Poisoned(_) => {}
+        }
+    }
+
+    fn created(&self, _file: Arc<SegmentFile<I>>, _now_ms: i64) {}
+
+    fn index_files(&self, segment: Offset, length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>) {
+        self.indexes.lock()[&segment].encode(length, next_offset)
+    }
+}
+
+/// Account for a placed batch in its segment's index.
+pub fn on_placed(index: &mut SegmentIndex, position: u64, info: &BatchInfo) {
+    let position = u32::try_from(position).expect("segment positions fit in u32");
+    index.on_batch(position, info.base_offset, info.max_timestamp, info.length);
+}
 
 /// One partition as the reactor drives it.
-#[derive(Debug)]
 struct Driven<I: Io> {
     log: PartitionLog,
     directory: PathBuf,
@@ -46,29 +110,52 @@ struct Driven<I: Io> {
     /// Every segment file the log may name, by base offset.
     files: BTreeMap<Offset, Arc<SegmentFile<I>>>,
     checkpoint: CheckpointWriter<I>,
+    host: Arc<dyn Host<I>>,
+}
+
+struct Slot<I: Io> {
+    generation: u32,
+    driven: Option<Driven<I>>,
 }
 
 /// What a submitted operation belongs to.
 #[derive(Debug)]
 struct Owner {
-    partition: usize,
+    slot: usize,
     id: OpId,
     /// A checkpoint write: recorded in the writer once it succeeded.
     checkpoint: Option<Checkpoint>,
+    /// An fdatasync, of this file (for the retry canary).
+    fdatasync: Option<io::FileHandle>,
+    /// Bytes of a write, for the metrics.
+    bytes: usize,
 }
 
 /// Drives partition logs through one [`Io`]. See the module documentation.
-#[derive(Debug)]
 pub struct Reactor<I: Io> {
     io: Arc<I>,
-    partitions: Vec<Driven<I>>,
+    slots: Vec<Slot<I>>,
+    free: Vec<usize>,
     /// Scratch space for one log's operations, kept between turns.
     ops: Vec<LogOp>,
+    metrics: Option<(Arc<Metrics>, Arc<dyn Clock>)>,
+}
+
+impl<I: Io> std::fmt::Debug for Reactor<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count = self.slots.iter().filter(|s| s.driven.is_some()).count();
+        f.debug_struct("Reactor").field("partitions", &count).finish_non_exhaustive()
+    }
 }
 
 impl<I: Io> Reactor<I> {
     pub fn new(io: Arc<I>) -> Self {
-        Reactor { io, partitions: Vec::new(), ops: Vec::new() }
+        Reactor { io, slots: Vec::new(), free: Vec::new(), ops: Vec::new(), metrics: None }
+    }
+
+    /// Count writes, fdatasyncs and rolls in `metrics`, timing fdatasyncs on `clock`.
+    pub fn set_metrics(&mut self, metrics: Arc<Metrics>, clock: Arc<dyn Clock>) {
+        self.metrics = Some((metrics, clock));
     }
 
     /// Drive `log`, whose active segment is `active`, in the partition `directory`.
@@ -76,71 +163,142 @@ impl<I: Io> Reactor<I> {
         &mut self,
         directory: PathBuf,
         log: PartitionLog,
-        active: SegmentFile<I>,
+        active: Arc<SegmentFile<I>>,
         checkpoint: CheckpointWriter<I>,
+        host: Arc<dyn Host<I>>,
     ) -> PartitionId {
-        assert!(self.partitions.len() < PARTITIONS_MAX, "a reactor drives a bounded set");
         assert_eq!(
             active.path.file_name().and_then(|n| n.to_str()).and_then(segment::parse_log_file_name),
             Some(log.active_segment()),
             "the active file is the log's active segment"
         );
-        let mut files = BTreeMap::new();
         let direct = active.direct;
-        files.insert(log.active_segment(), Arc::new(active));
-        self.partitions.push(Driven { log, directory, direct, files, checkpoint });
-        PartitionId(self.partitions.len() - 1)
+        let files = BTreeMap::from([(log.active_segment(), active)]);
+        let driven = Driven { log, directory, direct, files, checkpoint, host };
+        let slot = self.free.pop().unwrap_or_else(|| {
+            assert!(self.slots.len() < PARTITIONS_MAX, "a reactor drives a bounded set");
+            self.slots.push(Slot { generation: 0, driven: None });
+            self.slots.len() - 1
+        });
+        let entry = &mut self.slots[slot];
+        assert!(entry.driven.is_none(), "a free slot is empty");
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.driven = Some(driven);
+        PartitionId { slot: u32::try_from(slot).expect("bounded"), generation: entry.generation }
     }
 
-    pub fn log(&self, partition: PartitionId) -> &PartitionLog {
-        &self.partitions[partition.0].log
+    /// Stop driving `partition`; its checkpoint writer is handed back (for a last sync).
+    /// Nothing of it may be in flight: the caller removes it between turns, with nothing
+    /// queued that it waits for.
+    pub fn remove(&mut self, partition: PartitionId) -> Option<CheckpointWriter<I>> {
+        let slot = self.slot_of(partition)?;
+        let driven = self.slots[slot].driven.take().expect("slot_of found it");
+        self.free.push(slot);
+        Some(driven.checkpoint)
+    }
+
+    fn slot_of(&self, partition: PartitionId) -> Option<usize> {
+        let slot = partition.slot as usize;
+        let entry = self.slots.get(slot)?;
+        (entry.generation == partition.generation && entry.driven.is_some()).then_some(slot)
+    }
+
+    /// The partition's log, if the reactor still drives it.
+    pub fn log(&self, partition: PartitionId) -> Option<&PartitionLog> {
+        let slot = self.slot_of(partition)?;
+        self.slots[slot].driven.as_ref().map(|d| &d.log)
     }
 
     /// The log, to queue appends, flushes and transactions on.
-    pub fn log_mut(&mut self, partition: PartitionId) -> &mut PartitionLog {
-        &mut self.partitions[partition.0].log
+    pub fn log_mut(&mut self, partition: PartitionId) -> Option<&mut PartitionLog> {
+        let slot = self.slot_of(partition)?;
+        self.slots[slot].driven.as_mut().map(|d| &mut d.log)
     }
 
-    pub fn partition_count(&self) -> usize {
-        self.partitions.len()
+    /// Every partition driven now.
+    pub fn partitions(&self) -> Vec<PartitionId> {
+        let generation = |slot: &Slot<I>| slot.generation;
+        (0..self.slots.len())
+            .filter(|&slot| self.slots[slot].driven.is_some())
+            .map(|slot| PartitionId {
+                slot: u32::try_from(slot).expect("bounded"),
+                generation: generation(&self.slots[slot]),
+            })
+            .collect()
     }
 
     /// One turn: every partition's ready operations in one submission, their completions
-    /// handed back, and the acknowledgements decided appended to `acks`. Returns how many
-    /// operations went to the [`Io`] (zero: nothing to do until a new request, a completion
-    /// or a deadline).
+    /// handed back, events passed to the hosts, and the acknowledgements decided appended to
+    /// `acks`. Returns how many operations went to the [`Io`] (zero: nothing to do until a new
+    /// request, a completion or a deadline).
     pub fn turn(&mut self, now_ms: i64, acks: &mut Vec<(PartitionId, Ack)>) -> usize {
         let mut batch: Vec<Linked> = Vec::new();
         let mut owners: Vec<Owner> = Vec::new();
-        for index in 0..self.partitions.len() {
-            self.gather(index, now_ms, &mut batch, &mut owners);
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].driven.is_some() {
+                self.gather(slot, now_ms, &mut batch, &mut owners);
+            }
         }
         let submitted = batch.len();
         if submitted > 0 {
+            let started = self.metrics.as_ref().map(|(_, clock)| clock.monotonic_us());
             let completions = self.io.submit_linked(batch);
             assert_eq!(completions.len(), owners.len(), "one completion per operation");
             for (owner, completion) in owners.into_iter().zip(completions) {
-                let driven = &mut self.partitions[owner.partition];
-                if let (Some(checkpoint), Ok(_)) = (owner.checkpoint, &completion.result) {
+                let mut result = completion.result.map(|_| ());
+                if let Some(file) = owner.fdatasync {
+                    if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
+                        result = io::run_plain(&*self.io, Operation::Fdatasync { file });
+                    }
+                    self.count_fdatasync(started, result.is_ok());
+                }
+                if owner.bytes > 0 && result.is_ok() {
+                    self.count(|m| &m.bytes_written, owner.bytes as u64);
+                }
+                let driven = self.slots[owner.slot].driven.as_mut().expect("driven this turn");
+                if let (Some(checkpoint), Ok(())) = (owner.checkpoint, &result) {
                     driven.checkpoint.written(checkpoint);
                 }
-                let result = completion.result.map(|_| ());
                 driven.log.complete(owner.id, result, now_ms);
             }
         }
-        for (index, driven) in self.partitions.iter_mut().enumerate() {
+        for (slot, entry) in self.slots.iter_mut().enumerate() {
+            let Some(driven) = entry.driven.as_mut() else { continue };
+            pass_events(driven);
+            let id = PartitionId {
+                slot: u32::try_from(slot).expect("bounded"),
+                generation: entry.generation,
+            };
             while let Some(ack) = driven.log.poll_ack() {
-                acks.push((PartitionId(index), ack));
+                acks.push((id, ack));
             }
         }
         submitted
     }
 
-    /// Take partition `index`'s operations into the batch, running seals and creates inline
-    /// (and asking the log again after them).
+    fn count(&self, counter: impl Fn(&Metrics) -> &std::sync::atomic::AtomicU64, value: u64) {
+        if let Some((metrics, _)) = &self.metrics {
+            Metrics::add(counter(metrics), value);
+        }
+    }
+
+    fn count_fdatasync(&self, started: Option<u64>, succeeded: bool) {
+        let Some((metrics, clock)) = &self.metrics else { return };
+        Metrics::add(&metrics.fsyncs, 1);
+        if !succeeded {
+            Metrics::add(&metrics.fsync_errors, 1);
+        }
+        if let Some(started) = started {
+            // The whole submission's time: the fdatasync ran inside it.
+            metrics.fsync_latency.record(clock.monotonic_us().saturating_sub(started));
+        }
+    }
+
+    /// Take slot `slot`'s operations into the batch, running seals and creates inline (and
+    /// asking the log again after them).
     fn gather(
         &mut self,
-        index: usize,
+        slot: usize,
         now_ms: i64,
         batch: &mut Vec<Linked>,
         owners: &mut Vec<Owner>,
@@ -148,7 +306,7 @@ impl<I: Io> Reactor<I> {
         let unlinked = canary::active(Canary::ReactorUnlinkedSync);
         loop {
             let mut ops = std::mem::take(&mut self.ops);
-            let driven = &mut self.partitions[index];
+            let driven = self.slots[slot].driven.as_mut().expect("gathered slots are driven");
             driven.log.poll_ops(now_ms, &mut ops);
             if ops.is_empty() {
                 self.ops = ops;
@@ -157,43 +315,48 @@ impl<I: Io> Reactor<I> {
             let mut ran_inline = false;
             for op in ops.drain(..) {
                 let (id, link_next) = (op.id, op.link_next && !unlinked);
+                let mut owner = Owner { slot, id, checkpoint: None, fdatasync: None, bytes: 0 };
                 let operation = match op.kind {
                     OpKind::Write { segment, position, buffer, .. } => {
+                        owner.bytes = buffer.len();
                         let file = driven.files[&segment].handle;
                         Operation::Write { file, position, buffer }
                     }
                     OpKind::Fdatasync { segment } => {
-                        Operation::Fdatasync { file: driven.files[&segment].handle }
+                        let file = driven.files[&segment].handle;
+                        owner.fdatasync = Some(file);
+                        Operation::Fdatasync { file }
                     }
                     OpKind::Checkpoint { segment, position, offset } => {
                         match driven.checkpoint.plan(segment, position, offset) {
                             Some((write, checkpoint)) => {
+                                owner.checkpoint = Some(checkpoint);
                                 batch.push(Linked { operation: write, link_next: false });
-                                owners.push(Owner {
-                                    partition: index,
-                                    id,
-                                    checkpoint: Some(checkpoint),
-                                });
+                                owners.push(owner);
                             }
                             None => driven.log.complete(id, Ok(()), now_ms),
                         }
                         continue;
                     }
-                    OpKind::Seal { segment, length, offset_index, time_index } => {
-                        let result = seal(driven, segment, length, offset_index, time_index);
+                    OpKind::Seal { segment, length, next_offset } => {
+                        pass_events(driven);
+                        let result = seal(driven, segment, length, next_offset);
                         driven.log.complete(id, result.map_err(|e| into_io(&e)), now_ms);
                         ran_inline = true;
                         continue;
                     }
                     OpKind::Create { segment } => {
-                        let result = create(&self.io, driven, segment);
+                        let result = create(&self.io, driven, segment, now_ms);
+                        if let (Ok(()), Some((metrics, _))) = (&result, &self.metrics) {
+                            Metrics::add(&metrics.segments_rolled, 1);
+                        }
                         driven.log.complete(id, result.map_err(|e| into_io(&e)), now_ms);
                         ran_inline = true;
                         continue;
                     }
                 };
                 batch.push(Linked { operation, link_next });
-                owners.push(Owner { partition: index, id, checkpoint: None });
+                owners.push(owner);
             }
             self.ops = ops;
             if !ran_inline {
@@ -203,24 +366,33 @@ impl<I: Io> Reactor<I> {
     }
 }
 
+/// Hand the log's events to its host, in order.
+fn pass_events<I: Io>(driven: &mut Driven<I>) {
+    while let Some(event) = driven.log.poll_event() {
+        driven.host.on_event(&event);
+    }
+}
+
 /// Make a segment durable at exactly `length` bytes and write its index files. The directory
 /// fsync of the next segment's create makes the index renames durable.
 fn seal<I: Io>(
     driven: &Driven<I>,
     segment: Offset,
     length: u64,
-    offset_index: Vec<u8>,
-    time_index: Vec<u8>,
+    next_offset: Offset,
 ) -> Result<(), IoError> {
     let file = &driven.files[&segment];
     let handle = file.handle;
-    if driven.direct {
-        // The padding of the last block goes: every sealed segment ends at its last batch.
-        file.run(Operation::Truncate { file: handle, length })?;
-        file.run(Operation::Fsync { file: handle })?;
-    } else {
-        file.run(Operation::Fdatasync { file: handle })?;
+    if !canary::active(Canary::IndexBeforeData) {
+        if driven.direct && !canary::active(Canary::SealKeepsDirectPadding) {
+            // The padding of the last block goes: every sealed segment ends at its last batch.
+            file.run(Operation::Truncate { file: handle, length })?;
+            file.run(Operation::Fsync { file: handle })?;
+        } else {
+            file.run(Operation::Fdatasync { file: handle })?;
+        }
     }
+    let (offset_index, time_index) = driven.host.index_files(segment, length, next_offset);
     for (suffix, bytes) in [(INDEX_SUFFIX, offset_index), (TIME_INDEX_SUFFIX, time_index)] {
         let path = driven.directory.join(segment::file_name(segment, suffix));
         write_file_durably(file.io(), &path, bytes)?;
@@ -228,13 +400,25 @@ fn seal<I: Io>(
     Ok(())
 }
 
-/// Create the file of the segment based at `segment` and fsync the partition directory.
-fn create<I: Io>(io: &Arc<I>, driven: &mut Driven<I>, segment: Offset) -> Result<(), IoError> {
+/// Create the file of the segment based at `segment`, fsync the partition directory, and
+/// tell the host.
+fn create<I: Io>(
+    io: &Arc<I>,
+    driven: &mut Driven<I>,
+    segment: Offset,
+    now_ms: i64,
+) -> Result<(), IoError> {
     let path = driven.directory.join(segment::file_name(segment, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::CreateNew.with_direct(driven.direct))?;
-    let directory = &driven.directory;
-    io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
-    driven.files.insert(segment, Arc::new(file));
+    if !canary::active(Canary::SkipDirectoryFsyncOnRoll) {
+        let directory = &driven.directory;
+        io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
+    }
+    let file = Arc::new(file);
+    driven.files.insert(segment, Arc::clone(&file));
+    // Sealed files stay open for readers through the host; the reactor needs only the active.
+    driven.files.retain(|&base, _| base == segment);
+    driven.host.created(file, now_ms);
     Ok(())
 }
 

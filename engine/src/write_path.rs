@@ -37,14 +37,8 @@ pub enum Request {
     Append(Batch),
     BeginTransaction(Batch),
     SyncTransaction,
-    Flush,
-}
-
-/// A request as the inbox holds it: the end of a transaction has no answer.
-#[derive(Debug)]
-enum Queued {
-    Answered(u64, Request),
     EndTransaction { committed: bool },
+    Flush,
 }
 
 /// The outcome of one request.
@@ -52,7 +46,7 @@ pub type Answer = Result<Acked, Refusal>;
 
 #[derive(Debug, Default)]
 struct Inbox {
-    requests: Vec<(PartitionId, Queued)>,
+    requests: Vec<(PartitionId, u64, Request)>,
     answers: HashMap<u64, Answer>,
     wakers: HashMap<u64, Waker>,
     /// Tickets whose `Pending` was dropped: their answers are thrown away.
@@ -91,19 +85,10 @@ impl<I: Io> WritePath<I> {
         let mut inbox = self.room_for_one();
         inbox.next_ticket += 1;
         let ticket = inbox.next_ticket;
-        inbox.requests.push((partition, Queued::Answered(ticket, request)));
+        inbox.requests.push((partition, ticket, request));
         drop(inbox);
         self.wake.notify_all();
         Pending { path: Arc::clone(self), ticket: Some(ticket) }
-    }
-
-    /// Queue the end of `partition`'s transaction: its fence goes when the driver reaches it,
-    /// after every request queued before it. Nothing to wait for.
-    pub fn end_transaction(&self, partition: PartitionId, committed: bool) {
-        let mut inbox = self.room_for_one();
-        inbox.requests.push((partition, Queued::EndTransaction { committed }));
-        drop(inbox);
-        self.wake.notify_all();
     }
 
     /// The inbox lock, with room for one more request (waiting, or driving, until there is).
@@ -167,8 +152,8 @@ impl<I: Io> WritePath<I> {
         let mut answers = Vec::new();
         let operations = {
             let mut reactor = self.reactor.lock();
-            for (partition, queued) in requests {
-                if let Err((ticket, refusal)) = apply(&mut reactor, partition, queued) {
+            for (partition, ticket, request) in requests {
+                if let Err(refusal) = apply(&mut reactor, partition, ticket, request) {
                     answers.push((ticket, Err(refusal)));
                 }
             }
@@ -220,23 +205,21 @@ impl<I: Io> WritePath<I> {
 fn apply<I: Io>(
     reactor: &mut Reactor<I>,
     partition: PartitionId,
-    queued: Queued,
-) -> Result<(), (u64, Refusal)> {
-    let log = reactor.log_mut(partition);
-    let (ticket, request) = match queued {
-        Queued::EndTransaction { committed } => {
-            log.end_transaction(committed);
-            return Ok(());
+    ticket: u64,
+    request: Request,
+) -> Result<(), Refusal> {
+    let log = reactor.log_mut(partition).ok_or(Refusal::Removed)?;
+    let ticket = Ticket(ticket);
+    match request {
+        Request::Append(batch) => log.append(ticket, batch),
+        Request::BeginTransaction(batch) => log.begin_transaction(ticket, batch),
+        Request::SyncTransaction => log.sync_transaction(ticket),
+        Request::EndTransaction { committed } => {
+            log.end_transaction(ticket, committed);
+            Ok(())
         }
-        Queued::Answered(ticket, request) => (ticket, request),
-    };
-    let result = match request {
-        Request::Append(batch) => log.append(Ticket(ticket), batch),
-        Request::BeginTransaction(batch) => log.begin_transaction(Ticket(ticket), batch),
-        Request::SyncTransaction => log.sync_transaction(Ticket(ticket)),
-        Request::Flush => log.flush(Ticket(ticket)),
-    };
-    result.map_err(|refusal| (ticket, refusal))
+        Request::Flush => log.flush(ticket),
+    }
 }
 
 /// The answer to a request, to wait for, poll, or await. Dropped unanswered, its answer is

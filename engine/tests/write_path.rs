@@ -8,10 +8,9 @@
 mod common;
 
 use chronik_engine::checkpoint::CheckpointWriter;
-use chronik_engine::index::SegmentIndex;
 use chronik_engine::io::{Io, OpenMode};
 use chronik_engine::log::{Acked, Batch, Config, PartitionLog, Recovered, Refusal};
-use chronik_engine::reactor::{PartitionId, Reactor, partition_directory};
+use chronik_engine::reactor::{IndexHost, PartitionId, Reactor, partition_directory};
 use chronik_engine::runtime::SystemClock;
 use chronik_engine::segment::{self, LOG_SUFFIX, SegmentFile};
 use chronik_engine::write_path::{Pending, Request, WritePath};
@@ -25,7 +24,9 @@ use std::task::{Context, Poll, Wake, Waker};
 const TOPIC: &str = "t";
 
 /// A topic of `partitions` made by the engine, then a write path over a fresh `FaultyIo`.
-fn write_path(root: &Path, partitions: u32) -> (Arc<WritePath<FaultyIo>>, Arc<common::Faults>) {
+type Opened = (Arc<WritePath<FaultyIo>>, Vec<PartitionId>, Arc<common::Faults>);
+
+fn write_path(root: &Path, partitions: u32) -> Opened {
     let (engine, _) = common::open(root, Durability::Sync);
     let config = TopicConfig { partitions, ..TopicConfig::default() };
     engine.create_topic(TOPIC, config).unwrap();
@@ -33,6 +34,7 @@ fn write_path(root: &Path, partitions: u32) -> (Arc<WritePath<FaultyIo>>, Arc<co
     let (io, faults) = FaultyIo::new();
     let io = Arc::new(io);
     let mut reactor = Reactor::new(Arc::clone(&io));
+    let mut ids = Vec::new();
     for partition in 0..partitions {
         let directory = partition_directory(root, TOPIC, partition);
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
@@ -42,7 +44,6 @@ fn write_path(root: &Path, partitions: u32) -> (Arc<WritePath<FaultyIo>>, Arc<co
             durability: Durability::Sync,
             segment_bytes: 1 << 20,
             segment_ms: i64::MAX,
-            index_interval_bytes: 4096,
             direct: false,
         };
         let recovered = Recovered {
@@ -50,12 +51,13 @@ fn write_path(root: &Path, partitions: u32) -> (Arc<WritePath<FaultyIo>>, Arc<co
             size: 0,
             next_offset: Offset::ZERO,
             created_ms: 0,
-            index: SegmentIndex::new(Offset::ZERO, 4096),
             tail: Vec::new(),
         };
-        reactor.add(directory, PartitionLog::new(config, recovered, 0), active, checkpoint);
+        let log = PartitionLog::new(config, recovered, 0);
+        let host = IndexHost::new(Offset::ZERO, 4096);
+        ids.push(reactor.add(directory, log, Arc::new(active), checkpoint, host));
     }
-    (WritePath::new(reactor, Arc::new(SystemClock)), faults)
+    (WritePath::new(reactor, Arc::new(SystemClock)), ids, faults)
 }
 
 fn batch(values: &[&[u8]]) -> Batch {
@@ -65,8 +67,8 @@ fn batch(values: &[&[u8]]) -> Batch {
     Batch { bytes, info }
 }
 
-fn append<I: Io>(path: &Arc<WritePath<I>>, partition: usize, value: &[u8]) -> Pending<I> {
-    path.submit(PartitionId(partition), Request::Append(batch(&[value])))
+fn append<I: Io>(path: &Arc<WritePath<I>>, partition: PartitionId, value: &[u8]) -> Pending<I> {
+    path.submit(partition, Request::Append(batch(&[value])))
 }
 
 fn offset(answer: Result<Acked, Refusal>) -> u64 {
@@ -86,10 +88,10 @@ fn values_read_back(root: &Path, partition: u32) -> Vec<Vec<u8>> {
 #[test]
 fn pipelined_appends_share_one_turn_and_keep_their_order() {
     let directory = tempfile::tempdir().unwrap();
-    let (path, faults) = write_path(directory.path(), 4);
+    let (path, ids, faults) = write_path(directory.path(), 4);
     let syncs_before = faults.fdatasyncs();
     let pending: Vec<(usize, Pending<FaultyIo>)> = (0..400)
-        .map(|i| (i % 4, append(&path, i % 4, format!("value {i}").as_bytes())))
+        .map(|i| (i % 4, append(&path, ids[i % 4], format!("value {i}").as_bytes())))
         .collect();
     let mut next = [0u64; 4];
     for (partition, pending) in pending {
@@ -102,9 +104,8 @@ fn pipelined_appends_share_one_turn_and_keep_their_order() {
     drop(path);
     for partition in 0..4u32 {
         let values = values_read_back(directory.path(), partition);
-        let expected: Vec<Vec<u8>> = (0..100)
-            .map(|j| format!("value {}", j * 4 + partition).into_bytes())
-            .collect();
+        let expected: Vec<Vec<u8>> =
+            (0..100).map(|j| format!("value {}", j * 4 + partition).into_bytes()).collect();
         assert_eq!(values, expected, "partition {partition}");
     }
 }
@@ -112,16 +113,17 @@ fn pipelined_appends_share_one_turn_and_keep_their_order() {
 #[test]
 fn threads_that_wait_take_turns_driving() {
     let directory = tempfile::tempdir().unwrap();
-    let (path, _) = write_path(directory.path(), 2);
+    let (path, ids, _) = write_path(directory.path(), 2);
     let threads: Vec<_> = (0..8u32)
         .map(|thread| {
             let path = Arc::clone(&path);
+            let ids = ids.clone();
             std::thread::spawn(move || {
                 let mut last = [None::<u64>; 2];
                 for i in 0..150u32 {
                     let partition = (i % 2) as usize;
                     let value = format!("thread {thread} append {i}");
-                    let got = offset(append(&path, partition, value.as_bytes()).wait());
+                    let got = offset(append(&path, ids[partition], value.as_bytes()).wait());
                     assert!(last[partition].is_none_or(|l| l < got), "a thread's offsets grow");
                     last[partition] = Some(got);
                 }
@@ -162,13 +164,14 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 #[test]
 fn a_pending_answer_is_awaited_while_a_driver_thread_turns() {
     let directory = tempfile::tempdir().unwrap();
-    let (path, _) = write_path(directory.path(), 1);
+    let (path, ids, _) = write_path(directory.path(), 1);
     let stop = Arc::new(AtomicBool::new(false));
     let driver = {
         let (path, stop) = (Arc::clone(&path), Arc::clone(&stop));
         std::thread::spawn(move || path.drive_until_idle(&|| stop.load(Ordering::SeqCst)))
     };
-    let futures: Vec<_> = (0..50).map(|i| append(&path, 0, format!("{i}").as_bytes())).collect();
+    let futures: Vec<_> =
+        (0..50).map(|i| append(&path, ids[0], format!("{i}").as_bytes())).collect();
     let offsets: Vec<u64> = futures.into_iter().map(|f| offset(block_on(f))).collect();
     assert_eq!(offsets, (0..50).collect::<Vec<_>>());
     stop.store(true, Ordering::SeqCst);
@@ -179,17 +182,18 @@ fn a_pending_answer_is_awaited_while_a_driver_thread_turns() {
 #[test]
 fn a_fence_holds_later_appends_until_its_transaction_ends() {
     let directory = tempfile::tempdir().unwrap();
-    let (path, _) = write_path(directory.path(), 1);
-    assert_eq!(offset(append(&path, 0, b"before").wait()), 0);
-    let begun = path.submit(PartitionId(0), Request::BeginTransaction(batch(&[b"in", b"tx"])));
+    let (path, ids, _) = write_path(directory.path(), 1);
+    assert_eq!(offset(append(&path, ids[0], b"before").wait()), 0);
+    let begun = path.submit(ids[0], Request::BeginTransaction(batch(&[b"in", b"tx"])));
     assert!(matches!(begun.wait().unwrap(), Acked::TransactionWritten { .. }));
     // Queued before the transaction syncs, waited for on a thread of its own.
-    let after = append(&path, 0, b"after");
+    let after = append(&path, ids[0], b"after");
     let later = std::thread::spawn(move || offset(after.wait()));
-    let synced = path.submit(PartitionId(0), Request::SyncTransaction).wait().unwrap();
+    let synced = path.submit(ids[0], Request::SyncTransaction).wait().unwrap();
     assert_eq!(synced, Acked::TransactionSynced);
     assert!(!later.is_finished(), "the append waits behind the fence");
-    path.end_transaction(PartitionId(0), true);
+    let ended = path.submit(ids[0], Request::EndTransaction { committed: true }).wait();
+    assert_eq!(ended.unwrap(), Acked::TransactionEnded);
     assert_eq!(later.join().unwrap(), 3, "it follows the transaction's two records");
     drop(path);
     assert_eq!(values_read_back(directory.path(), 0).len(), 4);
@@ -198,14 +202,15 @@ fn a_fence_holds_later_appends_until_its_transaction_ends() {
 #[test]
 fn a_failed_fdatasync_answers_every_waiter_with_the_failure() {
     let directory = tempfile::tempdir().unwrap();
-    let (path, faults) = write_path(directory.path(), 1);
-    assert_eq!(offset(append(&path, 0, b"durable").wait()), 0);
+    let (path, ids, faults) = write_path(directory.path(), 1);
+    assert_eq!(offset(append(&path, ids[0], b"durable").wait()), 0);
     faults.fail_next_syncs(1);
-    let pending: Vec<_> = (0..10).map(|i| append(&path, 0, format!("{i}").as_bytes())).collect();
+    let pending: Vec<_> =
+        (0..10).map(|i| append(&path, ids[0], format!("{i}").as_bytes())).collect();
     for answer in pending.into_iter().map(Pending::wait) {
         assert!(matches!(answer, Err(Refusal::Poisoned(_))), "{answer:?}");
     }
-    let refused = append(&path, 0, b"later").wait();
+    let refused = append(&path, ids[0], b"later").wait();
     assert!(matches!(refused, Err(Refusal::Poisoned(_))), "fail-stop: {refused:?}");
     drop(path);
     assert_eq!(values_read_back(directory.path(), 0)[0], b"durable");

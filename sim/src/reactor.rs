@@ -23,10 +23,9 @@ use crate::clock::EPOCH_MS;
 use crate::oracle::Violation;
 use crate::{Rng, SimClock, SimDisk};
 use chronik_engine::checkpoint::CheckpointWriter;
-use chronik_engine::index::SegmentIndex;
 use chronik_engine::io::OpenMode;
 use chronik_engine::log::{Acked, Batch, Config, PartitionLog, Recovered, Ticket};
-use chronik_engine::reactor::{PartitionId, Reactor, partition_directory};
+use chronik_engine::reactor::{IndexHost, PartitionId, Reactor, partition_directory};
 use chronik_engine::segment::{self, LOG_SUFFIX, SegmentFile};
 use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig, format};
 use chronik_simdisk::Faults;
@@ -98,7 +97,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Violation> {
     let disk = SimDisk::new(rng.fork());
     let clock = SimClock::new(EPOCH_MS);
     create_topic(&disk, &clock, &plan);
-    let mut reactor = reactor(&disk, &plan);
+    let (mut reactor, ids) = reactor(&disk, &plan);
     if plan.errors_per_million > 0 {
         let errors = plan.errors_per_million;
         let faults = Faults {
@@ -111,7 +110,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Violation> {
     if let Some(calls) = plan.power_cut_after {
         disk.cut_power_after(calls);
     }
-    let mut run = Run::new(plan.partitions as usize);
+    let mut run = Run::new(ids);
     let mut now_ms = EPOCH_MS;
     for step in 0..plan.steps {
         for _ in 0..rng.below(4) {
@@ -128,8 +127,7 @@ pub fn run_seed(seed: u64) -> Result<Report, Violation> {
     }
     while run.turn(&mut reactor, now_ms) > 0 {}
     run.answer_all()?;
-    let poisoned =
-        (0..plan.partitions as usize).any(|p| reactor.log(PartitionId(p)).poisoned().is_some());
+    let poisoned = run.ids.iter().any(|&id| reactor.log(id).expect("driven").poisoned().is_some());
     run.report.faults_met = poisoned || run.report.refused > 0;
     if !run.report.faults_met {
         check_liveness(&run, &reactor)?;
@@ -163,9 +161,10 @@ fn open_engine(disk: &SimDisk, clock: &SimClock) -> Result<Engine<SimDisk>, Stri
         .map_err(|error| error.to_string())
 }
 
-fn reactor(disk: &SimDisk, plan: &Plan) -> Reactor<SimDisk> {
+fn reactor(disk: &SimDisk, plan: &Plan) -> (Reactor<SimDisk>, Vec<PartitionId>) {
     let io = Arc::new(disk.clone());
     let mut reactor = Reactor::new(Arc::clone(&io));
+    let mut ids = Vec::new();
     for partition in 0..plan.partitions {
         let directory = partition_directory(Path::new(ROOT), TOPIC, partition);
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
@@ -176,7 +175,6 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> Reactor<SimDisk> {
             durability: plan.durability,
             segment_bytes: plan.segment_bytes,
             segment_ms: i64::MAX,
-            index_interval_bytes: 512,
             direct: plan.direct,
         };
         let recovered = Recovered {
@@ -184,17 +182,19 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> Reactor<SimDisk> {
             size: 0,
             next_offset: Offset::ZERO,
             created_ms: EPOCH_MS,
-            index: SegmentIndex::new(Offset::ZERO, 512),
             tail: Vec::new(),
         };
         let log = PartitionLog::new(config, recovered, EPOCH_MS);
-        reactor.add(directory, log, active, checkpoint);
+        let host = IndexHost::new(Offset::ZERO, 512);
+        ids.push(reactor.add(directory, log, Arc::new(active), checkpoint, host));
     }
-    reactor
+    (reactor, ids)
 }
 
 /// The run's books: what was submitted, asked and answered.
 struct Run {
+    /// The reactor's names of the partitions, by partition number.
+    ids: Vec<PartitionId>,
     /// Per partition, the values submitted, in submission order.
     submitted: Vec<Vec<Vec<u8>>>,
     asked: BTreeMap<u64, Asked>,
@@ -209,8 +209,10 @@ struct Run {
 }
 
 impl Run {
-    fn new(partitions: usize) -> Run {
+    fn new(ids: Vec<PartitionId>) -> Run {
+        let partitions = ids.len();
         Run {
+            ids,
             submitted: vec![Vec::new(); partitions],
             asked: BTreeMap::new(),
             answers: Vec::new(),
@@ -241,7 +243,7 @@ impl Run {
         let info = format::encode_batch(&mut bytes, Offset::ZERO, &records, EPOCH_MS, Offset::ZERO)
             .expect("small batches encode");
         let ticket = self.asked.len() as u64;
-        let log = reactor.log_mut(PartitionId(partition));
+        let log = reactor.log_mut(self.ids[partition]).expect("driven");
         if log.append(Ticket(ticket), Batch { bytes, info }).is_err() {
             self.report.refused += 1;
             return;
@@ -254,7 +256,8 @@ impl Run {
 
     fn flush(&mut self, reactor: &mut Reactor<SimDisk>, partition: usize) {
         let ticket = self.asked.len() as u64;
-        if reactor.log_mut(PartitionId(partition)).flush(Ticket(ticket)).is_err() {
+        let log = reactor.log_mut(self.ids[partition]).expect("driven");
+        if log.flush(Ticket(ticket)).is_err() {
             self.report.refused += 1;
             return;
         }
@@ -271,7 +274,8 @@ impl Run {
             self.answers.push((ack.ticket.0, result));
         }
         for (partition, shown) in self.shown.iter_mut().enumerate() {
-            *shown = (*shown).max(reactor.log(PartitionId(partition)).watermark().get());
+            let log = reactor.log(self.ids[partition]).expect("driven");
+            *shown = (*shown).max(log.watermark().get());
         }
         operations
     }
@@ -369,8 +373,8 @@ fn check_liveness(run: &Run, reactor: &Reactor<SimDisk>) -> Result<(), Violation
             format!("{answered} of {} requests answered with no fault met", run.asked.len());
         return Err(Violation::new("liveness", detail));
     }
-    for partition in 0..reactor.partition_count() {
-        if !reactor.log(PartitionId(partition)).is_idle() {
+    for (partition, &id) in run.ids.iter().enumerate() {
+        if !reactor.log(id).expect("driven").is_idle() {
             return Err(Violation::new("liveness", format!("partition {partition} is not idle")));
         }
     }

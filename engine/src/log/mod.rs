@@ -37,7 +37,6 @@ mod tests;
 
 use crate::canary::{self, Canary};
 use crate::format::{self, BatchInfo};
-use crate::index::SegmentIndex;
 use crate::io::DIRECT_ALIGNMENT;
 use crate::{Durability, Offset};
 use std::collections::VecDeque;
@@ -75,7 +74,6 @@ pub struct Config {
     pub durability: Durability,
     pub segment_bytes: u64,
     pub segment_ms: i64,
-    pub index_interval_bytes: u32,
     /// Segment files are written with direct I/O: every write covers whole blocks.
     pub direct: bool,
 }
@@ -87,7 +85,6 @@ pub struct Recovered {
     pub size: u64,
     pub next_offset: Offset,
     pub created_ms: i64,
-    pub index: SegmentIndex,
     /// On a direct file, the bytes of its last, partial block (`size % DIRECT_ALIGNMENT`).
     pub tail: Vec<u8>,
 }
@@ -120,11 +117,11 @@ pub enum OpKind {
     Write { segment: Offset, position: u64, batches_position: u64, buffer: Vec<u8> },
     /// fdatasync of the segment file.
     Fdatasync { segment: Offset },
-    /// Make the segment durable at exactly `length` bytes (on a direct file: truncate the
-    /// padding, then fsync; otherwise fdatasync), then write its index files (temporary files
-    /// and renames; the directory fsync of the following [`OpKind::Create`] makes them
-    /// durable).
-    Seal { segment: Offset, length: u64, offset_index: Vec<u8>, time_index: Vec<u8> },
+    /// Make the segment durable at exactly `length` bytes, which end at offset `next_offset`
+    /// (on a direct file: truncate the padding, then fsync; otherwise fdatasync), then write
+    /// its index files (temporary files and renames; the directory fsync of the following
+    /// [`OpKind::Create`] makes them durable).
+    Seal { segment: Offset, length: u64, next_offset: Offset },
     /// Create the file of the next segment and fsync the partition directory.
     Create { segment: Offset },
     /// Record in `synced.checkpoint` (not fsynced) that every byte below `position` of the
@@ -154,6 +151,8 @@ pub enum Refusal {
     Poisoned(Failure),
     /// [`QUEUED_MAX`] requests wait already.
     QueueFull,
+    /// The partition is no longer driven (its topic was deleted, or the engine closed it).
+    Removed,
 }
 
 /// What an acknowledgement acknowledges.
@@ -168,12 +167,29 @@ pub enum Acked {
     TransactionWritten { base_offset: Offset, next_offset: Offset },
     /// The transactional batch is durable (still invisible).
     TransactionSynced,
+    /// The fence is gone; a committed batch is shown.
+    TransactionEnded,
 }
 
 #[derive(Debug)]
 pub struct Ack {
     pub ticket: Ticket,
     pub result: Result<Acked, Refusal>,
+}
+
+/// What changed in the log, for whoever shows it to readers (in order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A batch was given its place in the active segment (its write may not have completed).
+    Placed { position: u64, info: BatchInfo },
+    /// Every batch below `end` (at byte `position` of the active segment) is written.
+    Written { end: Offset, position: u64 },
+    /// Readers may see every offset below this (the high watermark moved).
+    Published(Offset),
+    /// The active segment was sealed and the next one, based at `segment`, is active.
+    Rolled { segment: Offset },
+    /// The log is poisoned.
+    Poisoned(Failure),
 }
 
 /// A position in the log: an offset and the byte position of the active segment it maps to.
@@ -244,7 +260,6 @@ enum Roll {
 struct Active {
     base_offset: Offset,
     created_ms: i64,
-    index: SegmentIndex,
     tail: Vec<u8>,
 }
 
@@ -275,6 +290,7 @@ pub struct PartitionLog {
     checkpoint_in_flight: Option<OpId>,
     last_sync_ms: i64,
     acks: VecDeque<Ack>,
+    events: VecDeque<Event>,
     poisoned: Option<Failure>,
     next_op: u64,
 }
@@ -294,7 +310,6 @@ impl PartitionLog {
             active: Active {
                 base_offset: recovered.base_offset,
                 created_ms: recovered.created_ms,
-                index: recovered.index,
                 tail: recovered.tail,
             },
             placed: end,
@@ -314,6 +329,7 @@ impl PartitionLog {
             checkpoint_in_flight: None,
             last_sync_ms: now_ms,
             acks: VecDeque::new(),
+            events: VecDeque::new(),
             poisoned: None,
             next_op: 0,
         }
@@ -381,8 +397,9 @@ impl PartitionLog {
 
     /// Release the fence. `committed`: the commit record is durable, so the batch (made
     /// durable by [`PartitionLog::sync_transaction`]) is shown like any durable append.
-    pub fn end_transaction(&mut self, committed: bool) {
+    pub fn end_transaction(&mut self, ticket: Ticket, committed: bool) {
         let fence = self.fence.take().expect("a transaction holds the partition");
+        self.acks.push_back(Ack { ticket, result: Ok(Acked::TransactionEnded) });
         assert!(self.transaction_sync.is_none(), "the transaction's sync finished");
         if committed && self.poisoned.is_none() {
             assert!(self.durable.offset >= fence.end.offset, "a committed batch was synced");
@@ -411,6 +428,11 @@ impl PartitionLog {
             Some(failure) => Err(Refusal::Poisoned(failure.clone())),
             None => Ok(()),
         }
+    }
+
+    /// The next change to show readers, in order.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
 
     /// The next acknowledgement, in the order they were decided.
@@ -495,8 +517,9 @@ impl PartitionLog {
         }
         let start = self.placed;
         format::set_batch_offsets(&mut batch.bytes, start.offset, self.synced);
-        let position = u32::try_from(start.position).expect("segment positions fit in u32");
-        self.active.index.on_batch(position, start.offset, batch.info.max_timestamp, length);
+        let next_offset = start.offset.plus(count);
+        let info = BatchInfo { base_offset: start.offset, next_offset, ..batch.info };
+        self.events.push_back(Event::Placed { position: start.position, info });
         self.placed =
             End { offset: start.offset.plus(count), position: start.position + u64::from(length) };
         self.unwritten.push_back(Placed { bytes: batch.bytes, position: start.position });
@@ -526,7 +549,11 @@ impl PartitionLog {
             let mut buffer = Vec::new();
             let mut end = batches_position;
             if self.config.direct {
-                buffer.extend_from_slice(&self.active.tail);
+                if canary::active(Canary::DirectWriteDropsTail) {
+                    buffer.resize(self.active.tail.len(), 0);
+                } else {
+                    buffer.extend_from_slice(&self.active.tail);
+                }
             }
             while let Some(next) = self.unwritten.front() {
                 let fits = buffer.len() + next.bytes.len() <= WRITE_BYTES_MAX;
@@ -642,10 +669,9 @@ impl PartitionLog {
                 assert_eq!(self.written, self.placed, "every placed batch is written");
                 let id = self.op_id();
                 let length = self.placed.position;
-                let (offset_index, time_index) =
-                    self.active.index.encode(length, self.placed.offset);
                 let segment = self.active.base_offset;
-                let kind = OpKind::Seal { segment, length, offset_index, time_index };
+                let next_offset = self.placed.offset;
+                let kind = OpKind::Seal { segment, length, next_offset };
                 out.push(LogOp { id, kind, link_next: false });
                 self.roll = Some(Roll::Sealing(id));
             }
@@ -722,12 +748,21 @@ impl PartitionLog {
             let expected = if self.config.direct { position - position % block } else { position };
             assert_eq!(write.start, expected, "writes complete the log in order");
             self.written = write.end;
+            let (end, position) = (write.end.offset, write.end.position);
+            self.events.push_back(Event::Written { end, position });
         }
-        if self.poisoned.is_none() && self.config.durability == Durability::Os {
+        if self.poisoned.is_none()
+            && self.config.durability == Durability::Os
+            && !canary::active(Canary::OsAppendsNotPublished)
+        {
             self.publish(self.visible_end(self.written.offset));
         }
-        if self.poisoned.is_none() && canary::active(Canary::LogWatermarkBeforeSync) {
-            self.watermark = self.watermark.max(self.visible_end(self.written.offset));
+        let ack_before_fsync =
+            canary::active(Canary::AckBeforeFsync) && self.config.durability == Durability::Sync;
+        if self.poisoned.is_none()
+            && (canary::active(Canary::LogWatermarkBeforeSync) || ack_before_fsync)
+        {
+            self.show(self.visible_end(self.written.offset));
         }
     }
 
@@ -772,14 +807,10 @@ impl PartitionLog {
         }
         assert_eq!(base, self.placed.offset, "the new segment starts where the log ends");
         let end = End { offset: base, position: 0 };
-        self.active = Active {
-            base_offset: base,
-            created_ms: now_ms,
-            index: SegmentIndex::new(base, self.config.index_interval_bytes),
-            tail: Vec::new(),
-        };
+        self.active = Active { base_offset: base, created_ms: now_ms, tail: Vec::new() };
         (self.placed, self.written, self.durable) = (end, end, end);
         self.roll = None;
+        self.events.push_back(Event::Rolled { segment: base });
         self.checkpoint_due = Some((base, 0, base));
     }
 
@@ -809,7 +840,15 @@ impl PartitionLog {
         };
         assert!(offset <= limit, "the watermark never passes what the mode promises");
         assert!(self.fence.is_none_or(|f| offset <= f.start.offset), "nothing past a fence");
-        self.watermark = self.watermark.max(offset);
+        self.show(offset);
+    }
+
+    /// Move the watermark (never back) and say so.
+    fn show(&mut self, offset: Offset) {
+        if offset > self.watermark {
+            self.watermark = offset;
+            self.events.push_back(Event::Published(offset));
+        }
     }
 
     /// Acknowledge every waiter the log has passed.
@@ -825,8 +864,9 @@ impl PartitionLog {
             let (base_offset, next_offset) = (waiter.base_offset, waiter.end);
             let acked = match waiter.kind {
                 WaitKind::Append if self.config.durability == Durability::Sync => {
-                    let bound =
-                        if canary::active(Canary::LogAckOnWrite) { written } else { self.synced };
+                    let early = canary::active(Canary::LogAckOnWrite)
+                        || canary::active(Canary::AckBeforeFsync);
+                    let bound = if early { written } else { self.synced };
                     (waiter.end <= bound).then_some(Acked::Appended { base_offset, next_offset })
                 }
                 WaitKind::Append => {
@@ -870,6 +910,7 @@ impl PartitionLog {
         }
         self.unwritten.clear();
         self.checkpoint_due = None;
+        self.events.push_back(Event::Poisoned(failure.clone()));
         self.poisoned = Some(failure);
     }
 }

@@ -36,13 +36,7 @@ fn batch(records: usize, value_bytes: usize) -> Batch {
 }
 
 fn config(durability: Durability, direct: bool) -> Config {
-    Config {
-        durability,
-        segment_bytes: 16 * 1024,
-        segment_ms: 1_000_000,
-        index_interval_bytes: 4096,
-        direct,
-    }
+    Config { durability, segment_bytes: 16 * 1024, segment_ms: 1_000_000, direct }
 }
 
 fn fresh(config: Config) -> PartitionLog {
@@ -51,7 +45,6 @@ fn fresh(config: Config) -> PartitionLog {
         size: 0,
         next_offset: Offset::ZERO,
         created_ms: 0,
-        index: SegmentIndex::new(Offset::ZERO, config.index_interval_bytes),
         tail: Vec::new(),
     };
     PartitionLog::new(config, recovered, 0)
@@ -559,7 +552,8 @@ fn a_transaction_holds_a_fence_until_it_ends() {
         assert_eq!(log.watermark(), Offset::new(2), "durable, still not shown");
         assert_eq!(log.synced(), Offset::new(2));
 
-        log.end_transaction(committed);
+        log.end_transaction(Ticket(5), committed);
+        assert_eq!(acks(&mut log), vec![(5, Acked::TransactionEnded)]);
         let shown = if committed { Offset::new(5) } else { Offset::new(2) };
         assert_eq!(log.watermark(), shown);
         run_all(&mut log, 0);

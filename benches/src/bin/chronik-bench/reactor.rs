@@ -8,10 +8,9 @@
 use super::{ChronikIo, Measure, TOPIC, open, system_name};
 use chronik::engine::checkpoint::CheckpointWriter;
 use chronik::engine::format;
-use chronik::engine::index::SegmentIndex;
 use chronik::engine::io::{OpenMode, SystemIo};
 use chronik::engine::log::{Acked, Batch, Config, PartitionLog, Recovered, Ticket};
-use chronik::engine::reactor::{PartitionId, Reactor, partition_directory};
+use chronik::engine::reactor::{IndexHost, Reactor, partition_directory};
 use chronik::engine::segment::{self, LOG_SUFFIX, SegmentFile};
 use chronik::{Durability, Offset, Record, TopicConfig};
 use std::path::Path;
@@ -40,6 +39,7 @@ pub fn append_sync(
     let system = Arc::new(SystemIo::new(io.backend)?);
     let mut reactor = Reactor::new(Arc::clone(&system));
     let root = dir.to_path_buf();
+    let mut ids = Vec::new();
     for partition in 0..partitions {
         let directory = partition_directory(&root, TOPIC, partition);
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
@@ -50,7 +50,6 @@ pub fn append_sync(
             durability: Durability::Sync,
             segment_bytes,
             segment_ms: i64::MAX,
-            index_interval_bytes: 4096,
             direct: io.direct,
         };
         let recovered = Recovered {
@@ -58,10 +57,11 @@ pub fn append_sync(
             size: 0,
             next_offset: Offset::ZERO,
             created_ms: 0,
-            index: SegmentIndex::new(Offset::ZERO, 4096),
             tail: Vec::new(),
         };
-        reactor.add(directory, PartitionLog::new(config, recovered, 0), active, checkpoint);
+        let log = PartitionLog::new(config, recovered, 0);
+        let host = IndexHost::new(Offset::ZERO, 4096);
+        ids.push(reactor.add(directory, log, Arc::new(active), checkpoint, host));
     }
     let value = [0x5a_u8; 100];
     let records: Vec<Record<'_>> = (0..batch).map(|_| Record::new(None, &value)).collect();
@@ -78,20 +78,22 @@ pub fn append_sync(
                 ticket += 1;
                 let batch = Batch { bytes: template.clone(), info };
                 reactor
-                    .log_mut(PartitionId(partition))
+                    .log_mut(ids[partition])
+                    .expect("driven")
                     .append(Ticket(ticket), batch)
                     .map_err(|refusal| anyhow::anyhow!("append refused: {refusal:?}"))?;
                 *count += 1;
             }
         }
         reactor.turn(0, &mut acks);
-        for (partition, ack) in acks.drain(..) {
+        for (id, ack) in acks.drain(..) {
+            let partition = ids.iter().position(|&i| i == id).expect("one of ours");
             match ack.result {
                 Ok(Acked::Appended { base_offset, next_offset }) => {
                     acknowledged += next_offset.get() - base_offset.get();
-                    in_flight[partition.0] -= 1;
+                    in_flight[partition] -= 1;
                 }
-                other => anyhow::bail!("partition {}: {other:?}", partition.0),
+                other => anyhow::bail!("partition {partition}: {other:?}"),
             }
         }
     }
