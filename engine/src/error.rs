@@ -140,6 +140,10 @@ pub enum AppendError {
     Poisoned(#[from] Poisoned),
     #[error(transparent)]
     Io(#[from] IoError),
+    /// More requests than the partition queues wait for it (behind a transaction that holds
+    /// it, say); try again once some are answered.
+    #[error("partition overloaded: {queued} requests wait already")]
+    Overloaded { queued: usize },
 }
 
 /// Errors of reads: [`crate::Engine::read`] and timestamp lookups.

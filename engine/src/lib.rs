@@ -52,7 +52,6 @@ pub mod recovery;
 pub mod runtime;
 pub mod segment;
 pub(crate) mod sync;
-mod sync_queue;
 mod tail;
 pub mod topic;
 pub mod verify;

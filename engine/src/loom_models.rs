@@ -6,11 +6,10 @@
 //! - `watermark`: a visible high watermark covers the bytes written before it (and the model
 //!   catches a publish without Release), a waiter wakes for the publish that covers it, and
 //!   concurrent publishes never move it back.
-//! - `group_commit`: the group commit's queue (`sync_queue.rs`) with three appenders over a
-//!   model disk: one fdatasync at a time, nothing acknowledged before an fdatasync covered it,
-//!   nobody left asleep (loom reports a deadlock), also when an fdatasync fails or the engine
-//!   is poisoned meanwhile; a leader that hands off to nobody, and a poisoned appender that
-//!   leaves the others asleep, are caught.
+//! - `write_path`: the whole engine, three appenders to one partition in `sync` mode: the
+//!   driver role of `write_path.rs` passes between waiters, nobody is left asleep with work
+//!   queued (loom reports a deadlock), each gets its own offset, all of it visible; a driver
+//!   that hands out answers without waking the waiters is caught.
 //! - `segment_swap`: the whole engine (on `PreadIo`, in a fresh directory per interleaving):
 //!   a compaction pass swaps cleaned segments into the list while a reader reads the partition
 //!   and an appender rolls a new segment. Every read is a subsequence of what was appended,
@@ -115,141 +114,60 @@ fn concurrent_publishes_never_move_it_back() {
     });
 }
 
-mod group_commit {
-    use crate::Offset;
-    use crate::sync_queue::{QueueBug, SyncQueue, Turn};
-    use loom::sync::Arc;
-    use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+mod write_path {
+    //! The write path's driver role over the whole engine: three appenders to one partition in
+    //! `sync` mode, each waiting for its answer. Whoever waits drives; nobody is left asleep
+    //! with work queued (loom reports a deadlock), every appender gets its own offset, and all
+    //! of it is durable and visible at the end. A driver that hands out answers without waking
+    //! the waiters is caught.
+    use super::deadlock_in_a_child;
+    use super::whole_engine::{directory, open, read_all};
+    use crate::sync::bugs::{self, Bug};
+    use crate::{Durability, Record, TopicConfig};
     use loom::thread;
 
-    /// A file's written end, its durable end, and the engine's poison.
-    #[derive(Default)]
-    struct Disk {
-        written: AtomicU64,
-        durable: AtomicU64,
-        in_flight: AtomicUsize,
-        fsyncs: AtomicUsize,
-        /// The fdatasync with this number (from 1) fails.
-        fail: Option<usize>,
-        poisoned: AtomicBool,
-    }
-
-    #[derive(Debug)]
-    struct Poisoned;
-
-    impl Disk {
-        fn check(&self) -> Result<(), Poisoned> {
-            if self.poisoned.load(SeqCst) { Err(Poisoned) } else { Ok(()) }
-        }
-
-        /// An fdatasync of everything written before `target`; never two at once.
-        fn fdatasync(&self, target: u64) -> bool {
-            assert_eq!(self.in_flight.fetch_add(1, SeqCst), 0, "two fdatasyncs at once");
-            let number = self.fsyncs.fetch_add(1, SeqCst) + 1;
-            let ok = self.fail != Some(number);
-            if ok {
-                self.durable.fetch_max(target, SeqCst);
-            } else {
-                self.poisoned.store(true, SeqCst);
-            }
-            self.in_flight.fetch_sub(1, SeqCst);
-            ok
-        }
-    }
-
-    /// `Partition::append` then `sync_to` in miniature: write one record, then wait for an
-    /// fdatasync that covers it or lead rounds of them (at most `rounds` in a row).
-    fn append(queue: &SyncQueue, disk: &Disk, rounds: u32) -> Result<(), Poisoned> {
-        let end = disk.written.fetch_add(1, SeqCst) + 1;
-        if queue.wait_turn(Offset::new(end), || disk.check())? == Turn::Lead {
-            for led in 1.. {
-                disk.check().inspect_err(|_| {
-                    queue.end_round(None, false, |_| None);
-                })?;
-                let target = disk.written.load(SeqCst);
-                let durable = disk.fdatasync(target).then_some(Offset::new(target));
-                let mark = |_| (!disk.poisoned.load(SeqCst)).then_some(0);
-                let more = queue.end_round(durable, led < rounds, mark);
-                durable.ok_or(Poisoned)?;
-                if !more {
-                    disk.check()?;
-                    break;
-                }
-            }
-        }
-        assert!(disk.durable.load(SeqCst) >= end, "acknowledged before an fdatasync covered it");
-        Ok(())
-    }
-
-    /// Three appenders, leaders handing off after `rounds`; the model's own thread appends
-    /// too, or with `poison`, poisons the engine meanwhile (another appender's write failed).
-    fn appenders(rounds: u32, fail: Option<usize>, poison: bool, bug: Option<QueueBug>) {
-        loom::model(move || {
-            let mut queue = SyncQueue::new(Offset::ZERO, 0);
-            queue.bug = bug;
-            let queue = Arc::new(queue);
-            let disk = Arc::new(Disk { fail, ..Disk::default() });
-            let others: Vec<_> = (0..if poison { 3 } else { 2 })
-                .map(|_| {
-                    let (queue, disk) = (Arc::clone(&queue), Arc::clone(&disk));
-                    thread::spawn(move || append(&queue, &disk, rounds).is_ok())
+    fn model() {
+        loom::model(|| {
+            let root = directory();
+            let engine = open(root.path(), Durability::Sync);
+            engine.create_topic("t", TopicConfig::default()).expect("create");
+            let appenders: Vec<_> = (0..2u8)
+                .map(|n| {
+                    let engine = engine.clone();
+                    thread::spawn(move || {
+                        let value = [n];
+                        let appended = engine.append("t", 0, &[Record::new(None, &value)]);
+                        appended.expect("appended").base_offset.get()
+                    })
                 })
                 .collect();
-            if poison {
-                // Another appender's write failed: the engine is poisoned meanwhile.
-                disk.poisoned.store(true, SeqCst);
-            } else {
-                let _ = append(&queue, &disk, rounds);
-            }
-            let succeeded: Vec<bool> = others.into_iter().map(|t| t.join().unwrap()).collect();
-            if fail.is_none() && !poison {
-                assert!(succeeded.iter().all(|ok| *ok), "an append failed with no fault");
-            }
+            let mine = engine.append("t", 0, &[Record::new(None, b"main")]).expect("appended");
+            let mut offsets = vec![mine.base_offset.get()];
+            offsets.extend(appenders.into_iter().map(|h| h.join().expect("appender")));
+            offsets.sort_unstable();
+            assert_eq!(offsets, [0, 1, 2], "each appender its own offset");
+            assert_eq!(read_all(&engine, "t").len(), 3, "all of it visible");
         });
     }
 
     #[test]
-    fn appenders_share_fdatasyncs_and_all_return() {
-        appenders(1, None, false, None);
-        appenders(2, None, false, None);
+    fn waiters_take_turns_driving_and_all_return() {
+        model();
     }
 
     #[test]
-    fn a_failed_fdatasync_wakes_every_waiter() {
-        appenders(2, Some(1), false, None);
+    fn a_driver_that_wakes_nobody_is_caught() {
+        deadlock_in_a_child("loom_models::write_path::bug_driver_wakes_nobody");
     }
 
     #[test]
-    fn a_poison_meanwhile_leaves_nobody_asleep() {
-        appenders(1, None, true, None);
-    }
-
-    /// The models can fail: each deliberate bug is found, as a deadlock (loom's report of one
-    /// aborts the process, so each runs in a child process: `deadlock_in_a_child`).
-    #[test]
-    fn a_missing_hand_off_is_caught() {
-        super::deadlock_in_a_child("loom_models::group_commit::bug_no_hand_off");
-    }
-
-    #[test]
-    fn a_poisoned_appender_that_leaves_waiters_asleep_is_caught() {
-        super::deadlock_in_a_child("loom_models::group_commit::bug_poison_leaves_waiters");
-    }
-
-    #[test]
-    #[ignore = "a deliberate bug: run in a child process by a_missing_hand_off_is_caught"]
-    fn bug_no_hand_off() {
-        appenders(1, None, false, Some(QueueBug::NoHandOff));
-    }
-
-    #[test]
-    #[ignore = "a deliberate bug: run in a child process by a_poisoned_appender_that_leaves_waiters_asleep_is_caught"]
-    fn bug_poison_leaves_waiters() {
-        appenders(1, None, true, Some(QueueBug::PoisonLeavesWaiters));
+    #[ignore = "a deliberate bug: run in a child process by a_driver_that_wakes_nobody_is_caught"]
+    fn bug_driver_wakes_nobody() {
+        bugs::set(Bug::DriverWakesNobody);
+        model();
     }
 }
 
-/// A fresh engine for one interleaving, in memory where the machine has a tmpfs.
 mod whole_engine {
     use crate::io::PreadIo;
     use crate::{Clock, Durability, Engine, Options};

@@ -1,41 +1,44 @@
-//! One partition: the write path (append, roll, group commit) and the read path.
+//! One partition: what readers see (the segment list, the high watermark), the requests of
+//! the write path, and maintenance (retention, compaction).
 //!
-//! Locks, in the only order they are taken (none is taken while holding one later in the
-//! list): `maintenance` (retention and compaction, held for a whole pass), `state` (the
-//! segment list, the write position, the transaction fence), `file_sync` (held across every
-//! fdatasync of a segment file), the group commit queue's lock (`sync`, inside
-//! `SyncQueue`), then the watermark's. `checkpoint` and the compaction bookkeeping
-//! (`first_dirty`, `compaction_blocked`, `compaction_failure`) are taken with no other lock
-//! held but `maintenance`.
+//! The write path is the second design's: a request (append, flush, a transaction's steps)
+//! goes to the engine's [`WritePath`] and is answered when the partition's log
+//! (`crate::log`) and the reactor have done it; no lock of the partition is held meanwhile.
+//! What the log decides comes back as events through [`PartitionHost`], which keeps the
+//! segment list and the watermark that readers use: a batch's index entry when it is placed,
+//! the active segment's end when its write completed, the watermark when the mode allows,
+//! the next segment when a roll created it.
 //!
-//! Writes to the file happen under `state`, so batches land in offset order. The group
-//! commit's fdatasync runs under `file_sync` alone, not `state`, so appenders keep writing
-//! while it is in flight and are covered by the next one. A roll's fsyncs run under `state`
-//! and `file_sync`: appenders and readers of this partition wait for a roll. Retention and
-//! compaction hold `maintenance` for their whole pass and `state` only to take the segment
-//! list and to swap it, so appends, flushes and reads never wait for a pass.
+//! Locks, in the only order they are taken (none while holding one later in the list):
+//! `maintenance` (retention and compaction, held for a whole pass), the write path's reactor
+//! (held by its driver for a turn; the host callbacks run under it), `state` (the segment list
+//! and the partition's flags), then the watermark's. The compaction bookkeeping
+//! (`first_dirty`, `compaction_blocked`, `compaction_failure`) is taken with no other lock
+//! held but `maintenance`. No thread holds `state` while it waits for the write path.
 
 use crate::canary::{self, Canary};
-use crate::checkpoint::{CHECKPOINT_FILE, CheckpointWriter};
+use crate::checkpoint::CheckpointWriter;
 use crate::compaction::{self, CleanError, KEY_MAP_ENTRIES_MAX, Source};
 use crate::engine::{Durability, Poison};
 use crate::error::{AppendError, Corruption, CorruptionKind, IoError, OpenError, ReadError};
 use crate::fetch::Fetch;
-use crate::format::{self, BatchInfo, DecodeError};
-use crate::io::{self, Io, OpenMode, Operation};
+use crate::format::{self, DecodeError};
+use crate::io::{self, Io, OpenMode};
 use crate::limits::BATCH_BYTES_MAX;
+use crate::log::{self as write_log, Acked, Batch, Event, Failure, PartitionLog, Refusal};
 use crate::log_start;
 use crate::metrics::Metrics;
+use crate::reactor::{self, Host, PartitionId};
 use crate::recovery::{self, PartitionRecovery};
 use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
-use crate::sync::{Condvar, Mutex};
-use crate::sync_queue::{SyncQueue, Turn};
+use crate::sync::Mutex;
 use crate::topic::TopicConfig;
 use crate::watermark::Watermark;
+use crate::write_path::{Request, WritePath};
 use crate::{Clock, Offset, Record};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// The offsets a successful append was given.
@@ -60,18 +63,6 @@ struct State<I: Io> {
     /// parse (a torn tail the writer has not cut yet). `refresh` waits there instead of taking
     /// those same bytes for a rewrite.
     unread_tail: Option<u64>,
-    /// A transaction holds the partition: its batch is written, not yet committed. Appends
-    /// and other transactions wait (`transaction_done`); syncs and readers stop at the fence.
-    transaction: Option<Fence>,
-}
-
-/// Where an uncommitted transaction's batch starts in the active segment.
-#[derive(Clone, Copy, Debug)]
-struct Fence {
-    offset: Offset,
-    position: u64,
-    /// Before the batch was written: `None` while a transaction waits for its turn.
-    written: bool,
 }
 
 impl<I: Io> State<I> {
@@ -79,24 +70,14 @@ impl<I: Io> State<I> {
         self.segments.last().expect("a partition always has an active segment")
     }
 
+    fn active_mut(&mut self) -> &mut Segment<I> {
+        self.segments.last_mut().expect("a partition always has an active segment")
+    }
+
     fn next_offset(&self) -> Offset {
         self.active().next_offset
     }
-
-    /// The end of what may be synced and shown: the fence of an uncommitted transaction, or
-    /// the end of the log.
-    fn committed_end(&self) -> (Offset, u64) {
-        match self.transaction {
-            Some(fence) if fence.written => (fence.offset, fence.position),
-            _ => (self.next_offset(), self.active().size),
-        }
-    }
 }
-
-/// Most fdatasyncs one group-commit leader runs in a row before it hands off and returns to
-/// its caller: enough to spare most hand-off wake-ups, few enough that no appender is held
-/// for long serving the others.
-const LEADER_SYNCS_MAX: u32 = 8;
 
 /// What one compaction pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -158,6 +139,13 @@ const COMPACTION_BACKOFF_MS: i64 = 1_000;
 /// Longest back-off between compaction attempts after failures.
 const COMPACTION_BACKOFF_MAX_MS: i64 = 60_000;
 
+/// A writable partition's place in the engine's write path.
+#[derive(Debug)]
+struct Writer<I: Io> {
+    path: Arc<WritePath<I>>,
+    id: PartitionId,
+}
+
 #[derive(Debug)]
 pub(crate) struct Partition<I: Io> {
     topic: String,
@@ -169,15 +157,10 @@ pub(crate) struct Partition<I: Io> {
     metrics: Arc<Metrics>,
     durability: Durability,
     state: Mutex<State<I>>,
-    /// The group commit (`sync_queue.rs`).
-    sync: SyncQueue,
-    /// Serialises every fdatasync of segment files; taken after `state` (roll) or alone
-    /// (group commit), never before `state`.
-    file_sync: Mutex<()>,
+    /// `None` when opened read-only.
+    writer: Option<Writer<I>>,
     /// Serialises retention and compaction; taken before any other lock.
     maintenance: Mutex<()>,
-    /// Notified when a transaction leaves the partition (`State::transaction`).
-    transaction_done: Condvar,
     /// Compaction: every offset below this was cleaned by an earlier pass (`cleaner.offset`).
     first_dirty: Mutex<Offset>,
     compaction_passes: AtomicU64,
@@ -186,8 +169,6 @@ pub(crate) struct Partition<I: Io> {
     /// The last abandoned pass (an I/O error before its commit) and when to try again.
     compaction_failure: Mutex<Option<CompactionFailure>>,
     compaction_failures: AtomicU64,
-    /// Taken alone, never while holding another lock. `None` when opened read-only.
-    checkpoint: Option<Mutex<CheckpointWriter<I>>>,
     /// What readers may see: the durable end in `sync` and `interval` modes, the written end in
     /// `os` mode (`watermark.rs`: lock-free reads, waiters).
     watermark: Watermark,
@@ -203,6 +184,8 @@ pub(crate) struct PartitionContext<I: Io> {
     pub read_only: bool,
     /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
     pub direct: bool,
+    /// The engine's write path; `None` when opened read-only.
+    pub write_path: Option<Arc<WritePath<I>>>,
 }
 
 impl<I: Io> Clone for PartitionContext<I> {
@@ -215,7 +198,43 @@ impl<I: Io> Clone for PartitionContext<I> {
             durability: self.durability,
             read_only: self.read_only,
             direct: self.direct,
+            write_path: self.write_path.clone(),
         }
+    }
+}
+
+/// What the write path tells a partition (see the module documentation). Holds the partition
+/// weakly: the reactor must not keep a closed partition alive.
+struct PartitionHost<I: Io> {
+    partition: Weak<Partition<I>>,
+}
+
+impl<I: Io> Host<I> for PartitionHost<I> {
+    fn on_event(&self, event: &Event) {
+        if let Some(partition) = self.partition.upgrade() {
+            partition.on_event(event);
+        }
+    }
+
+    fn created(&self, file: Arc<SegmentFile<I>>, now_ms: i64) {
+        if let Some(partition) = self.partition.upgrade() {
+            let mut state = partition.state.lock();
+            let base = state.next_offset();
+            let interval = state.config.index_interval_bytes;
+            state.segments.push(Segment::empty_shared(base, file, interval, now_ms));
+        }
+    }
+
+    fn index_files(&self, segment: Offset, length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>) {
+        let partition = self.partition.upgrade().expect("a sealing partition is alive");
+        let state = partition.state.lock();
+        let sealed = state
+            .segments
+            .iter()
+            .find(|s| s.base_offset == segment)
+            .expect("the segment being sealed is in the list");
+        assert_eq!((sealed.size, sealed.next_offset), (length, next_offset), "sealed as written");
+        sealed.index.encode(length, next_offset)
     }
 }
 
@@ -225,7 +244,7 @@ impl<I: Io> Partition<I> {
     pub fn create_files(io: &I, directory: &Path) -> Result<(), IoError> {
         io.create_directory(directory).map_err(|e| IoError::new("mkdir", directory, e))?;
         let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
-        for path in [path, directory.join(CHECKPOINT_FILE)] {
+        for path in [path, directory.join(crate::checkpoint::CHECKPOINT_FILE)] {
             let file = io
                 .open(&path, OpenMode::CreateNew)
                 .map_err(|e| IoError::new("create", &path, e))?;
@@ -234,7 +253,8 @@ impl<I: Io> Partition<I> {
         io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
     }
 
-    /// Open and recover the partition stored in `directory`.
+    /// Open and recover the partition stored in `directory`, and (writable) hand its write
+    /// path to the engine's reactor.
     pub fn open(
         context: &PartitionContext<I>,
         directory: PathBuf,
@@ -242,7 +262,7 @@ impl<I: Io> Partition<I> {
         id: u32,
         config: TopicConfig,
         transaction_end: Offset,
-    ) -> Result<(Self, PartitionRecovery), OpenError> {
+    ) -> Result<(Arc<Self>, PartitionRecovery), OpenError> {
         let now = context.clock.now_ms();
         let read_only = context.read_only;
         let span = tracing::info_span!("recovery", topic, partition = id, read_only).entered();
@@ -264,9 +284,15 @@ impl<I: Io> Partition<I> {
         drop(span);
         let active = recovered.segments.last().expect("recovery yields a segment");
         let (base, size, end) = (active.base_offset, active.size, active.next_offset);
-        let checkpoint = if read_only {
-            None
-        } else {
+        let log_state = write_log::Recovered {
+            base_offset: base,
+            size,
+            next_offset: end,
+            created_ms: active.created_ms,
+            tail: active.tail.clone(),
+        };
+        let active_file = Arc::clone(&active.file);
+        let checkpoint = if context.write_path.is_some() {
             let mut checkpoint =
                 CheckpointWriter::open(&context.io, &directory, recovered.checkpoint)?;
             if recovered.damaged.is_none() {
@@ -278,6 +304,14 @@ impl<I: Io> Partition<I> {
                 }
             }
             Some(checkpoint)
+        } else {
+            None
+        };
+        let log_config = write_log::Config {
+            durability: context.durability,
+            segment_bytes: config.segment_bytes,
+            segment_ms: config.segment_ms,
+            direct: context.direct,
         };
         let state = State {
             config,
@@ -285,32 +319,40 @@ impl<I: Io> Partition<I> {
             segments: recovered.segments,
             damaged: recovered.damaged,
             deleted: false,
-            transaction: None,
         };
         let cleaned = log_start::read_cleaner_offset(&*context.io, &directory);
-        let partition = Partition {
-            topic: topic.to_owned(),
-            id,
-            directory,
-            io: Arc::clone(&context.io),
-            clock: Arc::clone(&context.clock),
-            poison: Arc::clone(&context.poison),
-            metrics: Arc::clone(&context.metrics),
-            durability: context.durability,
-            state: Mutex::new(state),
-            sync: SyncQueue::new(end, now),
-            file_sync: Mutex::new(()),
-            maintenance: Mutex::new(()),
-            transaction_done: Condvar::new(),
-            first_dirty: Mutex::new(cleaned),
-            compaction_passes: AtomicU64::new(0),
-            compaction_blocked: Mutex::new(None),
-            compaction_failure: Mutex::new(None),
-            compaction_failures: AtomicU64::new(0),
-            checkpoint: checkpoint.map(Mutex::new),
-            watermark: Watermark::new(end),
-        };
-        Ok((partition, recovered.report))
+        let report = recovered.report;
+        let partition = Arc::new_cyclic(|weak: &Weak<Partition<I>>| {
+            let writer = context.write_path.as_ref().zip(checkpoint).map(|(path, checkpoint)| {
+                let log = PartitionLog::new(log_config, log_state, now);
+                let host: Arc<dyn Host<I>> = Arc::new(PartitionHost { partition: weak.clone() });
+                let directory = directory.clone();
+                let id = path.with_reactor(|reactor| {
+                    reactor.add(directory, log, active_file, checkpoint, host)
+                });
+                Writer { path: Arc::clone(path), id }
+            });
+            Partition {
+                topic: topic.to_owned(),
+                id,
+                directory,
+                io: Arc::clone(&context.io),
+                clock: Arc::clone(&context.clock),
+                poison: Arc::clone(&context.poison),
+                metrics: Arc::clone(&context.metrics),
+                durability: context.durability,
+                state: Mutex::new(state),
+                writer,
+                maintenance: Mutex::new(()),
+                first_dirty: Mutex::new(cleaned),
+                compaction_passes: AtomicU64::new(0),
+                compaction_blocked: Mutex::new(None),
+                compaction_failure: Mutex::new(None),
+                compaction_failures: AtomicU64::new(0),
+                watermark: Watermark::new(end),
+            }
+        });
+        Ok((partition, report))
     }
 
     pub fn high_watermark(&self) -> Offset {
@@ -321,9 +363,40 @@ impl<I: Io> Partition<I> {
         self.watermark.publish(offset);
     }
 
+    /// Take in what the log decided (through the reactor's host callback).
+    fn on_event(&self, event: &Event) {
+        match event {
+            Event::Placed { position, info } => {
+                let mut state = self.state.lock();
+                let active = state.active_mut();
+                assert!(info.base_offset >= active.base_offset, "placed in the active segment");
+                reactor::on_placed(&mut active.index, *position, info);
+            }
+            Event::Written { end, position } => {
+                let mut state = self.state.lock();
+                let active = state.active_mut();
+                assert!(*end >= active.next_offset && *position >= active.size, "never back");
+                (active.next_offset, active.size) = (*end, *position);
+            }
+            Event::Published(offset) => {
+                // Fail-stop: once the engine is poisoned nothing more is shown as durable.
+                if self.durability == Durability::Os || self.poison.check().is_ok() {
+                    self.publish(*offset);
+                }
+            }
+            Event::Rolled { segment } => {
+                let state = self.state.lock();
+                assert_eq!(state.active().base_offset, *segment, "the host made the new segment");
+            }
+            Event::Poisoned(failure) => {
+                self.poison.set(format!("{}/{}: {failure}", self.topic, self.id));
+            }
+        }
+    }
+
     /// Block until a record at `offset` is visible or `timeout` passes. Returns whether it is.
     pub fn wait_for(&self, offset: Offset, timeout: Duration) -> Result<bool, ReadError> {
-        if self.checkpoint.is_none() {
+        if self.writer.is_none() {
             // Read-only: another process writes, and nothing here is notified. Look, wait,
             // look again.
             self.refresh()?;
@@ -395,75 +468,65 @@ impl<I: Io> Partition<I> {
         if canary::active(Canary::AppendPanicsOnEmptyValue) {
             assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
         }
+        let batch = self.encode(records)?;
+        let appended = match self.request(Request::Append(batch))? {
+            Acked::Appended { base_offset, next_offset } => {
+                Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) }
+            }
+            other => unreachable!("an append is answered as one: {other:?}"),
+        };
+        if canary::active(Canary::AppendReportsWrongOffset) && appended.base_offset.get() > 0 {
+            let base_offset = Offset::new(appended.base_offset.get() - 1);
+            let last_offset = Offset::new(appended.last_offset.get() - 1);
+            return Ok(Appended { base_offset, last_offset });
+        }
+        Ok(appended)
+    }
+
+    /// Encode `records` as one batch at offset zero (the log gives it its offsets), outside
+    /// any lock.
+    fn encode(&self, records: &[Record<'_>]) -> Result<Batch, AppendError> {
         let now = self.clock.now_ms();
-        // Encode outside the lock; only the offsets and the checksum are patched under it.
-        let mut batch = Vec::new();
-        let encoded = format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
-        let written = {
-            let mut state = self.state.lock();
-            while state.transaction.is_some() {
-                self.transaction_done.wait(&mut state);
-            }
-            self.write_batch(&mut state, batch, encoded, now, |_| {})?
-        };
-        match self.durability {
-            Durability::Sync if canary::active(Canary::AckBeforeFsync) => {
-                self.publish(written.next_offset);
-            }
-            Durability::Sync => self.sync_to(written.next_offset)?,
-            Durability::Os if canary::active(Canary::OsAppendsNotPublished) => {}
-            Durability::Os => self.publish(written.next_offset),
-            Durability::Interval { .. } => {}
-        }
-        let last_offset = Offset::new(written.next_offset.get() - 1);
-        if canary::active(Canary::AppendReportsWrongOffset) && written.base_offset.get() > 0 {
-            let base_offset = Offset::new(written.base_offset.get() - 1);
-            return Ok(Appended { base_offset, last_offset: Offset::new(last_offset.get() - 1) });
-        }
-        Ok(Appended { base_offset: written.base_offset, last_offset })
+        let mut bytes = Vec::new();
+        let info = format::encode_batch(&mut bytes, Offset::ZERO, records, now, Offset::ZERO)?;
+        Ok(Batch { bytes, info })
     }
 
-    /// Write an encoded batch at the end of the log under the `state` lock: check the
-    /// partition takes appends, roll if due, call `after_roll`, patch the offsets and the
-    /// synced-offset hint, write (a failure poisons), and index it.
-    fn write_batch(
-        &self,
-        state: &mut State<I>,
-        mut batch: Vec<u8>,
-        encoded: BatchInfo,
-        now: i64,
-        after_roll: impl FnOnce(&mut State<I>),
-    ) -> Result<BatchInfo, AppendError> {
-        self.check_appendable(state)?;
-        if Self::should_roll(state, batch.len() as u64, now) {
-            self.roll(state, now)?;
-        }
-        after_roll(state);
-        let base = state.next_offset();
-        // Read after a roll, which syncs: the hint is as strong as it can be.
-        let hint = self.sync.synced().0;
-        format::set_batch_offsets(&mut batch, base, hint);
-        let info = BatchInfo {
-            base_offset: base,
-            next_offset: base.plus(encoded.next_offset.get()),
-            ..encoded
-        };
-        let active = state.segments.last_mut().expect("active segment");
-        Metrics::add(&self.metrics.bytes_written, batch.len() as u64);
-        active.write_at_end(batch).inspect_err(|e| {
-            if !canary::active(Canary::WriteErrorNotPoisoned) {
-                self.poison_with(e);
-            }
-        })?;
-        active.on_batch(info);
-        Ok(info)
+    /// Send `request` down the write path and wait for its answer. Refused at once when the
+    /// partition takes no appends.
+    fn request(&self, request: Request) -> Result<Acked, AppendError> {
+        let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
+        self.check_appendable()?;
+        let answer = writer.path.submit(writer.id, request).wait();
+        // An answer stands even if the engine was poisoned meanwhile (by another partition's
+        // failure in the same turn, say): what the log acknowledged was done, durably in
+        // `sync` mode; reporting it failed would invite a duplicate.
+        answer.map_err(|refusal| self.refused(refusal))
     }
 
-    fn check_appendable(&self, state: &State<I>) -> Result<(), AppendError> {
+    /// What a refusal of the write path means to a caller.
+    fn refused(&self, refusal: Refusal) -> AppendError {
+        match refusal {
+            Refusal::Poisoned(failure) => AppendError::Io(self.io_error(&failure)),
+            Refusal::QueueFull => AppendError::Overloaded { queued: write_log::QUEUED_MAX },
+            Refusal::Removed => AppendError::TopicNotFound { topic: self.topic.clone() },
+        }
+    }
+
+    /// The I/O error a log's failure stands for, with the file it happened on.
+    fn io_error(&self, failure: &Failure) -> IoError {
+        let path = match failure.operation {
+            "checkpoint" => self.directory.join(crate::checkpoint::CHECKPOINT_FILE),
+            "create" | "seal" => self.directory.clone(),
+            _ => self.directory.join(segment::file_name(failure.segment, LOG_SUFFIX)),
+        };
+        let source = std::io::Error::new(failure.kind, failure.message.clone());
+        IoError { operation: failure.operation, path, source }
+    }
+
+    fn check_appendable(&self) -> Result<(), AppendError> {
         self.poison.check()?;
-        if self.checkpoint.is_none() {
-            return Err(AppendError::ReadOnly);
-        }
+        let state = self.state.lock();
         if state.deleted {
             return Err(AppendError::TopicNotFound { topic: self.topic.clone() });
         }
@@ -475,22 +538,23 @@ impl<I: Io> Partition<I> {
 
     /// Apply changed topic settings (the caller made them durable in `topic.meta`).
     pub fn set_config(&self, config: TopicConfig) {
+        let (segment_bytes, segment_ms) = (config.segment_bytes, config.segment_ms);
         self.state.lock().config = config;
+        if let Some(writer) = &self.writer {
+            writer.path.with_reactor(|reactor| {
+                if let Some(log) = reactor.log_mut(writer.id) {
+                    log.set_segment_limits(segment_bytes, segment_ms);
+                }
+            });
+        }
     }
 
-    /// Refuse appends from now on; the caller then removes the files.
+    /// Refuse appends from now on and leave the write path; the caller then removes the files.
     pub fn mark_deleted(&self) {
         self.state.lock().deleted = true;
-    }
-
-    fn should_roll(state: &State<I>, batch_bytes: u64, now: i64) -> bool {
-        let active = state.active();
-        if active.size == 0 {
-            return false;
+        if let Some(writer) = &self.writer {
+            writer.path.remove(writer.id);
         }
-        let too_big = active.size + batch_bytes > state.config.segment_bytes;
-        let too_old = now.saturating_sub(active.created_ms) >= state.config.segment_ms;
-        too_big || too_old
     }
 
     /// A finished compaction pass, in the metrics and the trace.
@@ -505,128 +569,6 @@ impl<I: Io> Partition<I> {
         tracing::info!(records_in, records_kept, bytes_out = report.bytes_out, "compacted");
     }
 
-    /// An fdatasync of a segment file, counted and timed.
-    fn measured_fdatasync(&self, file: &SegmentFile<I>) -> Result<(), IoError> {
-        let started = self.clock.monotonic_us();
-        let result = file.run(Operation::Fdatasync { file: file.handle });
-        Metrics::add(&self.metrics.fsyncs, 1);
-        if result.is_err() {
-            Metrics::add(&self.metrics.fsync_errors, 1);
-        }
-        self.metrics.fsync_latency.record(self.clock.monotonic_us().saturating_sub(started));
-        result
-    }
-
-    /// Seal the active segment and start a new one. The sealed segment is fsynced and indexed
-    /// before the new file exists, so every segment but the last is always fully durable.
-    fn roll(&self, state: &mut State<I>, now: i64) -> Result<(), AppendError> {
-        // Serialised with the group commit's fdatasync: Linux reports a write-back error to
-        // only one of two concurrent fsyncs of a file, so two in flight could let one of them
-        // call data durable that the other saw lost.
-        let _file_sync = self.file_sync.lock();
-        self.poison.check()?;
-        self.seal_and_create(state, now).inspect_err(|e| self.poison_with(e))?;
-        Metrics::add(&self.metrics.segments_rolled, 1);
-        Ok(())
-    }
-
-    fn seal_and_create(&self, state: &mut State<I>, now: i64) -> Result<(), IoError> {
-        let active = state.active();
-        if !canary::active(Canary::IndexBeforeData) {
-            active.sync_for_seal()?;
-        }
-        active.write_index_files()?;
-        let base = active.next_offset;
-        let path = self.directory.join(segment::file_name(base, LOG_SUFFIX));
-        let mode = OpenMode::CreateNew.with_direct(active.file.direct);
-        let file = SegmentFile::open(&self.io, path, mode)?;
-        if !canary::active(Canary::SkipDirectoryFsyncOnRoll) {
-            io::sync_directory(&*self.io, &self.directory)
-                .map_err(|e| IoError::new("fsync", &self.directory, e))?;
-        }
-        let interval = state.config.index_interval_bytes;
-        state.segments.push(Segment::empty(base, file, interval, now));
-        self.sync.mark_durable(base, |offset| self.mark_synced(offset));
-        Ok(())
-    }
-
-    /// Under the group commit's lock: whether every offset below `offset` may be called
-    /// durable, and when; publishes it to readers before that lock is released, so an appender
-    /// that finds its records synced finds them visible too (read your writes).
-    fn mark_synced(&self, offset: Offset) -> Option<i64> {
-        // Fail-stop: once any fsync failed, nothing more is called durable.
-        if self.poison.check().is_err() {
-            return None;
-        }
-        if self.durability != Durability::Os {
-            self.publish(offset);
-        }
-        Some(self.clock.now_ms())
-    }
-
-    /// Make every offset below `end` durable, sharing one fdatasync among all appenders waiting
-    /// at the same time (group commit, `sync_queue.rs`): one of them leads, up to
-    /// [`LEADER_SYNCS_MAX`] fdatasyncs in a row, the others wait for its result.
-    pub fn sync_to(&self, end: Offset) -> Result<(), AppendError> {
-        if self.sync.wait_turn(end, || self.poison.check())? == Turn::Durable {
-            return Ok(());
-        }
-        for led in 1.. {
-            let (target, more) = self.lead_one_sync(led < LEADER_SYNCS_MAX)?;
-            // The first fdatasync started after our write returned: it covers our records.
-            assert!(led > 1 || target >= end, "a leader syncs at least its own records");
-            if !more {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Run one fdatasync as the group commit's leader
-    /// and record its outcome. Returns the offset it made durable, and whether the caller
-    /// leads the next fdatasync too: only if `may_continue`, it succeeded and waiters remain
-    /// that it did not cover. Otherwise leadership has been handed off, also on every error.
-    fn lead_one_sync(&self, may_continue: bool) -> Result<(Offset, bool), AppendError> {
-        let (file, base, position, target) = {
-            let state = self.state.lock();
-            let active = state.active();
-            let (target, position) = state.committed_end();
-            (Arc::clone(&active.file), active.base_offset, position, target)
-        };
-        // Held until the outcome is recorded; see `roll`.
-        let file_sync = self.file_sync.lock();
-        let result = self.poison.check().map_err(AppendError::from).and_then(|()| {
-            let fdatasync = || self.measured_fdatasync(&file);
-            let mut result = fdatasync();
-            if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
-                result = fdatasync();
-            }
-            result.map_err(|error| {
-                // Never retry: after a failed fsync the dirty pages may be gone.
-                self.poison_with(&error);
-                AppendError::from(error)
-            })
-        });
-        // One lock section, so no follower can start a second fsync in between.
-        let durable = result.is_ok().then_some(target);
-        let more = self.sync.end_round(durable, may_continue, |offset| self.mark_synced(offset));
-        drop(file_sync);
-        result?;
-        // A poison set by a concurrent failure after our fsync succeeded does not take back
-        // what was synced; but `mark_synced` did not publish it, so report the poison. A
-        // leader that goes on finds it in its next round, which hands off.
-        if !more {
-            self.poison.check()?;
-        }
-        // Evidence for recovery; not fsynced on purpose (see the checkpoint module). A failure
-        // poisons the engine, but the records above are durable and acknowledged.
-        let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never sync");
-        if let Err(error) = checkpoint.lock().record(base, position, target) {
-            self.poison_with(&error);
-        }
-        Ok((target, more))
-    }
-
     /// Retention: remove the oldest sealed segments the topic's settings no longer keep, a
     /// prefix of the log, never the active segment. A sealed segment goes when its newest
     /// record is older than `retention_ms` on the engine clock, or while the partition without
@@ -638,7 +580,7 @@ impl<I: Io> Partition<I> {
     /// their files are removed and the directory fsynced. A crash after the first step is
     /// finished by recovery, which removes whatever files are left below the log start.
     pub fn apply_retention(&self, now: i64) -> Result<usize, AppendError> {
-        if self.checkpoint.is_none() {
+        if self.writer.is_none() {
             return Ok(0);
         }
         let _maintenance = self.maintenance.lock();
@@ -706,7 +648,7 @@ impl<I: Io> Partition<I> {
     /// compaction_failure`], and passes that are not forced wait for a back-off. An I/O error
     /// at or after a commit poisons the engine; the next open finishes the swap in flight.
     pub fn compact(&self, now: i64, force: bool) -> Result<Option<CompactionReport>, AppendError> {
-        if self.checkpoint.is_none() {
+        if self.writer.is_none() {
             return Ok(None);
         }
         let _maintenance = self.maintenance.lock();
@@ -883,94 +825,43 @@ impl<I: Io> Partition<I> {
         Ok(report)
     }
 
-    /// Sync if there are unsynced records and the last sync is older than `interval_ms`.
-    pub fn flush_if_due(&self, interval_ms: u64) -> Result<(), AppendError> {
-        let end = self.state.lock().committed_end().0;
-        let (synced, last) = self.sync.synced();
-        let due = self.clock.now_ms().saturating_sub(last)
-            >= i64::try_from(interval_ms).unwrap_or(i64::MAX);
-        if synced < end && due { self.sync_to(end) } else { Ok(()) }
-    }
-
     /// Sync everything written so far.
     pub fn flush(&self) -> Result<(), AppendError> {
-        if self.checkpoint.is_none() {
+        if self.writer.is_none() {
             return Ok(());
         }
-        let end = self.state.lock().committed_end().0;
-        self.sync_to(end)
+        self.request(Request::Flush).map(|_| ())
     }
 
-    /// Start this partition's part of a transaction: wait for the partition to be free, take
-    /// it, and write `records` as one transactional batch, invisible to readers and syncs
-    /// until [`Partition::end_transaction`]. Appends and other transactions wait meanwhile;
-    /// callers take partitions in one global order, so transactions never wait in a cycle.
-    /// On error the partition is released again (and the engine poisoned where I/O failed).
+    /// Start this partition's part of a transaction: write `records` as one transactional
+    /// batch, invisible to readers and syncs until [`Partition::end_transaction`]. The
+    /// partition's log holds later appends and transactions behind it (a fence); callers take
+    /// partitions in one global order, so transactions never wait in a cycle. On error the
+    /// partition is released again (and the engine poisoned where I/O failed).
     pub fn begin_transaction(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
         self.poison.check()?;
-        let now = self.clock.now_ms();
-        let mut batch = Vec::new();
-        let encoded = format::encode_batch(&mut batch, Offset::ZERO, records, now, Offset::ZERO)?;
-        format::set_transactional(&mut batch);
-        let mut state = self.state.lock();
-        while state.transaction.is_some() {
-            self.transaction_done.wait(&mut state);
-        }
-        let fence = |state: &State<I>| Fence {
-            offset: state.next_offset(),
-            position: state.active().size,
-            written: false,
-        };
-        state.transaction = Some(fence(&state));
-        let written = self.write_batch(&mut state, batch, encoded, now, |state| {
-            state.transaction = Some(Fence { written: true, ..fence(state) });
-        });
-        match written {
-            Ok(info) => {
-                let last_offset = Offset::new(info.next_offset.get() - 1);
-                Ok(Appended { base_offset: info.base_offset, last_offset })
+        let batch = self.encode(records)?;
+        match self.request(Request::BeginTransaction(batch))? {
+            Acked::TransactionWritten { base_offset, next_offset } => {
+                Ok(Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) })
             }
-            Err(error) => {
-                state.transaction = None;
-                self.transaction_done.notify_all();
-                Err(error)
-            }
+            other => unreachable!("a transaction's batch is answered as one: {other:?}"),
         }
     }
 
     /// Make this partition's transactional batch durable (an fdatasync of the active
-    /// segment; the checkpoint is not moved past the fence).
+    /// segment; readers and the checkpoint stay before the fence).
     pub fn sync_transaction(&self) -> Result<(), AppendError> {
-        self.poison.check()?;
-        let file = Arc::clone(&self.state.lock().active().file);
-        let _file_sync = self.file_sync.lock();
-        self.measured_fdatasync(&file).map_err(|error| {
-            self.poison_with(&error);
-            AppendError::from(error)
-        })
+        self.request(Request::SyncTransaction).map(|_| ())
     }
 
     /// Release the partition. `committed`: the transaction's commit record is durable, so its
-    /// batch is synced and shown to readers like any durable append.
+    /// batch (synced by [`Partition::sync_transaction`]) is shown like any durable append.
     pub fn end_transaction(&self, committed: bool) {
-        let (end, base, position) = {
-            let mut state = self.state.lock();
-            assert!(state.transaction.is_some(), "a transaction holds the partition");
-            state.transaction = None;
-            self.transaction_done.notify_all();
-            let active = state.active();
-            (active.next_offset, active.base_offset, active.size)
-        };
-        if !committed || self.poison.check().is_err() {
-            return;
-        }
-        // `sync_transaction` made everything written so far durable.
-        self.sync.mark_durable(end, |offset| self.mark_synced(offset));
-        self.publish(end);
-        let checkpoint = self.checkpoint.as_ref().expect("read-only partitions never commit");
-        if let Err(error) = checkpoint.lock().record(base, position, end) {
-            self.poison_with(&error);
-        }
+        let Some(writer) = &self.writer else { return };
+        // Also on a poisoned or deleted partition: the fence must go. A refusal here means
+        // the log is gone or poisoned, and then nothing waits behind the fence.
+        let _ = writer.path.submit(writer.id, Request::EndTransaction { committed }).wait();
     }
 
     /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one
@@ -1185,15 +1076,24 @@ impl<I: Io> Partition<I> {
     }
 
     /// Close: sync what was written and make the checkpoint durable, so the next open knows
-    /// that all of it was synced.
+    /// that all of it was synced; then leave the write path.
     pub fn close(&self) -> Result<(), AppendError> {
-        let Some(checkpoint) = &self.checkpoint else {
+        let Some(writer) = &self.writer else {
             return Ok(());
         };
         if self.poison.check().is_err() {
+            writer.path.remove(writer.id);
             return Ok(());
         }
-        self.flush()?;
+        let closed = writer.path.submit(writer.id, Request::Close).wait();
+        let Some(checkpoint) = writer.path.remove(writer.id) else {
+            return Ok(()); // Closed before (or the topic deleted).
+        };
+        match closed {
+            Ok(_) => {}
+            Err(Refusal::Removed) => return Ok(()),
+            Err(refusal) => return Err(self.refused(refusal)),
+        }
         {
             // A direct file ends in the zeros padding its last block: cut them, so a clean
             // close leaves nothing for the next open to cut.
@@ -1203,7 +1103,7 @@ impl<I: Io> Partition<I> {
                 active.sync_for_seal().inspect_err(|e| self.poison_with(e))?;
             }
         }
-        checkpoint.lock().sync().inspect_err(|e| self.poison_with(e))?;
+        checkpoint.sync().inspect_err(|e| self.poison_with(e))?;
         Ok(())
     }
 
@@ -1211,7 +1111,7 @@ impl<I: Io> Partition<I> {
     /// including segments it rolled to. A tail that does not parse yet is a write in progress
     /// and is left for the next call.
     pub fn refresh(&self) -> Result<(), ReadError> {
-        if self.checkpoint.is_some() {
+        if self.writer.is_some() {
             return Ok(());
         }
         let mut state = self.state.lock();

@@ -25,7 +25,7 @@ use crate::error::IoError;
 use crate::format::BatchInfo;
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, Linked, OpenMode, Operation};
-use crate::log::{Ack, Event, LogOp, OpId, OpKind, PartitionLog};
+use crate::log::{Ack, Event, Failure, LogOp, OpId, OpKind, PartitionLog};
 use crate::metrics::Metrics;
 use crate::segment::{
     self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX, write_file_durably,
@@ -215,6 +215,26 @@ impl<I: Io> Reactor<I> {
         self.slots[slot].driven.as_mut().map(|d| &mut d.log)
     }
 
+    /// Fail every log not failed yet (fail-stop across the engine): what waits is answered
+    /// with the failure, and nothing more is done.
+    pub fn fail_all(&mut self, reason: &str) {
+        let failure = Failure {
+            operation: "poisoned",
+            segment: Offset::ZERO,
+            kind: std::io::ErrorKind::Other,
+            message: reason.to_owned(),
+        };
+        self.fail_all_with(&failure);
+    }
+
+    fn fail_all_with(&mut self, failure: &Failure) {
+        for driven in self.slots.iter_mut().filter_map(|slot| slot.driven.as_mut()) {
+            if driven.log.poisoned().is_none() {
+                driven.log.fail(failure.clone());
+            }
+        }
+    }
+
     /// Every partition driven now.
     pub fn partitions(&self) -> Vec<PartitionId> {
         let generation = |slot: &Slot<I>| slot.generation;
@@ -260,6 +280,15 @@ impl<I: Io> Reactor<I> {
                     driven.checkpoint.written(checkpoint);
                 }
                 driven.log.complete(owner.id, result, now_ms);
+            }
+            // One log failed: the engine stops, and so does every other log.
+            let failed = self
+                .slots
+                .iter()
+                .filter_map(|slot| slot.driven.as_ref())
+                .find_map(|d| d.log.poisoned().cloned());
+            if let Some(failure) = failed {
+                self.fail_all_with(&failure);
             }
         }
         for (slot, entry) in self.slots.iter_mut().enumerate() {

@@ -96,7 +96,8 @@ pub struct Segment<I: Io> {
     pub created_ms: i64,
     pub index: SegmentIndex,
     /// On a direct file: the bytes of the last, partial block (`size % DIRECT_ALIGNMENT` of
-    /// them), which the next write rewrites in front of its batch. Empty otherwise.
+    /// them), as recovery found them; the partition log keeps them from there and rewrites
+    /// them in front of its next write. Empty otherwise.
     pub tail: Vec<u8>,
 }
 
@@ -118,36 +119,22 @@ impl<I: Io> Segment<I> {
         }
     }
 
-    /// Write an encoded batch at the end of the segment (`size`); [`Segment::on_batch`] then
-    /// accounts for it.
-    ///
-    /// On a direct file the write covers whole blocks: it starts at the block holding `size`,
-    /// with that block's bytes before `size` taken from `tail`, and the last block is padded
-    /// with zeros. The file is then longer than `size`; recovery cuts the zeros as it cuts a
-    /// torn tail, and sealing or closing the segment truncates them.
-    pub fn write_at_end(&mut self, batch: Vec<u8>) -> Result<(), IoError> {
-        if !self.file.direct {
-            return self.file.write(self.size, batch);
+    /// As [`Segment::empty`], for a file the write path holds too.
+    pub fn empty_shared(
+        base_offset: Offset,
+        file: Arc<SegmentFile<I>>,
+        interval_bytes: u32,
+        now_ms: i64,
+    ) -> Self {
+        Segment {
+            base_offset,
+            file,
+            size: 0,
+            next_offset: base_offset,
+            created_ms: now_ms,
+            index: SegmentIndex::new(base_offset, interval_bytes),
+            tail: Vec::new(),
         }
-        let block = DIRECT_ALIGNMENT as u64;
-        assert_eq!(self.tail.len() as u64, self.size % block, "the tail is the partial block");
-        let start = self.size - self.tail.len() as u64;
-        let end = self.size + batch.len() as u64;
-        let mut buffer = Vec::with_capacity(
-            usize::try_from(end.next_multiple_of(block) - start).expect("a batch fits in memory"),
-        );
-        if canary::active(Canary::DirectWriteDropsTail) {
-            buffer.resize(self.tail.len(), 0);
-        } else {
-            buffer.extend_from_slice(&self.tail);
-        }
-        buffer.extend_from_slice(&batch);
-        let tail_start = (end - end % block - start) as usize;
-        let tail = buffer[tail_start..].to_vec();
-        buffer.resize(buffer.capacity(), 0);
-        self.file.write(start, buffer)?;
-        self.tail = tail;
-        Ok(())
     }
 
     /// On a direct file, read the partial last block into `tail`, after recovery set `size`.

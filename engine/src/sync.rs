@@ -143,6 +143,9 @@ pub(crate) mod bugs {
         SplitSwap = 1,
         /// A transaction takes its partitions in the order of its writes, not in name order.
         UnorderedTransaction = 2,
+        /// The write path's driver hands out answers and lets go of the role without waking
+        /// the waiters.
+        DriverWakesNobody = 3,
     }
 
     #[cfg_attr(not(test), allow(dead_code))]

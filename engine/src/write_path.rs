@@ -26,6 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 /// Most requests queued in the inbox; a caller that finds it full waits (or drives).
@@ -37,8 +38,12 @@ pub enum Request {
     Append(Batch),
     BeginTransaction(Batch),
     SyncTransaction,
-    EndTransaction { committed: bool },
+    EndTransaction {
+        committed: bool,
+    },
     Flush,
+    /// A flush answered once the checkpoint recording it is written too.
+    Close,
 }
 
 /// The outcome of one request.
@@ -62,6 +67,11 @@ pub struct WritePath<I: Io> {
     wake: Condvar,
     reactor: Mutex<Reactor<I>>,
     clock: Arc<dyn Clock>,
+    /// Whether the engine around it is poisoned: then every log is failed before the next
+    /// turn, so nothing more is called done.
+    poisoned: Box<dyn Fn() -> bool + Send + Sync>,
+    /// Requests submitted so far (for tests that line threads up behind a turn).
+    submitted: Arc<AtomicU64>,
 }
 
 impl<I: Io> std::fmt::Debug for WritePath<I> {
@@ -72,11 +82,22 @@ impl<I: Io> std::fmt::Debug for WritePath<I> {
 
 impl<I: Io> WritePath<I> {
     pub fn new(reactor: Reactor<I>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Self::with_poison(reactor, clock, Box::new(|| false))
+    }
+
+    /// As [`WritePath::new`], failing every log once `poisoned` says so.
+    pub fn with_poison(
+        reactor: Reactor<I>,
+        clock: Arc<dyn Clock>,
+        poisoned: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Arc<Self> {
         Arc::new(WritePath {
             inbox: Mutex::new(Inbox::default()),
             wake: Condvar::new(),
             reactor: Mutex::new(reactor),
             clock,
+            poisoned,
+            submitted: Arc::default(),
         })
     }
 
@@ -86,6 +107,7 @@ impl<I: Io> WritePath<I> {
         inbox.next_ticket += 1;
         let ticket = inbox.next_ticket;
         inbox.requests.push((partition, ticket, request));
+        self.submitted.fetch_add(1, Ordering::SeqCst);
         drop(inbox);
         self.wake.notify_all();
         Pending { path: Arc::clone(self), ticket: Some(ticket) }
@@ -104,6 +126,11 @@ impl<I: Io> WritePath<I> {
         inbox
     }
 
+    /// The count of requests submitted so far, shared.
+    pub fn submitted(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.submitted)
+    }
+
     /// Run `f` on the reactor with nobody driving (to add partitions, or to look).
     pub fn with_reactor<T>(&self, f: impl FnOnce(&mut Reactor<I>) -> T) -> T {
         let mut inbox = self.inbox.lock();
@@ -116,6 +143,52 @@ impl<I: Io> WritePath<I> {
         self.inbox.lock().driving = false;
         self.wake.notify_all();
         result
+    }
+
+    /// Stop driving `partition`: whatever still waits on it is answered
+    /// [`Refusal::Removed`]; its checkpoint writer is handed back.
+    pub fn remove(&self, partition: PartitionId) -> Option<crate::checkpoint::CheckpointWriter<I>> {
+        let mut acks = Vec::new();
+        let checkpoint = self.with_reactor(|reactor| {
+            let log = reactor.log_mut(partition)?;
+            log.abandon();
+            while let Some(ack) = log.poll_ack() {
+                acks.push((ack.ticket.0, ack.result));
+            }
+            reactor.remove(partition)
+        });
+        // Requests still in the inbox for it are refused when the driver applies them.
+        self.hand_out(self.inbox.lock(), acks);
+        checkpoint
+    }
+
+    /// One turn if nobody is driving (the interval flushes of a ticker); whoever drives now
+    /// runs them otherwise.
+    pub fn turn_once(&self) {
+        let inbox = self.inbox.lock();
+        if !inbox.driving {
+            drop(self.drive_one(inbox));
+        }
+    }
+
+    /// Give `answers` to their waiters.
+    fn hand_out(&self, mut inbox: MutexGuard<'_, Inbox>, answers: Vec<(u64, Answer)>) {
+        for (ticket, answer) in answers {
+            if inbox.forgotten.remove(&ticket) {
+                continue;
+            }
+            if let Some(waker) = inbox.wakers.remove(&ticket) {
+                waker.wake();
+            }
+            let previous = inbox.answers.insert(ticket, answer);
+            assert!(previous.is_none(), "a ticket is answered once");
+        }
+        drop(inbox);
+        #[cfg(loom)]
+        if crate::sync::bugs::active(crate::sync::bugs::Bug::DriverWakesNobody) {
+            return;
+        }
+        self.wake.notify_all();
     }
 
     /// Wait for `ticket`'s answer, driving the reactor whenever nobody else does.
@@ -152,6 +225,9 @@ impl<I: Io> WritePath<I> {
         let mut answers = Vec::new();
         let operations = {
             let mut reactor = self.reactor.lock();
+            if (self.poisoned)() {
+                reactor.fail_all("the engine is poisoned");
+            }
             for (partition, ticket, request) in requests {
                 if let Err(refusal) = apply(&mut reactor, partition, ticket, request) {
                     answers.push((ticket, Err(refusal)));
@@ -165,18 +241,8 @@ impl<I: Io> WritePath<I> {
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         inbox.driving = false;
-        for (ticket, answer) in answers {
-            if inbox.forgotten.remove(&ticket) {
-                continue;
-            }
-            if let Some(waker) = inbox.wakers.remove(&ticket) {
-                waker.wake();
-            }
-            let previous = inbox.answers.insert(ticket, answer);
-            assert!(previous.is_none(), "a ticket is answered once");
-        }
-        self.wake.notify_all();
-        (inbox, progressed)
+        self.hand_out(inbox, answers);
+        (self.inbox.lock(), progressed)
     }
 
     /// For a driver thread: take the role whenever there is work, drive while turns move
@@ -219,6 +285,7 @@ fn apply<I: Io>(
             Ok(())
         }
         Request::Flush => log.flush(ticket),
+        Request::Close => log.close(ticket),
     }
 }
 

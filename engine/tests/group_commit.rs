@@ -23,14 +23,17 @@ fn concurrent_sync_appenders_share_fsyncs() {
     engine.create_topic(TOPIC, TopicConfig::default()).unwrap();
     let syncs_before = faults.fdatasyncs();
     // Deterministic sharing. The threads append in lockstep steps (a barrier before each
-    // append), and every fdatasync is held until the whole step is written: until the number
-    // of segment writes is a multiple of sixteen. The first fdatasync of a step therefore
-    // starts before, and is released after, all sixteen batches of the step are written; it
-    // covers those written before its leader read the end of the log, and the next one, whose
-    // leader reads the end after the first ended, covers all the rest. Then nobody waits and
-    // nobody writes until the next step. So each step takes one or two fdatasyncs, whatever
-    // the scheduler does; a group commit that synced once per append would take sixteen.
-    faults.hold_fdatasyncs_until_log_writes_multiple_of(THREADS);
+    // append), and every fdatasync is held until the engine's write path has been handed all
+    // sixteen appends of the step. The thread that drives the first turn of a step applied
+    // those queued when the turn began; its fdatasync ends only once the rest are queued, so
+    // the next turn applies all of them, and its fdatasync covers them. Then nobody writes
+    // until the next step. So each step takes one or two fdatasyncs, whatever the scheduler
+    // does; a write path that synced once per append would take sixteen.
+    let submitted = engine.write_requests_counter();
+    let before = submitted.load(std::sync::atomic::Ordering::SeqCst);
+    faults.hold_fdatasyncs_until(Some(Arc::new(move || {
+        (submitted.load(std::sync::atomic::Ordering::SeqCst) - before).is_multiple_of(THREADS)
+    })));
 
     let barrier = Arc::new(std::sync::Barrier::new(THREADS as usize));
     let handles: Vec<_> = (0..THREADS)
@@ -75,6 +78,8 @@ fn concurrent_sync_appenders_share_fsyncs() {
         assert_eq!(record.value, value(thread, sequence), "offset {}", record.offset);
     }
 
+    // The close below hands the write path one request more: let its fdatasync go.
+    faults.hold_fdatasyncs_until(None);
     let syncs = faults.fdatasyncs() - syncs_before;
     println!(
         "group commit: {total} appends, {syncs} fdatasyncs, {:.2} appends per fdatasync",

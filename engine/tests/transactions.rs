@@ -30,10 +30,12 @@ fn readers_and_appenders_wait_for_the_commit_then_see_all_of_it() {
     engine.create_topic("other", common::small_segments(1)).unwrap();
     engine.append("t", 0, &[Record::new(None, b"before")]).unwrap();
 
-    // The transaction writes two batches (t, u) and then fdatasyncs: hold its first
-    // fdatasync until this test has written once more.
+    // The transaction writes two batches (t, u) and then fdatasyncs: hold its fdatasyncs
+    // until this test lets them go.
     let writes = faults.writes();
-    faults.hold_next_fdatasync_until_writes(writes + 3);
+    let held = Arc::new(AtomicBool::new(true));
+    let gate = Arc::clone(&held);
+    faults.hold_fdatasyncs_until(Some(Arc::new(move || !gate.load(Ordering::SeqCst))));
     let committer = {
         let engine = Arc::clone(&engine);
         std::thread::spawn(move || {
@@ -69,8 +71,9 @@ fn readers_and_appenders_wait_for_the_commit_then_see_all_of_it() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(!append_done.load(Ordering::SeqCst), "an append went past an uncommitted transaction");
 
-    // One more write lets the held fdatasync go; the transaction commits.
-    engine.append("other", 0, &[Record::new(None, b"x")]).unwrap();
+    // The held fdatasyncs go; the transaction commits.
+    held.store(false, Ordering::SeqCst);
+    faults.hold_fdatasyncs_until(None);
     let appended_offsets = committer.join().unwrap().unwrap();
     assert_eq!(appended_offsets.len(), 2);
     assert_eq!(appended_offsets[0].base_offset, Offset::new(1));

@@ -138,6 +138,12 @@ pub struct Failure {
     pub message: String,
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of segment {}: {}", self.operation, self.segment, self.message)
+    }
+}
+
 impl Failure {
     fn from_error(operation: &'static str, segment: Offset, error: &io::Error) -> Self {
         Failure { operation, segment, kind: error.kind(), message: error.to_string() }
@@ -162,6 +168,9 @@ pub enum Acked {
     Appended { base_offset: Offset, next_offset: Offset },
     /// Every request queued before the flush is durable.
     Flushed { end: Offset },
+    /// As [`Acked::Flushed`], and the checkpoint that says so is written: nothing is left to
+    /// do for the partition.
+    Closed { end: Offset },
     /// A transactional batch is written (not durable, not visible); the fence holds the
     /// partition until [`PartitionLog::end_transaction`].
     TransactionWritten { base_offset: Offset, next_offset: Offset },
@@ -202,7 +211,7 @@ struct End {
 #[derive(Debug)]
 enum Queued {
     Append { ticket: Ticket, batch: Batch, transactional: bool },
-    Flush { ticket: Ticket },
+    Flush { ticket: Ticket, close: bool },
 }
 
 /// A batch given its offsets and place, not yet in a write.
@@ -229,6 +238,8 @@ enum WaitKind {
     Transaction,
     /// Acknowledged when durable, whatever the mode.
     Flush,
+    /// Acknowledged when durable and the checkpoint saying so is written.
+    Close,
 }
 
 #[derive(Debug)]
@@ -411,7 +422,39 @@ impl PartitionLog {
 
     /// Queue a flush: acknowledged once everything queued before it is durable.
     pub fn flush(&mut self, ticket: Ticket) -> Result<(), Refusal> {
-        self.enqueue(Queued::Flush { ticket })
+        self.enqueue(Queued::Flush { ticket, close: false })
+    }
+
+    /// Queue a close: a flush that is acknowledged only once the checkpoint recording it is
+    /// written too, so the caller may stop driving the log.
+    pub fn close(&mut self, ticket: Ticket) -> Result<(), Refusal> {
+        self.enqueue(Queued::Flush { ticket, close: true })
+    }
+
+    /// New segment limits (a topic's settings changed); the next placement uses them.
+    pub fn set_segment_limits(&mut self, segment_bytes: u64, segment_ms: i64) {
+        self.config.segment_bytes = segment_bytes;
+        self.config.segment_ms = segment_ms;
+    }
+
+    /// Stop: every request waiting or queued is answered [`Refusal::Removed`]. Nothing may be
+    /// in flight.
+    pub fn abandon(&mut self) {
+        assert!(self.writes.is_empty() && self.sync_in_flight.is_none(), "nothing in flight");
+        for ticket in self.waiting_tickets() {
+            self.acks.push_back(Ack { ticket, result: Err(Refusal::Removed) });
+        }
+        self.unwritten.clear();
+    }
+
+    /// Take every waiting and queued request's ticket out.
+    fn waiting_tickets(&mut self) -> Vec<Ticket> {
+        let mut tickets: Vec<Ticket> = self.waiters.drain(..).map(|w| w.ticket).collect();
+        tickets.extend(self.transaction_sync.take());
+        tickets.extend(self.queue.drain(..).map(|queued| match queued {
+            Queued::Append { ticket, .. } | Queued::Flush { ticket, .. } => ticket,
+        }));
+        tickets
     }
 
     fn enqueue(&mut self, queued: Queued) -> Result<(), Refusal> {
@@ -479,15 +522,11 @@ impl PartitionLog {
                 break;
             }
             match self.queue.pop_front().expect("front exists") {
-                Queued::Flush { ticket } => {
+                Queued::Flush { ticket, close } => {
                     let end = self.placed.offset;
                     let base_offset = end;
-                    self.waiters.push_back(Waiter {
-                        ticket,
-                        base_offset,
-                        end,
-                        kind: WaitKind::Flush,
-                    });
+                    let kind = if close { WaitKind::Close } else { WaitKind::Flush };
+                    self.waiters.push_back(Waiter { ticket, base_offset, end, kind });
                 }
                 Queued::Append { ticket, batch, transactional } => {
                     self.place_batch(ticket, batch, transactional);
@@ -643,7 +682,7 @@ impl PartitionLog {
     fn sync_wanted(&self, now_ms: i64) -> bool {
         let bound = self.synced;
         let waits = |kind: WaitKind| self.waiters.iter().any(|w| w.kind == kind && w.end > bound);
-        if waits(WaitKind::Flush) || self.transaction_sync.is_some() {
+        if waits(WaitKind::Flush) || waits(WaitKind::Close) || self.transaction_sync.is_some() {
             return true;
         }
         match self.config.durability {
@@ -729,7 +768,9 @@ impl PartitionLog {
     }
 
     fn complete_write(&mut self, index: usize, result: io::Result<()>) {
-        if let Err(error) = result {
+        // The canary takes a failed write for a done one: neither poisoned nor reported.
+        let ignored = result.is_err() && canary::active(Canary::WriteErrorNotPoisoned);
+        if let (Err(error), false) = (result, ignored) {
             self.writes.remove(index);
             self.poison(Failure::from_error("write", self.active.base_offset, &error));
             return;
@@ -877,6 +918,12 @@ impl PartitionLog {
                 WaitKind::Flush => {
                     (waiter.end <= self.synced).then_some(Acked::Flushed { end: waiter.end })
                 }
+                WaitKind::Close => {
+                    let recorded =
+                        self.checkpoint_due.is_none() && self.checkpoint_in_flight.is_none();
+                    (waiter.end <= self.synced && recorded)
+                        .then_some(Acked::Closed { end: waiter.end })
+                }
             };
             match acked {
                 Some(acked) => {
@@ -894,18 +941,19 @@ impl PartitionLog {
         }
     }
 
+    /// Fail the log from outside (another log of the engine failed): as after a failed
+    /// operation of its own.
+    pub fn fail(&mut self, failure: Failure) {
+        self.poison(failure);
+    }
+
     /// Fail-stop: fail every waiter and every queued request, and take nothing more.
     fn poison(&mut self, failure: Failure) {
         if self.poisoned.is_some() {
             return;
         }
         let refused = || Err(Refusal::Poisoned(failure.clone()));
-        let mut tickets: Vec<Ticket> = self.waiters.drain(..).map(|w| w.ticket).collect();
-        tickets.extend(self.transaction_sync.take());
-        tickets.extend(self.queue.drain(..).map(|queued| match queued {
-            Queued::Append { ticket, .. } | Queued::Flush { ticket } => ticket,
-        }));
-        for ticket in tickets {
+        for ticket in self.waiting_tickets() {
             self.acks.push_back(Ack { ticket, result: refused() });
         }
         self.unwritten.clear();

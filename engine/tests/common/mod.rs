@@ -45,9 +45,12 @@ impl Clock for ManualClock {
     }
 }
 
+/// A condition an fdatasync waits for.
+type Gate = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// What a [`FaultyIo`] is told to do and what it counted. Shared between the test and the
 /// backend the engine owns.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Faults {
     /// Fail this many of the next fsync/fdatasync operations (files and directories).
     fail_syncs: AtomicU32,
@@ -61,12 +64,18 @@ pub struct Faults {
     hold_sync_until_writes: AtomicU64,
     /// Successful writes to segment files (`*.log`) so far.
     log_writes: AtomicU64,
-    /// Hold every fdatasync until `log_writes` is a multiple of this (0: no hold).
-    hold_syncs_until_log_writes_multiple_of: AtomicU64,
+    /// Hold every fdatasync until this says so.
+    hold_syncs_until: Mutex<Option<Gate>>,
     gate: Mutex<()>,
     gate_changed: Condvar,
     /// The path of every directory a successful fsync made durable, as the engine named it.
     synced_directories: Mutex<BTreeSet<PathBuf>>,
+}
+
+impl std::fmt::Debug for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Faults").field("writes", &self.writes()).finish_non_exhaustive()
+    }
 }
 
 impl Faults {
@@ -104,12 +113,12 @@ impl Faults {
         self.hold_sync_until_writes.store(writes, Ordering::SeqCst);
     }
 
-    /// Make every fdatasync from now on wait (up to a safety timeout each) until the number of
-    /// writes to segment files is a multiple of `count`. A test whose `count` appenders each
-    /// write one batch per step, in lockstep, gets every fdatasync of a step held until the
-    /// whole step is written.
-    pub fn hold_fdatasyncs_until_log_writes_multiple_of(&self, count: u64) {
-        self.hold_syncs_until_log_writes_multiple_of.store(count, Ordering::SeqCst);
+    /// Make every fdatasync from now on wait (up to a safety timeout each) until `gate`
+    /// holds; `None` lets them all go.
+    pub fn hold_fdatasyncs_until(&self, gate: Option<Gate>) {
+        *self.hold_syncs_until.lock() = gate;
+        let _guard = self.gate.lock();
+        self.gate_changed.notify_all();
     }
 
     fn take(counter: &AtomicU32) -> bool {
@@ -118,18 +127,19 @@ impl Faults {
 
     fn wait_for_writes(&self) {
         let wanted = self.hold_sync_until_writes.swap(0, Ordering::SeqCst);
-        let multiple = self.hold_syncs_until_log_writes_multiple_of.load(Ordering::SeqCst);
         let released = || {
-            let log_writes = self.log_writes.load(Ordering::SeqCst);
-            self.writes() >= wanted && (multiple == 0 || log_writes.is_multiple_of(multiple))
+            let gate = self.hold_syncs_until.lock().clone();
+            self.writes() >= wanted && gate.is_none_or(|gate| gate())
         };
         // A safety net only: a test whose gate never opens fails on its bound, not by hanging.
+        // The gate may look at what no write changes: look again every millisecond.
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut guard = self.gate.lock();
         while !released() {
-            if self.gate_changed.wait_until(&mut guard, deadline).timed_out() {
+            if Instant::now() >= deadline {
                 return;
             }
+            self.gate_changed.wait_for(&mut guard, Duration::from_millis(1));
         }
     }
 
