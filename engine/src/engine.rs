@@ -22,7 +22,7 @@ use crate::io::{self, FileHandle, Io};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::partition::{
     Appended, CompactionFailure, CompactionReport, Partition, PartitionContext,
-    PartitionDescription,
+    PartitionDescription, PendingAppend,
 };
 use crate::reactor::Reactor;
 use crate::recovery::RecoveryReport;
@@ -860,6 +860,52 @@ impl<I: Io> Engine<I> {
         records: &[Record<'_>],
     ) -> Result<Appended, AppendError> {
         self.partition_for_append(topic, partition)?.append(records)
+    }
+
+    /// Queue an append and return at once, without waiting for it: many appends in flight
+    /// from one caller share the write path's turns (and, in `sync` mode, their fdatasyncs).
+    /// The records are encoded (and checked) here; the [`PendingAppend`] gives the offsets,
+    /// assigned in the order appends to the partition were queued, once the append is done
+    /// as the durability mode promises. Refused at once for what `append` refuses at once.
+    ///
+    /// ```
+    /// use chronik_engine::{io::PreadIo, runtime::SystemClock, Engine, Options, Record};
+    /// # let directory = tempfile::tempdir().unwrap();
+    /// let (engine, _) = Engine::open(
+    ///     PreadIo::new(), std::sync::Arc::new(SystemClock), directory.path(), Options::default(),
+    /// ).unwrap();
+    /// engine.create_topic("t", Default::default()).unwrap();
+    /// let pending: Vec<_> = (0..100u32)
+    ///     .map(|i| engine.append_nowait("t", 0, &[Record::new(None, &i.to_le_bytes())]).unwrap())
+    ///     .collect();
+    /// for (i, pending) in pending.into_iter().enumerate() {
+    ///     assert_eq!(pending.wait().unwrap().base_offset.get(), i as u64);
+    /// }
+    /// ```
+    pub fn append_nowait(
+        &self,
+        topic: &str,
+        partition: u32,
+        records: &[Record<'_>],
+    ) -> Result<PendingAppend<I>, AppendError> {
+        self.partition_for_append(topic, partition)?.append_nowait(records)
+    }
+
+    /// For the runtime's driver thread: turn the write path whenever requests are queued,
+    /// until `stop()` holds (then [`Engine::wake_write_path`]).
+    #[doc(hidden)]
+    pub fn drive_write_path(&self, stop: &dyn Fn() -> bool) {
+        if let Some(path) = &self.inner.context.write_path {
+            path.drive_until_idle(stop);
+        }
+    }
+
+    /// Wake the driver thread (to see its stop flag).
+    #[doc(hidden)]
+    pub fn wake_write_path(&self) {
+        if let Some(path) = &self.inner.context.write_path {
+            path.notify();
+        }
     }
 
     /// Read whole batches from `from` on, about `max_bytes` of them (at least one batch).

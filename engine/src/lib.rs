@@ -69,7 +69,7 @@ pub use error::{
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
-pub use partition::{CompactionFailure, CompactionReport, PartitionDescription};
+pub use partition::{CompactionFailure, CompactionReport, PartitionDescription, PendingAppend};
 pub use recovery::{PartitionRecovery, RecoveryReport};
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 

@@ -139,6 +139,51 @@ const COMPACTION_BACKOFF_MS: i64 = 1_000;
 /// Longest back-off between compaction attempts after failures.
 const COMPACTION_BACKOFF_MAX_MS: i64 = 60_000;
 
+/// An append in flight ([`crate::Engine::append_nowait`]): its offsets once the write path
+/// has done it, durably in `sync` mode. Wait for it (driving the write path when nobody else
+/// does), look whether it is in ([`PendingAppend::try_take`]), or await it as a
+/// [`std::future::Future`], which needs the engine's driver thread
+/// ([`crate::runtime::Runtime`]) or another caller waiting. Appends to one partition are
+/// given offsets in the order they were queued. Dropped unanswered, the append still happens;
+/// only its answer is thrown away.
+#[derive(Debug)]
+pub struct PendingAppend<I: Io> {
+    partition: Arc<Partition<I>>,
+    pending: crate::write_path::Pending<I>,
+    started: u64,
+}
+
+impl<I: Io> PendingAppend<I> {
+    /// Block until the append is done (or failed).
+    pub fn wait(self) -> Result<Appended, AppendError> {
+        let result = self.partition.appended(self.pending.wait());
+        self.partition.count_append(&result, self.started);
+        result
+    }
+
+    /// The outcome, if it is in; never blocks and never drives.
+    pub fn try_take(&mut self) -> Option<Result<Appended, AppendError>> {
+        let answer = self.pending.try_take()?;
+        let result = self.partition.appended(answer);
+        self.partition.count_append(&result, self.started);
+        Some(result)
+    }
+}
+
+impl<I: Io> std::future::Future for PendingAppend<I> {
+    type Output = Result<Appended, AppendError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let answer = std::task::ready!(std::pin::Pin::new(&mut self.pending).poll(cx));
+        let result = self.partition.appended(answer);
+        self.partition.count_append(&result, self.started);
+        std::task::Poll::Ready(result)
+    }
+}
+
 /// A writable partition's place in the engine's write path.
 #[derive(Debug)]
 struct Writer<I: Io> {
@@ -448,8 +493,46 @@ impl<I: Io> Partition<I> {
     pub fn append(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
         let started = self.clock.monotonic_us();
         let result = self.append_unmeasured(records);
+        self.count_append(&result, started);
+        result
+    }
+
+    fn append_unmeasured(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
+        self.poison.check()?;
+        if canary::active(Canary::AppendPanicsOnEmptyValue) {
+            assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
+        }
+        let batch = self.encode(records)?;
+        let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
+        self.check_appendable()?;
+        let appended =
+            self.appended(writer.path.submit(writer.id, Request::Append(batch)).wait())?;
+        if canary::active(Canary::AppendReportsWrongOffset) && appended.base_offset.get() > 0 {
+            let base_offset = Offset::new(appended.base_offset.get() - 1);
+            let last_offset = Offset::new(appended.last_offset.get() - 1);
+            return Ok(Appended { base_offset, last_offset });
+        }
+        Ok(appended)
+    }
+
+    /// Queue an append and return at once; see [`PendingAppend`].
+    pub fn append_nowait(
+        self: &Arc<Self>,
+        records: &[Record<'_>],
+    ) -> Result<PendingAppend<I>, AppendError> {
+        self.poison.check()?;
+        let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
+        self.check_appendable()?;
+        let batch = self.encode(records)?;
+        let pending = writer.path.submit(writer.id, Request::Append(batch));
+        let started = self.clock.monotonic_us();
+        Ok(PendingAppend { partition: Arc::clone(self), pending, started })
+    }
+
+    /// Count an answered append in the metrics.
+    fn count_append(&self, result: &Result<Appended, AppendError>, started: u64) {
         let m = &self.metrics;
-        match &result {
+        match result {
             Ok(appended) => {
                 Metrics::add(&m.appends, 1);
                 Metrics::add(
@@ -460,27 +543,16 @@ impl<I: Io> Partition<I> {
             }
             Err(_) => Metrics::add(&m.append_errors, 1),
         }
-        result
     }
 
-    fn append_unmeasured(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
-        self.poison.check()?;
-        if canary::active(Canary::AppendPanicsOnEmptyValue) {
-            assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
-        }
-        let batch = self.encode(records)?;
-        let appended = match self.request(Request::Append(batch))? {
+    /// What an append's answer means to its caller.
+    fn appended(&self, answer: Result<Acked, Refusal>) -> Result<Appended, AppendError> {
+        match answer.map_err(|refusal| self.refused(refusal))? {
             Acked::Appended { base_offset, next_offset } => {
-                Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) }
+                Ok(Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) })
             }
             other => unreachable!("an append is answered as one: {other:?}"),
-        };
-        if canary::active(Canary::AppendReportsWrongOffset) && appended.base_offset.get() > 0 {
-            let base_offset = Offset::new(appended.base_offset.get() - 1);
-            let last_offset = Offset::new(appended.last_offset.get() - 1);
-            return Ok(Appended { base_offset, last_offset });
         }
-        Ok(appended)
     }
 
     /// Encode `records` as one batch at offset zero (the log gives it its offsets), outside

@@ -5,6 +5,8 @@ use crate::io::Io;
 use crate::{AppendError, Clock, Durability, Engine};
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,15 +27,32 @@ impl Clock for SystemClock {
     }
 }
 
-/// Drives the engine's background work from two threads: a flusher that runs
-/// [`Engine::flush_due`] (only in `interval` mode) and a maintainer that runs
-/// [`Engine::maintain`] (retention and compaction). Two, so that a compaction pass, which may
+/// Drives the engine's background work from three threads: a flusher that runs
+/// [`Engine::flush_due`] (only in `interval` mode), a maintainer that runs
+/// [`Engine::maintain`] (retention and compaction), and a driver that turns the write path
+/// whenever requests are queued (so [`Engine::append_nowait`]'s answers come, and their
+/// futures wake, without a caller blocking on them). Two, so that a compaction pass, which may
 /// read and rewrite gigabytes, never delays an interval flush: the loss window of
 /// `interval:MS` stays MS plus one flusher period whatever maintenance does. Stops (and joins
 /// both threads) on drop. A panic in a step poisons the engine instead of dying silently.
 #[derive(Debug)]
 pub struct Runtime {
     workers: Vec<Worker>,
+    driver: Option<Driver>,
+}
+
+/// The thread that turns the write path whenever requests are queued, so appends queued with
+/// `append_nowait` complete, and their futures wake, without anyone blocking on them.
+struct Driver {
+    stop: Arc<AtomicBool>,
+    wake: Box<dyn Fn() + Send + Sync>,
+    thread: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("stop", &self.stop).finish_non_exhaustive()
+    }
 }
 
 /// One background thread and the channel that stops it.
@@ -56,7 +75,7 @@ impl Runtime {
     /// the runtime waits for the steps in progress.
     pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
         let options = engine.options();
-        let mut runtime = Runtime { workers: Vec::new() };
+        let mut runtime = Runtime { workers: Vec::new(), driver: None };
         if options.read_only {
             return Ok(runtime);
         }
@@ -74,6 +93,7 @@ impl Runtime {
         )?;
         runtime.workers.push(maintainer);
         assert!(!runtime.workers.is_empty() && runtime.workers.len() <= 2);
+        runtime.driver = Some(Driver::spawn(engine.clone())?);
         Ok(runtime)
     }
 }
@@ -110,8 +130,30 @@ impl Worker {
     }
 }
 
+impl Driver {
+    fn spawn<I: Io>(engine: Engine<I>) -> std::io::Result<Driver> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let waker = engine.clone();
+        let wake: Box<dyn Fn() + Send + Sync> = Box::new(move || waker.wake_write_path());
+        let stopped = Arc::clone(&stop);
+        let thread =
+            std::thread::Builder::new().name("chronik-driver".to_owned()).spawn(move || {
+                let stop = || stopped.load(Ordering::SeqCst);
+                if catch_unwind(AssertUnwindSafe(|| engine.drive_write_path(&stop))).is_err() {
+                    engine.poison("the background thread chronik-driver panicked".to_owned());
+                }
+            })?;
+        Ok(Driver { stop, wake, thread })
+    }
+}
+
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if let Some(driver) = self.driver.take() {
+            driver.stop.store(true, Ordering::SeqCst);
+            (driver.wake)();
+            let _ = driver.thread.join();
+        }
         for worker in &self.workers {
             let _ = worker.stop.try_send(());
         }

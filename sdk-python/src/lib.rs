@@ -529,9 +529,115 @@ impl PyProducer {
         self.append(py, &outgoing_records, partition)
     }
 
+    /// Queue one record and return at once with a `PendingSend`: many sends in flight share
+    /// the engine's turns (and, in `sync` mode, their fdatasyncs). Offsets follow the order of
+    /// the calls per partition. `PendingSend.result()` waits (without the GIL) and returns
+    /// `(partition, offset)`; `Producer.flush()` waits until everything queued is durable.
+    #[pyo3(signature = (key, value, headers = None, partition = None, timestamp = None))]
+    fn send_async(
+        &self,
+        py: Python<'_>,
+        key: Option<&Bound<'_, PyAny>>,
+        value: &Bound<'_, PyAny>,
+        headers: Option<&Bound<'_, PyAny>>,
+        partition: Option<u32>,
+        timestamp: Option<i64>,
+    ) -> PyResult<PyPendingSend> {
+        let r = outgoing(key, value, headers, timestamp)?;
+        let key = r.key.as_ref().map(Payload::as_slice);
+        let partition = self.partition_of(key, partition);
+        let header_views: Vec<chronik::Header<'_>> =
+            r.headers.iter().map(|(k, v)| chronik::Header { key: k, value: v }).collect();
+        let mut record = Record::new(key, r.value.as_slice()).with_headers(&header_views);
+        if let Some(timestamp) = r.timestamp {
+            record = record.with_timestamp(timestamp);
+        }
+        let chronik = self.shared.get()?;
+        let pending = py
+            .detach(|| chronik.append_nowait(&self.topic, partition, &[record]))
+            .map_err(|e| error(e.into()))?;
+        Ok(PyPendingSend { partition, state: Mutex::new(SendState::InFlight(pending)) })
+    }
+
+    /// Wait until every record queued so far (by any producer of the directory) is durable.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let chronik = self.shared.get()?;
+        py.detach(|| chronik.flush()).map_err(|e| error(e.into()))
+    }
+
     #[getter]
     fn topic(&self) -> &str {
         &self.topic
+    }
+}
+
+/// Where a `PendingSend` is.
+enum SendState {
+    InFlight(chronik::PendingAppend),
+    Done(Result<u64, String>),
+    /// Taken by a `result()` running on another thread.
+    Waiting,
+}
+
+/// A record sent with `Producer.send_async`, in flight.
+#[pyclass(name = "PendingSend", module = "chronik._chronik", frozen)]
+struct PyPendingSend {
+    partition: u32,
+    state: Mutex<SendState>,
+}
+
+impl PyPendingSend {
+    fn settle(result: Result<chronik::Appended, AppendError>) -> Result<u64, String> {
+        result.map(|a| a.base_offset.get()).map_err(|e| e.to_string())
+    }
+
+    fn answer(&self, outcome: &Result<u64, String>) -> PyResult<(u32, u64)> {
+        match outcome {
+            Ok(offset) => Ok((self.partition, *offset)),
+            Err(message) => Err(ChronikError::new_err(message.clone())),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPendingSend {
+    /// Whether the send is done (acknowledged or failed); never blocks.
+    fn done(&self) -> PyResult<bool> {
+        let mut state = self.state.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
+        if let SendState::InFlight(pending) = &mut *state
+            && let Some(result) = pending.try_take()
+        {
+            *state = SendState::Done(Self::settle(result));
+        }
+        Ok(matches!(*state, SendState::Done(_)))
+    }
+
+    /// Wait for the send (without the GIL) and return `(partition, offset)`; raises what
+    /// `send` would have raised.
+    fn result(&self, py: Python<'_>) -> PyResult<(u32, u64)> {
+        let taken = {
+            let mut state =
+                self.state.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
+            match std::mem::replace(&mut *state, SendState::Waiting) {
+                SendState::InFlight(pending) => pending,
+                SendState::Done(outcome) => {
+                    *state = SendState::Done(outcome.clone());
+                    return self.answer(&outcome);
+                }
+                SendState::Waiting => {
+                    return Err(ChronikError::new_err("result() is already waiting elsewhere"));
+                }
+            }
+        };
+        let outcome = Self::settle(py.detach(|| taken.wait()));
+        let mut state = self.state.lock().map_err(|_| ChronikError::new_err("lock poisoned"))?;
+        *state = SendState::Done(outcome.clone());
+        self.answer(&outcome)
+    }
+
+    #[getter]
+    fn partition(&self) -> u32 {
+        self.partition
     }
 }
 
@@ -749,6 +855,7 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open, m)?)?;
     m.add_class::<PyChronik>()?;
     m.add_class::<PyProducer>()?;
+    m.add_class::<PyPendingSend>()?;
     m.add_class::<PyConsumer>()?;
     m.add_class::<PyRecord>()?;
     m.add_class::<processor::PyApp>()?;

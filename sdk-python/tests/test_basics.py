@@ -27,6 +27,33 @@ def test_produce_and_consume_round_trip_with_keys_headers_and_timestamps(db):
     assert isinstance(records[0].value, memoryview)
 
 
+def test_send_async_keeps_many_in_flight_in_order(db):
+    db.create_topic("pipelined", partitions=2)
+    producer = db.producer("pipelined")
+    pending = [producer.send_async(f"k{i % 7}", f"v{i}") for i in range(2000)]
+    producer.flush()
+    assert all(p.done() for p in pending), "flush waits for everything queued before it"
+    per_partition = {}
+    for i, p in enumerate(pending):
+        partition, offset = p.result()
+        assert partition == p.partition
+        per_partition.setdefault(partition, []).append((offset, f"v{i}"))
+    for partition, sent in per_partition.items():
+        assert [offset for offset, _ in sent] == list(range(len(sent))), "order of the calls"
+        values = [bytes(r.value).decode() for r in db.consumer("pipelined", partition=partition)]
+        assert values == [value for _, value in sent]
+    assert pending[0].result() == pending[0].result(), "a result can be read again"
+
+
+def test_send_async_refuses_at_once_what_send_refuses(db):
+    db.create_topic("one", partitions=1)
+    producer = db.producer("one")
+    with pytest.raises(chronik.NotFoundError):
+        producer.send_async(None, b"x", partition=5)
+    with pytest.raises(chronik.NotFoundError):
+        producer.send(None, b"x", partition=5)
+
+
 def test_send_batch_appends_one_batch_per_partition_in_order(db):
     db.create_topic("events", partitions=3)
     producer = db.producer("events")

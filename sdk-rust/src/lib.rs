@@ -31,6 +31,9 @@ pub use chronik_engine::{
     TopicDescription, TopicError, TransactionWrite,
 };
 
+/// An append in flight from [`Producer::send_nowait`].
+pub type PendingAppend = chronik_engine::PendingAppend<SystemIo>;
+
 /// The engine crate, for what this facade does not re-export.
 pub use chronik_engine as engine;
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
@@ -161,6 +164,37 @@ impl Producer {
         records: &[Record<'_>],
     ) -> Result<Appended, AppendError> {
         self.engine.append(&self.topic, partition, records)
+    }
+
+    /// Queue `records` as one batch to `partition` and return at once, with the append in
+    /// flight: many batches from one producer share the engine's turns, and in `sync` mode
+    /// their fdatasyncs. Wait for the [`PendingAppend`], poll it, or `.await` it (the
+    /// directory's runtime drives the engine meanwhile). Offsets follow the order of the
+    /// calls; [`Producer::flush`] waits for everything queued so far.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let db = chronik::Chronik::open(dir.path(), chronik::Options::default()).unwrap();
+    /// db.create_topic("clicks", chronik::TopicConfig::default()).unwrap();
+    /// let mut producer = db.producer("clicks");
+    /// let pending: Vec<_> = (0..1000u32)
+    ///     .map(|i| producer.send_nowait(0, &[chronik::Record::new(None, &i.to_le_bytes())]))
+    ///     .collect::<Result<_, _>>()
+    ///     .unwrap();
+    /// let last = pending.into_iter().map(|p| p.wait().unwrap()).last().unwrap();
+    /// assert_eq!(last.last_offset.get(), 999);
+    /// ```
+    pub fn send_nowait(
+        &mut self,
+        partition: u32,
+        records: &[Record<'_>],
+    ) -> Result<PendingAppend, AppendError> {
+        self.engine.append_nowait(&self.topic, partition, records)
+    }
+
+    /// Make every batch queued so far (to any topic of the directory) durable.
+    pub fn flush(&mut self) -> Result<(), AppendError> {
+        self.engine.flush()
     }
 
     /// The partition for a key: xxh3 of the key modulo the partition count, so records with the

@@ -50,6 +50,26 @@ class Producer:
     ) -> list[Tuple[int, int, int]]:
         """Append `(key, value)`, `(key, value, headers)` or `(key, value, headers, timestamp)`
         tuples, one batch per partition; `(partition, first offset, count)` per batch."""
+    def send_async(
+        self,
+        key: Optional[BytesLike],
+        value: BytesLike,
+        headers: Optional[Headers] = None,
+        partition: Optional[int] = None,
+        timestamp: Optional[int] = None,
+    ) -> PendingSend:
+        """Queue one record and return at once; many in flight share fsyncs. Offsets follow
+        the order of the calls per partition."""
+    def flush(self) -> None:
+        """Wait until every record queued so far is durable."""
+
+class PendingSend:
+    partition: int
+    def done(self) -> bool:
+        """Whether the send is acknowledged or failed (never blocks)."""
+    def result(self) -> Tuple[int, int]:
+        """Wait (without the GIL) and return `(partition, offset)`, or raise what `send`
+        would have raised."""
 
 class Consumer:
     position: int
