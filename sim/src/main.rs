@@ -362,7 +362,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
          faulty_opens={} direct_opens={} failed_opens={} bit_flips={} rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} \
-         compactions_abandoned={} transactions={} failed_transactions={} oracle_checks={}",
+         compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
+         oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -381,6 +382,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.compactions_abandoned,
         c.transactions,
         c.failed_transactions,
+        c.pipelined_appends,
         c.oracle_checks
     );
     match &totals.first_failure {

@@ -2,10 +2,11 @@
 //! must hold after a crash.
 //!
 //! Per partition the model keeps the acknowledged batches in order, how many of their records
-//! are known durable (they must survive any crash), and at most one *uncertain* batch: an
-//! append that failed, which recovery may keep whole or drop, never keep in part. An
-//! uncertain batch is always the last thing written to its partition, because a failed append
-//! poisons the engine and nothing is appended after it until the next open.
+//! are known durable (they must survive any crash), and the *uncertain* batches: appends that
+//! failed, of which recovery may keep any prefix of whole batches, never a batch in part
+//! (several when pipelined appends were in flight together). Uncertain batches are always the
+//! last things written to their partition, because a failed append poisons the engine and
+//! nothing is appended after it until the next open.
 
 use chronik_engine::Durability;
 
@@ -32,8 +33,9 @@ pub struct PartitionModel {
     pub batches: Vec<ModelBatch>,
     /// Records, counted from offset zero, that must survive any crash.
     pub durable_records: u64,
-    /// A failed append: after recovery it is there entirely or not at all.
-    pub uncertain: Option<ModelBatch>,
+    /// Failed appends, in the order queued: after recovery a prefix of them is there, each
+    /// entirely.
+    pub uncertain: Vec<ModelBatch>,
     /// The highest log start the engine reported: retention removed every offset below it,
     /// and it never moves back.
     pub log_start: u64,
@@ -208,7 +210,7 @@ impl Model {
     pub fn acknowledge(&mut self, partition: u32, batch: ModelBatch) {
         let durability = self.durability;
         let model = &mut self.partitions[partition as usize];
-        assert!(model.uncertain.is_none(), "nothing is appended after a failed append");
+        assert!(model.uncertain.is_empty(), "nothing is appended after a failed append");
         model.batches.push(batch);
         if durability == Durability::Sync {
             model.durable_records = model.acknowledged_records();
@@ -218,8 +220,7 @@ impl Model {
     /// An append of `batch` failed after it may have reached the disk.
     pub fn fail(&mut self, partition: u32, batch: ModelBatch) {
         let model = &mut self.partitions[partition as usize];
-        assert!(model.uncertain.is_none(), "one failed append per partition between opens");
-        model.uncertain = Some(batch);
+        model.uncertain.push(batch);
     }
 
     /// A flush (or a close) succeeded: everything acknowledged is durable.
@@ -264,7 +265,7 @@ impl Model {
     pub fn adopt(&mut self, partition: u32, count: u64) {
         let model = &mut self.partitions[partition as usize];
         let mut batches = std::mem::take(&mut model.batches);
-        batches.extend(model.uncertain.take());
+        batches.extend(std::mem::take(&mut model.uncertain));
         let mut kept = 0;
         let mut total = 0;
         for batch in &batches {
@@ -305,7 +306,7 @@ mod tests {
         assert_eq!(model.partitions[0].batch_ends(), [0, 2, 5, 6, 10]);
         model.adopt(0, 10);
         assert_eq!(model.partitions[0].acknowledged_records(), 10);
-        assert!(model.partitions[0].uncertain.is_none());
+        assert!(model.partitions[0].uncertain.is_empty());
         model.adopt(0, 5);
         assert_eq!(model.partitions[0].batches.len(), 2);
     }

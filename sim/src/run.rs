@@ -242,6 +242,8 @@ pub struct Counters {
     /// Transactions committed, and failed (each partition's batch kept or dropped together).
     pub transactions: u64,
     pub failed_transactions: u64,
+    /// Appends queued together by pipelined steps (`append_nowait`).
+    pub pipelined_appends: u64,
 }
 
 impl Counters {
@@ -273,6 +275,7 @@ impl Counters {
         self.compactions_abandoned += other.compactions_abandoned;
         self.transactions += other.transactions;
         self.failed_transactions += other.failed_transactions;
+        self.pipelined_appends += other.pipelined_appends;
     }
 }
 
@@ -617,7 +620,7 @@ impl Sim {
         let topic_exists = engine.partition_count(TOPIC).is_some();
         if self.sabotage == Some(Sabotage::PhantomAcknowledgement)
             && topic_exists
-            && self.model.partitions[0].uncertain.is_none()
+            && self.model.partitions[0].uncertain.is_empty()
         {
             self.sabotage = None;
             let phantom = ModelRecord { key: None, value: b"phantom".to_vec(), timestamp: 0 };
@@ -1024,6 +1027,7 @@ impl Sim {
         let before = self.disk.stats();
         let flow = match step {
             Step::Append { partition, records } => self.append(engine, partition, records)?,
+            Step::Pipelined { appends } => self.pipelined(engine, appends)?,
             Step::Read { partition, from_per_million, max_bytes } => {
                 self.counters.reads += 1;
                 let from = |start: u64, watermark: u64| {
@@ -1200,6 +1204,70 @@ impl Sim {
                 Err(Violation::new("append_errors", format!("unexpected append error: {error}")))
             }
         }
+    }
+
+    /// Appends queued together (`append_nowait`), several per turn of the write path, then
+    /// their answers taken in the order queued: acknowledged ones at the offsets that order
+    /// gives, failed ones uncertain.
+    fn pipelined(
+        &mut self,
+        engine: &SimEngine,
+        appends: Vec<(u32, Vec<ModelRecord>)>,
+    ) -> Result<Flow, Violation> {
+        let now = self.now_ms();
+        let mut queued = Vec::new();
+        for (partition, records) in appends {
+            let views: Vec<Record<'_>> = records
+                .iter()
+                .map(|r| {
+                    let record = Record::new(r.key.as_deref(), &r.value);
+                    if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
+                })
+                .collect();
+            let result = engine.append_nowait(TOPIC, partition, &views);
+            drop(views);
+            match result {
+                Ok(pending) => queued.push((partition, records, pending)),
+                Err(AppendError::Poisoned(_)) => break,
+                Err(error) => {
+                    let detail = format!("unexpected refusal of a queued append: {error}");
+                    return Err(Violation::new("append_errors", detail));
+                }
+            }
+        }
+        self.counters.pipelined_appends += queued.len() as u64;
+        let mut flow = Flow::Continue;
+        for (partition, records, pending) in queued {
+            let result = pending.wait();
+            let count = records.len() as u64;
+            self.trace.event(format!("pipelined p{partition} n={count} -> {result:?}"));
+            let batch = ModelBatch { records, appended_ms: now };
+            match result {
+                Ok(appended) => {
+                    let next = self.model.partitions[partition as usize].acknowledged_records();
+                    let expected = (Offset::new(next), Offset::new(next + count - 1));
+                    if (appended.base_offset, appended.last_offset) != expected {
+                        let detail =
+                            format!("partition {partition}: {appended:?}, expected {expected:?}");
+                        return Err(Violation::new("offsets_never_reused", detail));
+                    }
+                    self.model.acknowledge(partition, batch);
+                    self.counters.acknowledged_batches += 1;
+                }
+                Err(AppendError::Io(_)) => {
+                    self.counters.failed_appends += 1;
+                    self.model.fail(partition, batch);
+                }
+                Err(error) => {
+                    let detail = format!("unexpected pipelined append error: {error}");
+                    return Err(Violation::new("append_errors", detail));
+                }
+            }
+        }
+        if engine.poisoned().is_some() {
+            flow = self.after_error(engine, None)?;
+        }
+        Ok(flow)
     }
 
     /// Read `partition` from `from(high watermark)` and check the records against the model;

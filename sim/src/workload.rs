@@ -74,6 +74,8 @@ pub struct Swarm {
     pub transaction_weight: u64,
     /// Distinct keys the workload writes.
     pub keys: u64,
+    /// Weight of pipelined steps: several appends queued before any is waited for.
+    pub pipelined_weight: u64,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -156,6 +158,7 @@ impl Swarm {
             compact_weight: 0,
             transaction_weight: 0,
             keys: KEYS_MAX,
+            pipelined_weight: 0,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
         // third of the seeds keep records by age, a third by size, the rest forever.
@@ -181,6 +184,8 @@ impl Swarm {
                 swarm.keys = rng.between(KEYS_MAX, 400);
             }
         }
+        // Drawn last, so the draws above stay what they were before pipelined appends.
+        swarm.pipelined_weight = if rng.chance(PER_MILLION / 2) { rng.between(2, 20) } else { 0 };
         swarm
     }
 }
@@ -206,6 +211,9 @@ pub enum Step {
     Commit { partition: u32, offset_per_million: u32 },
     /// Compact a partition now, whatever its dirty ratio (`Engine::compact_partition`).
     Compact { partition: u32 },
+    /// `Engine::append_nowait` of every batch, then the answers in the order queued: several
+    /// batches, to one or more partitions, in each turn of the write path.
+    Pipelined { appends: Vec<(u32, Vec<ModelRecord>)> },
     /// `Engine::commit_transaction`: one batch to each of some partitions, and a position of
     /// the group `sim` for `commit_partition` (taken modulo what is visible).
     Transaction {
@@ -224,6 +232,7 @@ impl Swarm {
             self.commit_weight,
             self.compact_weight,
             self.transaction_weight,
+            self.pipelined_weight,
         ];
         let weights = [self.weights.as_slice(), &extra].concat();
         let total: u64 = weights.iter().sum();
@@ -254,6 +263,16 @@ impl Swarm {
                 offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
             },
             8 => Step::Compact { partition },
+            10 => {
+                let count = rng.between(2, 24);
+                let appends = (0..count)
+                    .map(|_| {
+                        let partition = rng.below(u64::from(self.topic.partitions)) as u32;
+                        (partition, self.batch(rng, now_ms))
+                    })
+                    .collect();
+                Step::Pipelined { appends }
+            }
             _ => {
                 // Some of the partitions, each once, in a random order.
                 let mut partitions: Vec<u32> = (0..self.topic.partitions).collect();

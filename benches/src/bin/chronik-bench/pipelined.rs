@@ -1,0 +1,54 @@
+//! Pipelined appends in `sync` mode: one thread keeps `depth` appends of `batch` 100 B
+//! records in flight (`Producer::send_nowait`), waiting for the oldest whenever the window is
+//! full, so the engine's write path always has the next turn's work queued. Every append's
+//! acknowledgement latency (queued to answered) is recorded.
+
+use super::{ChronikIo, Measure, TOPIC, open, system_name, topic_config};
+use chronik::{Durability, Record};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The scenario's name in the table and the ratios.
+pub fn scenario(batch: usize, depth: usize) -> String {
+    format!("append 100 B, sync, pipelined, batch {batch}, {depth} in flight")
+}
+
+/// The run, and the acknowledgement latencies (p50, p99) in microseconds.
+pub fn append_sync_pipelined(
+    dir: &Path,
+    io: ChronikIo,
+    batch: usize,
+    depth: usize,
+    seconds: f64,
+) -> anyhow::Result<(Measure, u64, u64)> {
+    let chronik = open(dir, io, Durability::Sync)?;
+    chronik.create_topic(TOPIC, topic_config())?;
+    let mut producer = chronik.producer(TOPIC);
+    let value = [0x5a_u8; 100];
+    let records: Vec<Record<'_>> = (0..batch).map(|_| Record::new(None, &value)).collect();
+    let mut window = VecDeque::with_capacity(depth);
+    let mut latencies_us: Vec<u64> = Vec::new();
+    let mut acknowledged = 0u64;
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    loop {
+        let now = Instant::now();
+        if window.len() < depth && now < deadline {
+            window.push_back((producer.send_nowait(0, &records)?, now));
+            continue;
+        }
+        let Some((pending, queued)) = window.pop_front() else { break };
+        let appended = pending.wait()?;
+        latencies_us.push(u64::try_from(queued.elapsed().as_micros()).unwrap_or(u64::MAX));
+        acknowledged += appended.last_offset.get() + 1 - appended.base_offset.get();
+    }
+    let elapsed = start.elapsed();
+    latencies_us.sort_unstable();
+    // The p-th percentile, p in hundredths.
+    let at = |p: usize| latencies_us[(latencies_us.len() - 1) * p / 100];
+    let (p50, p99) = (at(50), at(99));
+    let name = scenario(batch, depth);
+    let measure = Measure::new(&name, &system_name(io), acknowledged, acknowledged * 100, elapsed);
+    Ok((measure, p50, p99))
+}
