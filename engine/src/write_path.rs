@@ -58,6 +58,9 @@ struct Inbox {
     forgotten: HashSet<u64>,
     next_ticket: u64,
     driving: bool,
+    /// Threads waiting for the driver to let go of the role itself (to change the reactor, or
+    /// for room in the inbox), not for an answer: the end of every turn wakes them.
+    role_waiters: usize,
 }
 
 /// Queues requests for a reactor's partitions and drives it. See the module documentation.
@@ -118,7 +121,9 @@ impl<I: Io> WritePath<I> {
         let mut inbox = self.inbox.lock();
         while inbox.requests.len() >= REQUESTS_MAX {
             if inbox.driving {
+                inbox.role_waiters += 1;
                 self.wake.wait(&mut inbox);
+                inbox.role_waiters -= 1;
             } else {
                 inbox = self.drive_one(inbox).0;
             }
@@ -135,7 +140,9 @@ impl<I: Io> WritePath<I> {
     pub fn with_reactor<T>(&self, f: impl FnOnce(&mut Reactor<I>) -> T) -> T {
         let mut inbox = self.inbox.lock();
         while inbox.driving {
+            inbox.role_waiters += 1;
             self.wake.wait(&mut inbox);
+            inbox.role_waiters -= 1;
         }
         inbox.driving = true;
         drop(inbox);
@@ -173,6 +180,13 @@ impl<I: Io> WritePath<I> {
 
     /// Give `answers` to their waiters.
     fn hand_out(&self, mut inbox: MutexGuard<'_, Inbox>, answers: Vec<(u64, Answer)>) {
+        self.hand_out_waking(&mut inbox, answers);
+        drop(inbox);
+        self.wake_all();
+    }
+
+    /// Give `answers` to their waiters (the caller wakes the sleepers).
+    fn hand_out_waking(&self, inbox: &mut Inbox, answers: Vec<(u64, Answer)>) {
         for (ticket, answer) in answers {
             if inbox.forgotten.remove(&ticket) {
                 continue;
@@ -183,7 +197,9 @@ impl<I: Io> WritePath<I> {
             let previous = inbox.answers.insert(ticket, answer);
             assert!(previous.is_none(), "a ticket is answered once");
         }
-        drop(inbox);
+    }
+
+    fn wake_all(&self) {
         #[cfg(loom)]
         if crate::sync::bugs::active(crate::sync::bugs::Bug::DriverWakesNobody) {
             return;
@@ -221,7 +237,9 @@ impl<I: Io> WritePath<I> {
         inbox.driving = true;
         let requests = std::mem::take(&mut inbox.requests);
         drop(inbox);
-        self.wake.notify_all(); // submitters waiting for room in the inbox
+        if requests.len() >= REQUESTS_MAX {
+            self.wake.notify_all(); // submitters waiting for room in the inbox
+        }
         let mut answers = Vec::new();
         let operations = {
             let mut reactor = self.reactor.lock();
@@ -241,8 +259,15 @@ impl<I: Io> WritePath<I> {
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         inbox.driving = false;
-        self.hand_out(inbox, answers);
-        (self.inbox.lock(), progressed)
+        self.hand_out_waking(&mut inbox, answers);
+        // Wake the sleepers only when something changed for them: answers, requests that came
+        // during the turn (their submitters saw a driver and slept), or the role itself, for
+        // those waiting for it. A turn that moved nothing wakes no waiter for an answer, or
+        // two of them stuck behind a fence would take turns driving empty turns forever.
+        if progressed || !inbox.requests.is_empty() || inbox.role_waiters > 0 {
+            self.wake_all();
+        }
+        (inbox, progressed)
     }
 
     /// For a driver thread: take the role whenever there is work, drive while turns move
