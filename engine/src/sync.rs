@@ -116,10 +116,6 @@ mod model {
             self.wait(guard);
         }
 
-        pub fn notify_one(&self) {
-            self.0.notify_one();
-        }
-
         pub fn notify_all(&self) {
             self.0.notify_all();
         }

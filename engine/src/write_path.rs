@@ -180,13 +180,13 @@ impl<I: Io> WritePath<I> {
 
     /// Give `answers` to their waiters.
     fn hand_out(&self, mut inbox: MutexGuard<'_, Inbox>, answers: Vec<(u64, Answer)>) {
-        self.hand_out_waking(&mut inbox, answers);
+        Self::hand_out_waking(&mut inbox, answers);
         drop(inbox);
         self.wake_all();
     }
 
     /// Give `answers` to their waiters (the caller wakes the sleepers).
-    fn hand_out_waking(&self, inbox: &mut Inbox, answers: Vec<(u64, Answer)>) {
+    fn hand_out_waking(inbox: &mut Inbox, answers: Vec<(u64, Answer)>) {
         for (ticket, answer) in answers {
             if inbox.forgotten.remove(&ticket) {
                 continue;
@@ -259,7 +259,7 @@ impl<I: Io> WritePath<I> {
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         inbox.driving = false;
-        self.hand_out_waking(&mut inbox, answers);
+        Self::hand_out_waking(&mut inbox, answers);
         // Wake the sleepers only when something changed for them: answers, requests that came
         // during the turn (their submitters saw a driver and slept), or the role itself, for
         // those waiting for it. A turn that moved nothing wakes no waiter for an answer, or
