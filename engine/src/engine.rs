@@ -676,9 +676,14 @@ impl<I: Io> Engine<I> {
             };
         }
         let mut held: Vec<Held<'_, I>> = Vec::new();
+        // Every partition's end queued before any is waited for: one turn.
         let release = |held: &[Held<'_, I>], committed: bool| {
-            for (partition, _, _) in held {
-                partition.end_transaction(committed);
+            let ends: Vec<_> = held
+                .iter()
+                .filter_map(|(partition, _, _)| partition.submit_end_transaction(committed))
+                .collect();
+            for end in ends {
+                let _ = end.wait();
             }
         };
         #[cfg_attr(not(loom), allow(unused_mut))]
@@ -701,8 +706,16 @@ impl<I: Io> Engine<I> {
         }
         let early =
             crate::canary::active(crate::canary::Canary::TransactionCommittedBeforeDataSynced);
-        let sync_all =
-            || held.iter().try_for_each(|(partition, _, _)| partition.sync_transaction());
+        // Every partition's sync queued before any is waited for: their fdatasyncs share a turn.
+        let sync_all = || -> Result<(), AppendError> {
+            let syncs: Vec<_> = held
+                .iter()
+                .map(|(partition, _, _)| {
+                    partition.submit(crate::partition::Request::SyncTransaction)
+                })
+                .collect::<Result<_, _>>()?;
+            syncs.into_iter().try_for_each(|sync| sync.wait().map(|_| ()))
+        };
         if let Err(error) = if early { Ok(()) } else { sync_all() } {
             release(&held, false);
             return Err(error.into());
@@ -963,8 +976,18 @@ impl<I: Io> Engine<I> {
             return Ok(());
         }
         self.inner.context.poison.check()?;
-        for partition in self.all_partitions() {
-            partition.flush()?;
+        if self.inner.options.read_only {
+            return Ok(());
+        }
+        // Every partition's flush queued before any is waited for: one turn, every
+        // partition's fdatasync in one submission.
+        let partitions = self.all_partitions();
+        let flushes: Vec<_> = partitions
+            .iter()
+            .map(|partition| partition.submit(crate::partition::Request::Flush))
+            .collect::<Result<_, _>>()?;
+        for flush in flushes {
+            flush.wait()?;
         }
         Ok(())
     }

@@ -34,7 +34,8 @@ use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
 use crate::sync::Mutex;
 use crate::topic::TopicConfig;
 use crate::watermark::Watermark;
-use crate::write_path::{Request, WritePath};
+pub(crate) use crate::write_path::Request;
+use crate::write_path::WritePath;
 use crate::{Clock, Offset, Record};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -181,6 +182,21 @@ impl<I: Io> std::future::Future for PendingAppend<I> {
         let result = self.partition.appended(answer);
         self.partition.count_append(&result, self.started);
         std::task::Poll::Ready(result)
+    }
+}
+
+/// A request of a partition in flight ([`Partition::submit`]).
+pub(crate) struct Requested<'a, I: Io> {
+    partition: &'a Partition<I>,
+    pending: crate::write_path::Pending<I>,
+}
+
+impl<I: Io> Requested<'_, I> {
+    pub fn wait(self) -> Result<Acked, AppendError> {
+        // An answer stands even if the engine was poisoned meanwhile (by another partition's
+        // failure in the same turn, say): what the log acknowledged was done, durably in
+        // `sync` mode; reporting it failed would invite a duplicate.
+        self.pending.wait().map_err(|refusal| self.partition.refused(refusal))
     }
 }
 
@@ -567,13 +583,15 @@ impl<I: Io> Partition<I> {
     /// Send `request` down the write path and wait for its answer. Refused at once when the
     /// partition takes no appends.
     fn request(&self, request: Request) -> Result<Acked, AppendError> {
+        self.submit(request)?.wait()
+    }
+
+    /// Send `request` down the write path without waiting: several partitions' requests sent
+    /// before any is waited for share one turn (flushes, a transaction's syncs).
+    pub fn submit(&self, request: Request) -> Result<Requested<'_, I>, AppendError> {
         let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
         self.check_appendable()?;
-        let answer = writer.path.submit(writer.id, request).wait();
-        // An answer stands even if the engine was poisoned meanwhile (by another partition's
-        // failure in the same turn, say): what the log acknowledged was done, durably in
-        // `sync` mode; reporting it failed would invite a duplicate.
-        answer.map_err(|refusal| self.refused(refusal))
+        Ok(Requested { partition: self, pending: writer.path.submit(writer.id, request) })
     }
 
     /// What a refusal of the write path means to a caller.
@@ -906,10 +924,10 @@ impl<I: Io> Partition<I> {
     }
 
     /// Start this partition's part of a transaction: write `records` as one transactional
-    /// batch, invisible to readers and syncs until [`Partition::end_transaction`]. The
-    /// partition's log holds later appends and transactions behind it (a fence); callers take
-    /// partitions in one global order, so transactions never wait in a cycle. On error the
-    /// partition is released again (and the engine poisoned where I/O failed).
+    /// batch, invisible to readers and the checkpoint until its end. The
+    /// partition's log holds later appends and transactions behind it (a fence) until its
+    /// `EndTransaction`; callers take partitions in one global order, so transactions never
+    /// wait in a cycle.
     pub fn begin_transaction(&self, records: &[Record<'_>]) -> Result<Appended, AppendError> {
         self.poison.check()?;
         let batch = self.encode(records)?;
@@ -921,19 +939,14 @@ impl<I: Io> Partition<I> {
         }
     }
 
-    /// Make this partition's transactional batch durable (an fdatasync of the active
-    /// segment; readers and the checkpoint stay before the fence).
-    pub fn sync_transaction(&self) -> Result<(), AppendError> {
-        self.request(Request::SyncTransaction).map(|_| ())
-    }
-
-    /// Release the partition. `committed`: the transaction's commit record is durable, so its
-    /// batch (synced by [`Partition::sync_transaction`]) is shown like any durable append.
-    pub fn end_transaction(&self, committed: bool) {
-        let Some(writer) = &self.writer else { return };
-        // Also on a poisoned or deleted partition: the fence must go. A refusal here means
-        // the log is gone or poisoned, and then nothing waits behind the fence.
-        let _ = writer.path.submit(writer.id, Request::EndTransaction { committed }).wait();
+    /// End this partition's part of a transaction without waiting (several partitions' ends
+    /// share a turn). `committed`: the transaction's commit record is durable, so its batch
+    /// (synced by a `SyncTransaction` request) is shown like any durable append.
+    /// Also on a poisoned or deleted partition: the fence must go. A refusal of it means the
+    /// log is gone or poisoned, and then nothing waits behind the fence.
+    pub fn submit_end_transaction(&self, committed: bool) -> Option<crate::write_path::Pending<I>> {
+        let writer = self.writer.as_ref()?;
+        Some(writer.path.submit(writer.id, Request::EndTransaction { committed }))
     }
 
     /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one
