@@ -8,8 +8,6 @@ mod common;
 
 use chronik_engine::runtime::Runtime;
 use chronik_engine::{AppendError, Durability, Options, Record, TopicConfig};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 
 const TOPIC: &str = "pipelined";
 
@@ -35,26 +33,6 @@ fn a_thousand_appends_in_flight_take_one_fdatasync_in_order() {
     assert_eq!(values, (0..1000).collect::<Vec<_>>());
 }
 
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut context = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
-        }
-        std::thread::park();
-    }
-}
-
 #[test]
 fn futures_complete_while_the_runtime_drives() {
     let directory = tempfile::tempdir().unwrap();
@@ -65,7 +43,7 @@ fn futures_complete_while_the_runtime_drives() {
         .map(|i| engine.append_nowait(TOPIC, 0, &[Record::new(None, &i.to_le_bytes())]).unwrap())
         .collect();
     let offsets: Vec<u64> =
-        futures.into_iter().map(|f| block_on(f).unwrap().base_offset.get()).collect();
+        futures.into_iter().map(|f| common::block_on(f).unwrap().base_offset.get()).collect();
     assert_eq!(offsets, (0..200).collect::<Vec<_>>());
     drop(runtime);
 }

@@ -19,7 +19,6 @@ use common::FaultyIo;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
 
 const TOPIC: &str = "t";
 
@@ -140,27 +139,6 @@ fn threads_that_wait_take_turns_driving() {
     }
 }
 
-struct ThreadWaker(std::thread::Thread);
-
-impl Wake for ThreadWaker {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Poll `future` to completion on this thread, parking between polls.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
-    let mut context = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
-        }
-        std::thread::park();
-    }
-}
-
 #[test]
 fn a_pending_answer_is_awaited_while_a_driver_thread_turns() {
     let directory = tempfile::tempdir().unwrap();
@@ -172,7 +150,7 @@ fn a_pending_answer_is_awaited_while_a_driver_thread_turns() {
     };
     let futures: Vec<_> =
         (0..50).map(|i| append(&path, ids[0], format!("{i}").as_bytes())).collect();
-    let offsets: Vec<u64> = futures.into_iter().map(|f| offset(block_on(f))).collect();
+    let offsets: Vec<u64> = futures.into_iter().map(|f| offset(common::block_on(f))).collect();
     assert_eq!(offsets, (0..50).collect::<Vec<_>>());
     stop.store(true, Ordering::SeqCst);
     path.notify();

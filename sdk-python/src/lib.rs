@@ -395,6 +395,22 @@ struct Outgoing<'py> {
     timestamp: Option<i64>,
 }
 
+impl Outgoing<'_> {
+    fn header_views(&self) -> Vec<chronik::Header<'_>> {
+        self.headers.iter().map(|(k, v)| chronik::Header { key: k, value: v }).collect()
+    }
+
+    /// The record to append, with `headers` from [`Outgoing::header_views`].
+    fn record<'a>(&'a self, headers: &'a [chronik::Header<'a>]) -> Record<'a> {
+        let record = Record::new(self.key.as_ref().map(Payload::as_slice), self.value.as_slice())
+            .with_headers(headers);
+        match self.timestamp {
+            Some(timestamp) => record.with_timestamp(timestamp),
+            None => record,
+        }
+    }
+}
+
 fn outgoing<'py>(
     key: Option<&Bound<'py, PyAny>>,
     value: &Bound<'py, PyAny>,
@@ -436,26 +452,12 @@ impl PyProducer {
             let key = record.key.as_ref().map(Payload::as_slice);
             by_partition.entry(self.partition_of(key, partition)).or_default().push(i);
         }
-        let headers: Vec<Vec<chronik::Header<'_>>> = records
-            .iter()
-            .map(|r| r.headers.iter().map(|(k, v)| chronik::Header { key: k, value: v }).collect())
-            .collect();
+        let headers: Vec<Vec<chronik::Header<'_>>> =
+            records.iter().map(Outgoing::header_views).collect();
         let batches: Vec<(u32, Vec<Record<'_>>)> = by_partition
             .iter()
             .map(|(&partition, indexes)| {
-                let batch = indexes
-                    .iter()
-                    .map(|&i| {
-                        let r = &records[i];
-                        let record =
-                            Record::new(r.key.as_ref().map(Payload::as_slice), r.value.as_slice())
-                                .with_headers(&headers[i]);
-                        match r.timestamp {
-                            Some(timestamp) => record.with_timestamp(timestamp),
-                            None => record,
-                        }
-                    })
-                    .collect();
+                let batch = indexes.iter().map(|&i| records[i].record(&headers[i])).collect();
                 (partition, batch)
             })
             .collect();
@@ -543,15 +545,10 @@ impl PyProducer {
         partition: Option<u32>,
         timestamp: Option<i64>,
     ) -> PyResult<PyPendingSend> {
-        let r = outgoing(key, value, headers, timestamp)?;
-        let key = r.key.as_ref().map(Payload::as_slice);
-        let partition = self.partition_of(key, partition);
-        let header_views: Vec<chronik::Header<'_>> =
-            r.headers.iter().map(|(k, v)| chronik::Header { key: k, value: v }).collect();
-        let mut record = Record::new(key, r.value.as_slice()).with_headers(&header_views);
-        if let Some(timestamp) = r.timestamp {
-            record = record.with_timestamp(timestamp);
-        }
+        let outgoing = outgoing(key, value, headers, timestamp)?;
+        let partition = self.partition_of(outgoing.key.as_ref().map(Payload::as_slice), partition);
+        let header_views = outgoing.header_views();
+        let record = outgoing.record(&header_views);
         let chronik = self.shared.get()?;
         let pending = py
             .detach(|| chronik.append_nowait(&self.topic, partition, &[record]))

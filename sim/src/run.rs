@@ -1182,15 +1182,7 @@ impl Sim {
         let batch = ModelBatch { records, appended_ms: now };
         match result {
             Ok(appended) => {
-                let next = self.model.partitions[partition as usize].acknowledged_records();
-                let expected = (Offset::new(next), Offset::new(next + count - 1));
-                if (appended.base_offset, appended.last_offset) != expected {
-                    let detail =
-                        format!("partition {partition}: {appended:?}, expected {expected:?}");
-                    return Err(Violation::new("offsets_never_reused", detail));
-                }
-                self.model.acknowledge(partition, batch);
-                self.counters.acknowledged_batches += 1;
+                self.acknowledged(partition, batch, appended)?;
                 self.after_error(engine, None)
             }
             // Refused before writing anything.
@@ -1204,6 +1196,26 @@ impl Sim {
                 Err(Violation::new("append_errors", format!("unexpected append error: {error}")))
             }
         }
+    }
+
+    /// An acknowledged append: at the offsets after those acknowledged before it, then
+    /// acknowledged in the model.
+    fn acknowledged(
+        &mut self,
+        partition: u32,
+        batch: ModelBatch,
+        appended: chronik_engine::partition::Appended,
+    ) -> Result<(), Violation> {
+        let count = batch.records.len() as u64;
+        let next = self.model.partitions[partition as usize].acknowledged_records();
+        let expected = (Offset::new(next), Offset::new(next + count - 1));
+        if (appended.base_offset, appended.last_offset) != expected {
+            let detail = format!("partition {partition}: {appended:?}, expected {expected:?}");
+            return Err(Violation::new("offsets_never_reused", detail));
+        }
+        self.model.acknowledge(partition, batch);
+        self.counters.acknowledged_batches += 1;
+        Ok(())
     }
 
     /// Appends queued together (`append_nowait`), several per turn of the write path, then
@@ -1243,17 +1255,7 @@ impl Sim {
             self.trace.event(format!("pipelined p{partition} n={count} -> {result:?}"));
             let batch = ModelBatch { records, appended_ms: now };
             match result {
-                Ok(appended) => {
-                    let next = self.model.partitions[partition as usize].acknowledged_records();
-                    let expected = (Offset::new(next), Offset::new(next + count - 1));
-                    if (appended.base_offset, appended.last_offset) != expected {
-                        let detail =
-                            format!("partition {partition}: {appended:?}, expected {expected:?}");
-                        return Err(Violation::new("offsets_never_reused", detail));
-                    }
-                    self.model.acknowledge(partition, batch);
-                    self.counters.acknowledged_batches += 1;
-                }
+                Ok(appended) => self.acknowledged(partition, batch, appended)?,
                 Err(AppendError::Io(_)) => {
                     self.counters.failed_appends += 1;
                     self.model.fail(partition, batch);

@@ -396,6 +396,28 @@ fn cancel_after_failures(slots: &mut [Option<Slot>], chains: &[std::ops::Range<u
 }
 
 impl UringIo {
+    /// Run `slots` with `run` on a ring of the pool; if the ring itself fails, every
+    /// operation without an outcome fails with its error.
+    fn on_a_ring(
+        &self,
+        slots: &mut [Option<Slot>],
+        run: impl FnOnce(&mut IoUring, &mut [Option<Slot>]) -> io::Result<()>,
+    ) {
+        let outcome = self.take_ring().and_then(|mut ring| {
+            let outcome = run(&mut ring, slots);
+            self.put_ring(ring);
+            outcome
+        });
+        if let Err(error) = outcome {
+            for slot in slots.iter_mut().flatten() {
+                if slot.result.is_none() {
+                    let message = format!("io_uring: {error}");
+                    slot.result = Some(Err(io::Error::new(error.kind(), message)));
+                }
+            }
+        }
+    }
+
     /// The slot of one ring operation; a write to a direct handle gets its aligned copy here.
     fn slot(
         &self,
@@ -452,19 +474,7 @@ impl Io for UringIo {
             }
         }
         if slots.iter().any(Option::is_some) {
-            let outcome = self.take_ring().and_then(|mut ring| {
-                let outcome = run_rounds(&mut ring, &mut slots);
-                self.put_ring(ring);
-                outcome
-            });
-            if let Err(error) = outcome {
-                for slot in slots.iter_mut().flatten() {
-                    if slot.result.is_none() {
-                        let message = format!("io_uring: {error}");
-                        slot.result = Some(Err(io::Error::new(error.kind(), message)));
-                    }
-                }
-            }
+            self.on_a_ring(&mut slots, run_rounds);
         }
         assert_eq!(completions.len(), count, "one entry per operation");
         assert_eq!(slots.len(), count, "one entry per operation");
@@ -538,19 +548,7 @@ impl Io for UringIo {
             }
         }
         if !ring_chains.is_empty() {
-            let outcome = self.take_ring().and_then(|mut ring| {
-                let outcome = run_chains(&mut ring, &mut slots, &ring_chains);
-                self.put_ring(ring);
-                outcome
-            });
-            if let Err(error) = outcome {
-                for slot in slots.iter_mut().flatten() {
-                    if slot.result.is_none() {
-                        let message = format!("io_uring: {error}");
-                        slot.result = Some(Err(io::Error::new(error.kind(), message)));
-                    }
-                }
-            }
+            self.on_a_ring(&mut slots, |ring, slots| run_chains(ring, slots, &ring_chains));
         }
         let completions: Vec<Completion> = completions
             .into_iter()
