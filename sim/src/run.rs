@@ -1168,13 +1168,7 @@ impl Sim {
         records: Vec<ModelRecord>,
     ) -> Result<Flow, Violation> {
         let now = self.now_ms();
-        let views: Vec<Record<'_>> = records
-            .iter()
-            .map(|r| {
-                let record = Record::new(r.key.as_deref(), &r.value);
-                if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
-            })
-            .collect();
+        let views = record_views(&records, now);
         let result = engine.append(TOPIC, partition, &views);
         drop(views);
         let count = records.len() as u64;
@@ -1229,13 +1223,7 @@ impl Sim {
         let now = self.now_ms();
         let mut queued = Vec::new();
         for (partition, records) in appends {
-            let views: Vec<Record<'_>> = records
-                .iter()
-                .map(|r| {
-                    let record = Record::new(r.key.as_deref(), &r.value);
-                    if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
-                })
-                .collect();
+            let views = record_views(&records, now);
             let result = engine.append_nowait(TOPIC, partition, &views);
             drop(views);
             match result {
@@ -1285,18 +1273,8 @@ impl Sim {
         offset_per_million: u32,
     ) -> Result<Flow, Violation> {
         let now = self.now_ms();
-        let views: Vec<Vec<Record<'_>>> = writes
-            .iter()
-            .map(|(_, records)| {
-                records
-                    .iter()
-                    .map(|r| {
-                        let record = Record::new(r.key.as_deref(), &r.value);
-                        if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
-                    })
-                    .collect()
-            })
-            .collect();
+        let views: Vec<Vec<Record<'_>>> =
+            writes.iter().map(|(_, records)| record_views(records, now)).collect();
         let batches: Vec<TransactionWrite<'_>> = writes
             .iter()
             .zip(&views)
@@ -1744,4 +1722,16 @@ fn ok_or_error<E: std::fmt::Display>(result: &Result<(), E>) -> String {
         Ok(()) => "ok".to_owned(),
         Err(error) => format!("error: {error}"),
     }
+}
+
+/// The records to append, as views; a record whose timestamp is the clock's (`now`) leaves it
+/// to the engine, to cover both paths.
+fn record_views(records: &[ModelRecord], now: i64) -> Vec<Record<'_>> {
+    records
+        .iter()
+        .map(|r| {
+            let record = Record::new(r.key.as_deref(), &r.value);
+            if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
+        })
+        .collect()
 }
