@@ -61,6 +61,9 @@ struct Inbox {
     /// Threads waiting for the driver to let go of the role itself (to change the reactor, or
     /// for room in the inbox), not for an answer: the end of every turn wakes them.
     role_waiters: usize,
+    /// Threads blocked in `wait` for an answer: they drive themselves, so a driver thread
+    /// leaves the role to them (a hand-off between threads costs a wake-up per turn).
+    answer_waiters: usize,
 }
 
 /// Queues requests for a reactor's partitions and drives it. See the module documentation.
@@ -210,8 +213,10 @@ impl<I: Io> WritePath<I> {
     /// Wait for `ticket`'s answer, driving the reactor whenever nobody else does.
     fn wait(&self, ticket: u64) -> Answer {
         let mut inbox = self.inbox.lock();
+        inbox.answer_waiters += 1;
         loop {
             if let Some(answer) = inbox.answers.remove(&ticket) {
+                inbox.answer_waiters -= 1;
                 return answer;
             }
             if inbox.driving {
@@ -277,7 +282,8 @@ impl<I: Io> WritePath<I> {
         let mut inbox = self.inbox.lock();
         let mut busy = false;
         while !stop() {
-            if inbox.driving || (inbox.requests.is_empty() && !busy) {
+            let idle = inbox.requests.is_empty() && !busy;
+            if inbox.driving || inbox.answer_waiters > 0 || idle {
                 self.wake.wait(&mut inbox);
                 continue;
             }

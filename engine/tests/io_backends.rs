@@ -212,13 +212,19 @@ fn a_chain_runs_in_order_even_past_the_ring() {
         let mut batch: Vec<Linked> =
             (0..150u32).map(|i| linked(write(file, 0, i.to_le_bytes().to_vec()), true)).collect();
         batch.push(linked(Operation::Fdatasync { file }, false));
+        // A second chain with an fdatasync, so the batch goes to the ring (a batch with one
+        // syncing chain runs inline).
+        let other = io.open(&directory.path().join("other"), OpenMode::CreateNew).unwrap();
+        batch.push(linked(write(other, 0, b"other".to_vec()), true));
+        batch.push(linked(Operation::Fdatasync { file: other }, false));
         let completions = io.submit_linked(batch);
-        assert_eq!(completions.len(), 151, "{}", io.name());
+        assert_eq!(completions.len(), 153, "{}", io.name());
         assert!(completions[..150].iter().all(|c| ok(c) == 4), "{}", io.name());
         assert_eq!(completions[10].buffer, 10u32.to_le_bytes(), "buffers handed back in order");
         assert!(completions[150].result.is_ok());
         assert_eq!(read_all(&io, &path), 149u32.to_le_bytes(), "{}: the last write", io.name());
         io.close(file);
+        io.close(other);
     }
 }
 
