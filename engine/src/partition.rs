@@ -519,10 +519,7 @@ impl<I: Io> Partition<I> {
             assert!(records.iter().all(|r| !r.value.is_empty()), "canary: an empty value");
         }
         let batch = self.encode(records)?;
-        let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
-        self.check_appendable()?;
-        let appended =
-            self.appended(writer.path.submit(writer.id, Request::Append(batch)).wait())?;
+        let appended = Self::as_appended(self.submit(Request::Append(batch))?.wait()?);
         if canary::active(Canary::AppendReportsWrongOffset) && appended.base_offset.get() > 0 {
             let base_offset = Offset::new(appended.base_offset.get() - 1);
             let last_offset = Offset::new(appended.last_offset.get() - 1);
@@ -563,9 +560,13 @@ impl<I: Io> Partition<I> {
 
     /// What an append's answer means to its caller.
     fn appended(&self, answer: Result<Acked, Refusal>) -> Result<Appended, AppendError> {
-        match answer.map_err(|refusal| self.refused(refusal))? {
+        answer.map(Self::as_appended).map_err(|refusal| self.refused(refusal))
+    }
+
+    fn as_appended(acked: Acked) -> Appended {
+        match acked {
             Acked::Appended { base_offset, next_offset } => {
-                Ok(Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) })
+                Appended { base_offset, last_offset: Offset::new(next_offset.get() - 1) }
             }
             other => unreachable!("an append is answered as one: {other:?}"),
         }

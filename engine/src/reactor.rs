@@ -139,6 +139,8 @@ pub struct Reactor<I: Io> {
     /// Scratch space for one log's operations, kept between turns.
     ops: Vec<LogOp>,
     metrics: Option<(Arc<Metrics>, Arc<dyn Clock>)>,
+    /// An operation failed this turn (a completion, or a seal or create run inline).
+    failed: bool,
 }
 
 impl<I: Io> std::fmt::Debug for Reactor<I> {
@@ -150,7 +152,14 @@ impl<I: Io> std::fmt::Debug for Reactor<I> {
 
 impl<I: Io> Reactor<I> {
     pub fn new(io: Arc<I>) -> Self {
-        Reactor { io, slots: Vec::new(), free: Vec::new(), ops: Vec::new(), metrics: None }
+        Reactor {
+            io,
+            slots: Vec::new(),
+            free: Vec::new(),
+            ops: Vec::new(),
+            metrics: None,
+            failed: false,
+        }
     }
 
     /// Count writes, fdatasyncs and rolls in `metrics`, timing fdatasyncs on `clock`.
@@ -275,13 +284,17 @@ impl<I: Io> Reactor<I> {
                 if owner.bytes > 0 && result.is_ok() {
                     self.count(|m| &m.bytes_written, owner.bytes as u64);
                 }
+                self.failed |= result.is_err();
                 let driven = self.slots[owner.slot].driven.as_mut().expect("driven this turn");
                 if let (Some(checkpoint), Ok(())) = (owner.checkpoint, &result) {
                     driven.checkpoint.written(checkpoint);
                 }
                 driven.log.complete(owner.id, result, now_ms);
             }
-            // One log failed: the engine stops, and so does every other log.
+        }
+        // An operation failed: that log is poisoned, the engine stops, and so does every
+        // other log, before any of this turn's answers is handed out.
+        if std::mem::take(&mut self.failed) {
             let failed = self
                 .slots
                 .iter()
@@ -370,12 +383,14 @@ impl<I: Io> Reactor<I> {
                     OpKind::Seal { segment, length, next_offset } => {
                         pass_events(driven);
                         let result = seal(driven, segment, length, next_offset);
+                        self.failed |= result.is_err();
                         driven.log.complete(id, result.map_err(|e| into_io(&e)), now_ms);
                         ran_inline = true;
                         continue;
                     }
                     OpKind::Create { segment } => {
                         let result = create(&self.io, driven, segment, now_ms);
+                        self.failed |= result.is_err();
                         if let (Ok(()), Some((metrics, _))) = (&result, &self.metrics) {
                             Metrics::add(&metrics.segments_rolled, 1);
                         }
