@@ -244,18 +244,6 @@ impl<I: Io> Reactor<I> {
         }
     }
 
-    /// Every partition driven now.
-    pub fn partitions(&self) -> Vec<PartitionId> {
-        let generation = |slot: &Slot<I>| slot.generation;
-        (0..self.slots.len())
-            .filter(|&slot| self.slots[slot].driven.is_some())
-            .map(|slot| PartitionId {
-                slot: u32::try_from(slot).expect("bounded"),
-                generation: generation(&self.slots[slot]),
-            })
-            .collect()
-    }
-
     /// One turn: every partition's ready operations in one submission, their completions
     /// handed back, events passed to the hosts, and the acknowledgements decided appended to
     /// `acks`. Returns how many operations went to the [`Io`] (zero: nothing to do until a new
