@@ -3,8 +3,8 @@
 
 use chronik::Record;
 use chronik::engine::Offset;
-use chronik::engine::format::{encode_batch, parse_batch};
-use chronik::engine::index::SegmentIndex;
+use chronik::engine::internals::format::{encode_batch, parse_batch};
+use chronik::engine::internals::index::SegmentIndex;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

@@ -59,7 +59,7 @@ pub struct ConsumeArgs {
 pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     if let Some(group) = &args.group {
         // Before anything is printed: a bad name would fail only at the commit, at the end.
-        chronik::engine::groups::validate_group(group)
+        chronik::engine::internals::groups::validate_group(group)
             .map_err(|error| UsageError(error.to_string()))?;
     }
     let chronik = crate::open_for_reading(data)?;

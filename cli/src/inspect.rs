@@ -8,9 +8,10 @@
 
 use crate::UsageError;
 use crate::consume::Format;
-use chronik::engine::format::BatchView;
+use chronik::engine::internals::format::BatchView;
+use chronik::engine::internals::layout;
+use chronik::engine::internals::segment::{self, SegmentFile};
 use chronik::engine::io::OpenMode;
-use chronik::engine::segment::{self, SegmentFile};
 use chronik::engine::verify::{Severity, verify};
 use clap::Args;
 use std::io::Write;
@@ -132,7 +133,7 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
     if let Some(topic) = &args.topic {
         let data = data.ok_or_else(|| UsageError("--topic needs --data DIR".to_owned()))?;
         // A name with `/` or `..` would read a directory outside the data directory's topics.
-        chronik::engine::topic::validate_name(topic)
+        chronik::engine::internals::topic::validate_name(topic)
             .map_err(|error| UsageError(error.to_string()))?;
         let topic_dir = data.join("topics").join(topic);
         if !topic_dir.is_dir() {
@@ -153,7 +154,7 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
                 .filter(|p| {
                     p.file_name()
                         .and_then(|n| n.to_str())
-                        .is_some_and(|n| segment::parse_log_file_name(n).is_some())
+                        .is_some_and(|n| layout::parse_log_file_name(n).is_some())
                 })
                 .collect();
             logs.sort();

@@ -20,18 +20,15 @@ use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::error::{Corruption, IoError};
 use crate::format::{BatchInfo, RecordView, encode_compacted_batch, extend_compacted_batch};
-use crate::io::{self, Io, OpenMode, Operation};
-use crate::segment::{self, LOG_SUFFIX, Segment, SegmentFile};
+use crate::io::{Io, OpenMode, Operation};
+use crate::segment::{self, Segment, SegmentFile};
+use crate::swap::{CLEANED_SUFFIX, path_with};
 use crate::topic::TopicConfig;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_128;
 
-/// Suffix of a cleaned segment being written.
-pub const CLEANED_SUFFIX: &str = ".cleaned";
-/// Suffix of a cleaned segment whose swap is committed.
-pub const SWAP_SUFFIX: &str = ".swap";
 /// Most keys one pass maps (about 40 bytes each): the rest of the dirty part waits for the next
 /// pass.
 pub const KEY_MAP_ENTRIES_MAX: usize = 1 << 20;
@@ -336,55 +333,6 @@ impl<I: Io> Writer<'_, I> {
         self.written += length;
         Ok(())
     }
-}
-
-/// `<directory>/<base><suffix>`, the suffix after `.log` for cleaner files.
-pub(crate) fn path_with(directory: &Path, base: Offset, suffix: &str) -> PathBuf {
-    directory.join(format!("{}{suffix}", segment::file_name(base, LOG_SUFFIX)))
-}
-
-/// Commit a cleaned group: rename `.cleaned` to `.swap` and fsync the directory. From here a
-/// crash ends with the swap finished by recovery.
-pub(crate) fn commit_swap<I: Io + ?Sized>(
-    io: &I,
-    directory: &Path,
-    base: Offset,
-) -> Result<(), IoError> {
-    let cleaned = path_with(directory, base, CLEANED_SUFFIX);
-    let swap = path_with(directory, base, SWAP_SUFFIX);
-    io.rename(&cleaned, &swap).map_err(|e| IoError::new("rename", &cleaned, e))?;
-    if crate::canary::active(crate::canary::Canary::SwapWithoutDirectoryFsync) {
-        return Ok(());
-    }
-    io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
-}
-
-/// Finish a committed swap: remove the sources' files (every segment with a base in
-/// `sources`, and whatever is left of the segment at `base`), fsync the directory, rename
-/// `.swap` to `.log`, fsync the directory.
-///
-/// The fsync between the removals and the rename is what keeps a crash from making the
-/// rename durable without every removal: nothing orders a directory's unsynced changes, and
-/// a cleaned `<base>.log` beside a surviving source would overlap it.
-pub(crate) fn finish_swap<I: Io + ?Sized>(
-    io: &I,
-    directory: &Path,
-    base: Offset,
-    sources: &[Offset],
-) -> Result<(), IoError> {
-    // The base's own files go too even when its log is already gone: index files left
-    // beside the new log would describe the old one.
-    let others = sources.iter().copied().filter(|&source| source != base);
-    for source in std::iter::once(base).chain(others) {
-        crate::recovery::remove_segment_files(io, directory, source)?;
-    }
-    if !crate::canary::active(crate::canary::Canary::SwapRenameBeforeRemovalsSynced) {
-        io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
-    }
-    let swap = path_with(directory, base, SWAP_SUFFIX);
-    let log = directory.join(segment::file_name(base, LOG_SUFFIX));
-    io.rename(&swap, &log).map_err(|e| IoError::new("rename", &swap, e))?;
-    io::sync_directory(io, directory).map_err(|e| IoError::new("fsync", directory, e))
 }
 
 /// Split `sources` into consecutive groups of at most `segment_bytes` (each at least one

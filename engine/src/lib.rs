@@ -26,52 +26,96 @@
 // Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod canary;
-pub mod checkpoint;
-pub mod compaction;
-pub mod error;
-pub mod fetch;
-pub mod format;
-pub mod groups;
-pub mod index;
+// The public API: the items below, and the modules a user needs by name (an I/O backend,
+// the runtime's threads, metrics, offline verification, limits). Everything else is private;
+// the CLI, the simulator, benches and tests reach it through `internals`.
 pub mod io;
-/// The write path as a pure state machine (the second engine design, being built: not yet
-/// what [`Engine`] runs).
-#[doc(hidden)]
-pub mod log;
-pub mod log_start;
-#[cfg(all(test, loom))]
-mod loom_models;
 pub mod metrics;
-pub mod partition;
-/// Runs partition logs' operations through one `Io`, a turn at a time (being built: not yet
-/// what [`Engine`] runs).
-#[doc(hidden)]
-pub mod reactor;
-pub mod recovery;
 pub mod runtime;
-pub mod segment;
-pub(crate) mod sync;
-mod tail;
-pub mod topic;
 pub mod verify;
-mod watermark;
-/// Requests for partition logs from any thread, answered as their reactor turns (being
-/// built: not yet what [`Engine`] runs).
-#[doc(hidden)]
-pub mod write_path;
 
-mod engine;
-
-pub use engine::{Durability, Engine, GroupCommit, Options, TopicDescription, TransactionWrite};
+pub use context::Durability;
+pub use engine::{Engine, GroupCommit, Options, TopicDescription, TransactionWrite};
 pub use error::{
-    AppendError, CommitError, Corruption, CorruptionKind, Error, OpenError, ReadError, TopicError,
+    AppendError, CommitError, Corruption, CorruptionKind, Error, IoError, OpenError, Poisoned,
+    ReadError, TopicError,
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
-pub use partition::{CompactionFailure, CompactionReport, PartitionDescription, PendingAppend};
+pub use partition::{
+    Appended, CompactionFailure, CompactionReport, PartitionDescription, PendingAppend,
+};
 pub use recovery::{PartitionRecovery, RecoveryReport};
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
+
+mod canary;
+mod checkpoint;
+mod compaction;
+mod context;
+mod engine;
+mod error;
+mod fetch;
+mod format;
+mod groups;
+mod index;
+mod layout;
+mod log;
+mod log_start;
+#[cfg(all(test, loom))]
+mod loom_models;
+mod partition;
+mod reactor;
+mod recovery;
+mod segment;
+mod swap;
+mod sync;
+mod tail;
+mod topic;
+mod watermark;
+mod write_path;
+
+/// The engine's internals, for the `chronik` CLI, the simulator, benches and the engine's own
+/// integration tests: file formats, the write path's state machine and reactor, the canaries.
+/// No stability promise; applications use the items at the crate's root.
+#[doc(hidden)]
+pub mod internals {
+    pub mod canary {
+        pub use crate::canary::*;
+    }
+    pub mod checkpoint {
+        pub use crate::checkpoint::*;
+    }
+    pub mod format {
+        pub use crate::format::*;
+    }
+    pub mod groups {
+        pub use crate::groups::*;
+    }
+    pub mod index {
+        pub use crate::index::*;
+    }
+    pub mod layout {
+        pub use crate::layout::*;
+    }
+    pub mod log {
+        pub use crate::log::*;
+    }
+    pub mod log_start {
+        pub use crate::log_start::*;
+    }
+    pub mod reactor {
+        pub use crate::reactor::*;
+    }
+    pub mod segment {
+        pub use crate::segment::*;
+    }
+    pub mod topic {
+        pub use crate::topic::*;
+    }
+    pub mod write_path {
+        pub use crate::write_path::*;
+    }
+}
 
 use std::fmt;
 

@@ -25,14 +25,13 @@ use crate::error::IoError;
 use crate::format::BatchInfo;
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, Linked, OpenMode, Operation};
+use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::log::{Ack, Event, Failure, LogOp, OpId, OpKind, PartitionLog};
 use crate::metrics::Metrics;
-use crate::segment::{
-    self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX, write_file_durably,
-};
+use crate::segment::{SegmentFile, write_file_durably};
 use crate::{Clock, Offset};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Most partitions one reactor drives at once.
@@ -177,7 +176,7 @@ impl<I: Io> Reactor<I> {
         host: Arc<dyn Host<I>>,
     ) -> PartitionId {
         assert_eq!(
-            active.path.file_name().and_then(|n| n.to_str()).and_then(segment::parse_log_file_name),
+            active.path.file_name().and_then(|n| n.to_str()).and_then(layout::parse_log_file_name),
             Some(log.active_segment()),
             "the active file is the log's active segment"
         );
@@ -426,7 +425,7 @@ fn seal<I: Io>(
     }
     let (offset_index, time_index) = driven.host.index_files(segment, length, next_offset);
     for (suffix, bytes) in [(INDEX_SUFFIX, offset_index), (TIME_INDEX_SUFFIX, time_index)] {
-        let path = driven.directory.join(segment::file_name(segment, suffix));
+        let path = driven.directory.join(layout::file_name(segment, suffix));
         write_file_durably(file.io(), &path, bytes)?;
     }
     Ok(())
@@ -440,7 +439,7 @@ fn create<I: Io>(
     segment: Offset,
     now_ms: i64,
 ) -> Result<(), IoError> {
-    let path = driven.directory.join(segment::file_name(segment, LOG_SUFFIX));
+    let path = driven.directory.join(layout::file_name(segment, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::CreateNew.with_direct(driven.direct))?;
     if !canary::active(Canary::SkipDirectoryFsyncOnRoll) {
         let directory = &driven.directory;
@@ -456,9 +455,4 @@ fn create<I: Io>(
 
 fn into_io(error: &IoError) -> std::io::Error {
     std::io::Error::new(error.source.kind(), error.to_string())
-}
-
-/// The path of a partition's directory from the data directory's root (for tests and tools).
-pub fn partition_directory(root: &Path, topic: &str, partition: u32) -> PathBuf {
-    root.join(crate::engine::TOPICS_DIRECTORY).join(topic).join(partition.to_string())
 }

@@ -18,17 +18,16 @@
 use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
-use crate::compaction::{self, CLEANED_SUFFIX, SWAP_SUFFIX};
+use crate::context::PartitionContext;
 use crate::error::{Corruption, CorruptionKind, IoError, OpenError};
 use crate::format;
 use crate::index::SegmentIndex;
 use crate::io::{self, Io, OpenMode, Operation};
+use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::limits::SCAN_CHUNK_BYTES;
 use crate::log_start;
-use crate::partition::PartitionContext;
-use crate::segment::{
-    self, INDEX_SUFFIX, LOG_SUFFIX, Segment, SegmentFile, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX,
-};
+use crate::segment::{self, Segment, SegmentFile};
+use crate::swap::{self, CLEANED_SUFFIX, SWAP_SUFFIX, remove_segment_files};
 use crate::tail::{self, Scanned, Tail};
 use crate::topic::TopicConfig;
 use std::fmt;
@@ -180,12 +179,12 @@ pub(crate) fn recover_partition<I: Io>(
             }
             io.remove_file(&path).map_err(|e| IoError::new("remove", &path, e))?;
             report.removed_temporary_files += 1;
-        } else if let Some(base) = segment::parse_log_file_name(&entry.name) {
+        } else if let Some(base) = layout::parse_log_file_name(&entry.name) {
             bases.push(base);
         } else if let Some(base) = entry
             .name
             .strip_suffix(SWAP_SUFFIX)
-            .and_then(segment::parse_log_file_name)
+            .and_then(layout::parse_log_file_name)
             .filter(|_| !read_only)
         {
             swaps.push(base);
@@ -215,7 +214,7 @@ pub(crate) fn recover_partition<I: Io>(
         // An empty first segment keeps the partition readable; appends stay refused, so no
         // acknowledged offset is ever given out again.
         lost_segments = Some(corruption);
-        let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
+        let path = directory.join(layout::file_name(Offset::ZERO, LOG_SUFFIX));
         SegmentFile::open(io, path, OpenMode::CreateNew)?;
         bases.push(Offset::ZERO);
     }
@@ -234,7 +233,7 @@ pub(crate) fn recover_partition<I: Io>(
         // The first segments past the log start are lost.
         let kind =
             CorruptionKind::OffsetMismatch { expected: log_start.get(), found: bases[0].get() };
-        let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
+        let file = directory.join(layout::file_name(bases[0], LOG_SUFFIX));
         report.damage.push(Corruption { file, position: 0, kind });
     }
     let mut segments = Vec::with_capacity(bases.len());
@@ -249,7 +248,7 @@ pub(crate) fn recover_partition<I: Io>(
                 expected: segment.next_offset.get(),
                 found: next_base.get(),
             };
-            let file = directory.join(segment::file_name(next_base, LOG_SUFFIX));
+            let file = directory.join(layout::file_name(next_base, LOG_SUFFIX));
             report.damage.push(Corruption { file, position: 0, kind });
         }
         segments.push(segment);
@@ -286,14 +285,14 @@ fn recover_sealed<I: Io>(
     report: &mut PartitionRecovery,
 ) -> Result<Segment<I>, OpenError> {
     let SealedSegment { base, next_base, read_only } = *sealed;
-    let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+    let path = directory.join(layout::file_name(base, LOG_SUFFIX));
     let file = SegmentFile::open(io, path, OpenMode::Read)?;
     let size = file.size()?;
     let offsets =
-        segment::read_small_file(&**io, &directory.join(segment::file_name(base, INDEX_SUFFIX)))?;
+        segment::read_small_file(&**io, &directory.join(layout::file_name(base, INDEX_SUFFIX)))?;
     let times = segment::read_small_file(
         &**io,
-        &directory.join(segment::file_name(base, TIME_INDEX_SUFFIX)),
+        &directory.join(layout::file_name(base, TIME_INDEX_SUFFIX)),
     )?;
     let offsets = offsets.filter(|_| !canary::active(Canary::RecoveryRebuildsIndexes));
     if let (Some(offsets), Some(times)) = (offsets, times) {
@@ -370,7 +369,7 @@ fn finish_committed_swap<I: Io>(
     base: Offset,
     bases: &mut Vec<Offset>,
 ) -> Result<(), OpenError> {
-    let swap_path = compaction::path_with(directory, base, SWAP_SUFFIX);
+    let swap_path = swap::path_with(directory, base, SWAP_SUFFIX);
     let file = SegmentFile::open(io, swap_path.clone(), OpenMode::Read)?;
     let size = file.size()?;
     let mut end = base;
@@ -385,7 +384,7 @@ fn finish_committed_swap<I: Io>(
         return Err(Corruption { file: swap_path, position: scanned.position, kind }.into());
     }
     let replaced: Vec<Offset> = bases.iter().copied().filter(|&b| b >= base && b < end).collect();
-    compaction::finish_swap(&**io, directory, base, &replaced)?;
+    swap::finish_swap(&**io, directory, base, &replaced)?;
     bases.retain(|b| !replaced.contains(b));
     bases.push(base);
     Ok(())
@@ -403,7 +402,7 @@ fn remove_orphan_indexes<I: Io>(
     for entry in entries {
         let base = [INDEX_SUFFIX, TIME_INDEX_SUFFIX].iter().find_map(|suffix| {
             let stem = entry.name.strip_suffix(suffix)?;
-            segment::parse_log_file_name(&format!("{stem}{LOG_SUFFIX}"))
+            layout::parse_log_file_name(&format!("{stem}{LOG_SUFFIX}"))
         });
         if base.is_some_and(|base| bases.binary_search(&base).is_err()) {
             let path = directory.join(&entry.name);
@@ -417,23 +416,6 @@ fn remove_orphan_indexes<I: Io>(
     Ok(())
 }
 
-/// Remove a segment's log and index files (whichever exist).
-pub(crate) fn remove_segment_files<I: Io + ?Sized>(
-    io: &I,
-    directory: &Path,
-    base: Offset,
-) -> Result<(), IoError> {
-    for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX] {
-        let path = directory.join(segment::file_name(base, suffix));
-        match io.remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(IoError::new("remove", &path, error)),
-        }
-    }
-    Ok(())
-}
-
 /// Index files next to the active segment are left from an interrupted roll or an older
 /// format; they are derived data and would only mislead a later open.
 fn remove_derived_files<I: Io>(
@@ -442,7 +424,7 @@ fn remove_derived_files<I: Io>(
     active: Offset,
 ) -> Result<(), IoError> {
     for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-        let path = directory.join(segment::file_name(active, suffix));
+        let path = directory.join(layout::file_name(active, suffix));
         match io.remove_file(&path) {
             Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
@@ -460,7 +442,7 @@ fn recover_active<I: Io>(
     config: &TopicConfig,
     report: &mut PartitionRecovery,
 ) -> Result<(Segment<I>, Option<Damaged>), OpenError> {
-    let path = directory.join(segment::file_name(active.base, LOG_SUFFIX));
+    let path = directory.join(layout::file_name(active.base, LOG_SUFFIX));
     let mode = if active.read_only { OpenMode::Read } else { OpenMode::ReadWrite };
     let file = SegmentFile::open(io, path, mode)?;
     let mut size = file.size()?;

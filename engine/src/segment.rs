@@ -7,30 +7,10 @@ use crate::error::{CorruptionKind, IoError};
 use crate::format::{BATCH_HEADER_BYTES, BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, DIRECT_ALIGNMENT, FileHandle, Io, OpenMode, Operation};
+use crate::layout::{INDEX_SUFFIX, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX, file_name};
 use crate::limits::{SCAN_CHUNK_BYTES, SEGMENT_BYTES_MAX};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-pub const LOG_SUFFIX: &str = ".log";
-pub const INDEX_SUFFIX: &str = ".index";
-pub const TIME_INDEX_SUFFIX: &str = ".timeindex";
-pub const TEMPORARY_SUFFIX: &str = ".tmp";
-
-/// `00000000000000001234.log`: the base offset, zero-padded to 20 digits so names sort.
-pub fn file_name(base_offset: Offset, suffix: &str) -> String {
-    format!("{:020}{suffix}", base_offset.get())
-}
-
-/// The base offset of a segment log file name, or `None` for any other name.
-pub fn parse_log_file_name(name: &str) -> Option<Offset> {
-    let digits = name.strip_suffix(LOG_SUFFIX)?;
-    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    // Offsets this large cannot come from appends; such a name is not one of ours, and taking it
-    // would let the next append overflow.
-    digits.parse().ok().filter(|&base: &u64| base <= u64::MAX / 2).map(Offset::new)
-}
 
 /// An open segment file, shared by the writer and by readers in flight. Closed when the last
 /// user drops it, so a reader keeps a consistent view even if the segment is removed meanwhile.

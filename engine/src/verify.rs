@@ -33,8 +33,9 @@ use crate::error::IoError;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::index::SegmentIndex;
 use crate::io::{Io, OpenMode};
+use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::log_start::{self, LOG_START_FILE};
-use crate::segment::{self, INDEX_SUFFIX, LOG_SUFFIX, SegmentFile, TIME_INDEX_SUFFIX};
+use crate::segment::{self, SegmentFile};
 use crate::tail::{self, ActiveVerdict, Tail};
 use crate::topic::{TOPIC_META_FILE, TopicConfig};
 use std::fmt;
@@ -111,7 +112,7 @@ impl VerifyReport {
 /// be read at all (missing, not a directory, permissions); everything else is a finding.
 pub fn verify<I: Io>(io: &Arc<I>, root: &Path) -> Result<VerifyReport, IoError> {
     let mut report = VerifyReport::default();
-    let meta_path = root.join(crate::engine::META_FILE);
+    let meta_path = root.join(crate::layout::META_FILE);
     match segment::read_small_file(&**io, &meta_path)? {
         None => report.add(
             Severity::Damage,
@@ -131,7 +132,7 @@ pub fn verify<I: Io>(io: &Arc<I>, root: &Path) -> Result<VerifyReport, IoError> 
             Ok(_) => {}
         },
     }
-    let topics_dir = root.join(crate::engine::TOPICS_DIRECTORY);
+    let topics_dir = root.join(crate::layout::TOPICS_DIRECTORY);
     let mut names: Vec<String> = match io.list(&topics_dir) {
         Ok(entries) => entries.into_iter().map(|e| e.name).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -214,11 +215,11 @@ fn verify_partition<I: Io>(
     };
     let mut bases: Vec<Offset> = Vec::new();
     for entry in &entries {
-        if let Some(base) = segment::parse_log_file_name(&entry.name) {
+        if let Some(base) = layout::parse_log_file_name(&entry.name) {
             bases.push(base);
-        } else if entry.name.ends_with(segment::TEMPORARY_SUFFIX)
-            || entry.name.ends_with(crate::compaction::CLEANED_SUFFIX)
-            || entry.name.ends_with(crate::compaction::SWAP_SUFFIX)
+        } else if entry.name.ends_with(layout::TEMPORARY_SUFFIX)
+            || entry.name.ends_with(crate::swap::CLEANED_SUFFIX)
+            || entry.name.ends_with(crate::swap::SWAP_SUFFIX)
         {
             let what =
                 "a file left by an interrupted write or compaction (settled at the next open)";
@@ -241,7 +242,7 @@ fn verify_partition<I: Io>(
     summary.log_start = log_start.get();
     // Segments wholly below the log start are leftovers of a retention a crash interrupted.
     while bases.len() > 1 && bases[1] <= log_start {
-        let leftover = directory.join(segment::file_name(bases.remove(0), LOG_SUFFIX));
+        let leftover = directory.join(layout::file_name(bases.remove(0), LOG_SUFFIX));
         let what = "a segment below the log start (removed at the next open)";
         report.add(Severity::Notice, &leftover, None, what.to_owned());
     }
@@ -251,14 +252,14 @@ fn verify_partition<I: Io>(
         return Ok(());
     }
     if bases[0] > log_start {
-        let file = directory.join(segment::file_name(bases[0], LOG_SUFFIX));
+        let file = directory.join(layout::file_name(bases[0], LOG_SUFFIX));
         let what = format!("the log starts at {log_start} but the first segment at {}", bases[0]);
         report.add(Severity::Damage, &file, Some(0), what);
     }
     let mut expected: Option<Offset> = None;
     for (i, &base) in bases.iter().enumerate() {
         let active = i + 1 == bases.len();
-        let path = directory.join(segment::file_name(base, LOG_SUFFIX));
+        let path = directory.join(layout::file_name(base, LOG_SUFFIX));
         if let Some(expected) = expected
             && expected != base
         {
@@ -349,8 +350,8 @@ fn verify_indexes<I: Io>(
     starts: &[(u64, Offset, Offset)],
     report: &mut VerifyReport,
 ) -> Result<(), IoError> {
-    let offsets_path = directory.join(segment::file_name(base, INDEX_SUFFIX));
-    let times_path = directory.join(segment::file_name(base, TIME_INDEX_SUFFIX));
+    let offsets_path = directory.join(layout::file_name(base, INDEX_SUFFIX));
+    let times_path = directory.join(layout::file_name(base, TIME_INDEX_SUFFIX));
     let offsets = segment::read_small_file(&**io, &offsets_path)?;
     let times = segment::read_small_file(&**io, &times_path)?;
     let (Some(offsets), Some(times)) = (offsets, times) else {

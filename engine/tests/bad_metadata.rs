@@ -63,7 +63,7 @@ fn each_damaged_metadata_file_is_a_typed_error_and_loses_nothing() {
                 common::append_value(&engine, "t", i % 2, format!("v{i}").as_bytes());
             }
             // A log.start file exists once retention moved the start: write partition 1's.
-            chronik_engine::log_start::write(
+            chronik_engine::internals::log_start::write(
                 &common::test_io(),
                 &root.join("topics/t/1"),
                 chronik_engine::Offset::ZERO,

@@ -4,7 +4,7 @@
 
 mod common;
 
-use chronik_engine::format::{self, BATCH_HEADER_BYTES, RECORD_HEADER_BYTES};
+use chronik_engine::internals::format::{self, BATCH_HEADER_BYTES, RECORD_HEADER_BYTES};
 use chronik_engine::{Durability, Offset, Record};
 use std::io::Write;
 

@@ -142,8 +142,8 @@ fn a_crash_after_the_log_start_is_recorded_is_finished_at_open() {
     let logs = common::log_files(&partition);
     let start = common::base_offset_of(&logs[3]);
     std::fs::write(
-        partition.join(chronik_engine::log_start::LOG_START_FILE),
-        chronik_engine::log_start::encode(Offset::new(start)),
+        partition.join(chronik_engine::internals::log_start::LOG_START_FILE),
+        chronik_engine::internals::log_start::encode(Offset::new(start)),
     )
     .unwrap();
 
@@ -157,7 +157,7 @@ fn a_crash_after_the_log_start_is_recorded_is_finished_at_open() {
     drop(engine);
 
     // A damaged log start fails the open: guessing could hide lost or resurrect removed data.
-    let file = partition.join(chronik_engine::log_start::LOG_START_FILE);
+    let file = partition.join(chronik_engine::internals::log_start::LOG_START_FILE);
     common::flip_byte(&file, 20);
     let opened = chronik_engine::Engine::open(
         common::test_io(),

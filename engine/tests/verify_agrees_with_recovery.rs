@@ -6,7 +6,7 @@
 
 mod common;
 
-use chronik_engine::format::{self, BATCH_HEADER_BYTES, RECORD_HEADER_BYTES};
+use chronik_engine::internals::format::{self, BATCH_HEADER_BYTES, RECORD_HEADER_BYTES};
 use chronik_engine::verify::{Severity, VerifyReport};
 use chronik_engine::{
     Durability, Engine, OpenError, Options, ReadError, Record, RecoveryReport, TopicConfig,

@@ -7,14 +7,17 @@
 
 mod common;
 
-use chronik_engine::checkpoint::CheckpointWriter;
+use chronik_engine::internals::checkpoint::CheckpointWriter;
+use chronik_engine::internals::format;
+use chronik_engine::internals::layout::LOG_SUFFIX;
+use chronik_engine::internals::layout::{self, partition_directory};
+use chronik_engine::internals::log::{Acked, Batch, Config, PartitionLog, Recovered, Refusal};
+use chronik_engine::internals::reactor::{IndexHost, PartitionId, Reactor};
+use chronik_engine::internals::segment::SegmentFile;
+use chronik_engine::internals::write_path::{Pending, Request, WritePath};
 use chronik_engine::io::{Io, OpenMode};
-use chronik_engine::log::{Acked, Batch, Config, PartitionLog, Recovered, Refusal};
-use chronik_engine::reactor::{IndexHost, PartitionId, Reactor, partition_directory};
 use chronik_engine::runtime::SystemClock;
-use chronik_engine::segment::{self, LOG_SUFFIX, SegmentFile};
-use chronik_engine::write_path::{Pending, Request, WritePath};
-use chronik_engine::{Durability, Offset, Record, TopicConfig, format};
+use chronik_engine::{Durability, Offset, Record, TopicConfig};
 use common::FaultyIo;
 use std::path::Path;
 use std::sync::Arc;
@@ -36,7 +39,7 @@ fn write_path(root: &Path, partitions: u32) -> Opened {
     let mut ids = Vec::new();
     for partition in 0..partitions {
         let directory = partition_directory(root, TOPIC, partition);
-        let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
+        let path = directory.join(layout::file_name(Offset::ZERO, LOG_SUFFIX));
         let active = SegmentFile::open(&io, path, OpenMode::ReadWrite).unwrap();
         let checkpoint = CheckpointWriter::open(&io, &directory, None).unwrap();
         let config = Config {

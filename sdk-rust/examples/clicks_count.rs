@@ -196,7 +196,7 @@ fn verify(
     println!(
         "final state: {} users, digest {:016x}",
         state.len(),
-        chronik::engine::format::key_hash(digest.as_bytes())
+        chronik::engine::internals::format::key_hash(digest.as_bytes())
     );
     if wrong == 0 && state.len() == expected.len() && outputs_ok && last_output == state {
         println!(

@@ -185,7 +185,7 @@ fn check(log: &Connection, clicks: u64, guarantee: Guarantee) -> Result<(), Box<
         "final state: {} clicks enriched, {} users, digest {:016x}",
         enriched.len(),
         table.len(),
-        chronik::engine::format::key_hash(digest.as_bytes())
+        chronik::engine::internals::format::key_hash(digest.as_bytes())
     );
     let once = match guarantee {
         Guarantee::ExactlyOnce => seen == clicks,

@@ -21,8 +21,8 @@
 // Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub use chronik_engine::Appended;
 pub use chronik_engine::io::{Backend, Io, PreadIo, SystemIo};
-pub use chronik_engine::partition::Appended;
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
     AppendError, Cleanup, Clock, CommitError, Corruption, CorruptionKind, Durability, Error, Fetch,
@@ -212,7 +212,7 @@ impl Producer {
 /// taken as one).
 pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
     let partitions = u64::from(partitions.max(1));
-    (chronik_engine::format::key_hash(key) % partitions) as u32
+    (chronik_engine::internals::format::key_hash(key) % partitions) as u32
 }
 
 /// Reads one partition in order, remembering its position; in a consumer group, commits it.

@@ -18,7 +18,7 @@
 use crate::{CommitError, Fetch, GroupCommit, Io, Offset, ReadError, Record, RecordView};
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
-use chronik_engine::canary::{self, Canary};
+use chronik_engine::internals::canary::{self, Canary};
 use chronik_engine::metrics::Metrics;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
@@ -1063,7 +1063,7 @@ mod snapshot {
                 bytes.extend_from_slice(part);
             }
         }
-        let checksum = chronik_engine::format::key_hash(&bytes);
+        let checksum = chronik_engine::internals::format::key_hash(&bytes);
         bytes.extend_from_slice(&checksum.to_le_bytes());
         bytes
     }
@@ -1071,7 +1071,9 @@ mod snapshot {
     /// The offset and the entries, in key order.
     pub fn decode(bytes: &[u8]) -> Option<(Offset, Entries)> {
         let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-        if chronik_engine::format::key_hash(body) != u64::from_le_bytes(checksum.try_into().ok()?) {
+        if chronik_engine::internals::format::key_hash(body)
+            != u64::from_le_bytes(checksum.try_into().ok()?)
+        {
             return None;
         }
         let mut rest = body;

@@ -8,7 +8,7 @@
 //! not hold is lost. A target panics (the finding) only when such a check fails.
 
 use crate::{Rng, SimClock, SimDisk};
-use chronik_engine::format::parse_batch;
+use chronik_engine::internals::format::parse_batch;
 use chronik_engine::io::{Io, OpenMode, Operation};
 use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig};
 use std::path::{Path, PathBuf};

@@ -22,12 +22,14 @@
 use crate::clock::EPOCH_MS;
 use crate::oracle::Violation;
 use crate::{Rng, SimClock, SimDisk};
-use chronik_engine::checkpoint::CheckpointWriter;
+use chronik_engine::internals::checkpoint::CheckpointWriter;
+use chronik_engine::internals::format;
+use chronik_engine::internals::layout::{self, LOG_SUFFIX, partition_directory};
+use chronik_engine::internals::log::{Acked, Batch, Config, PartitionLog, Recovered, Ticket};
+use chronik_engine::internals::reactor::{IndexHost, PartitionId, Reactor};
+use chronik_engine::internals::segment::SegmentFile;
 use chronik_engine::io::OpenMode;
-use chronik_engine::log::{Acked, Batch, Config, PartitionLog, Recovered, Ticket};
-use chronik_engine::reactor::{IndexHost, PartitionId, Reactor, partition_directory};
-use chronik_engine::segment::{self, LOG_SUFFIX, SegmentFile};
-use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig, format};
+use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig};
 use chronik_simdisk::Faults;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -167,7 +169,7 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> (Reactor<SimDisk>, Vec<PartitionId>) 
     let mut ids = Vec::new();
     for partition in 0..plan.partitions {
         let directory = partition_directory(Path::new(ROOT), TOPIC, partition);
-        let path = directory.join(segment::file_name(Offset::ZERO, LOG_SUFFIX));
+        let path = directory.join(layout::file_name(Offset::ZERO, LOG_SUFFIX));
         let mode = OpenMode::ReadWrite.with_direct(plan.direct);
         let active = SegmentFile::open(&io, path, mode).expect("the topic's first segment");
         let checkpoint = CheckpointWriter::open(&io, &directory, None).expect("its checkpoint");

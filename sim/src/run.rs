@@ -1198,7 +1198,7 @@ impl Sim {
         &mut self,
         partition: u32,
         batch: ModelBatch,
-        appended: chronik_engine::partition::Appended,
+        appended: chronik_engine::Appended,
     ) -> Result<(), Violation> {
         let count = batch.records.len() as u64;
         let next = self.model.partitions[partition as usize].acknowledged_records();

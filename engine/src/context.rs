@@ -1,0 +1,84 @@
+//! What the engine hands to each partition: the shared context, the durability mode and the
+//! fail-stop flag. A leaf module, so that the engine, its partitions and recovery can all name
+//! these without depending on each other.
+
+use crate::Clock;
+use crate::error::Poisoned;
+use crate::io::Io;
+use crate::metrics::Metrics;
+use crate::sync::Mutex;
+use crate::write_path::WritePath;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// When an append is acknowledged, and what a crash may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged after the records and the metadata needed to read them are fsynced.
+    /// Concurrent appenders to a partition share fsyncs (group commit). Readers see records
+    /// only once they are durable.
+    #[default]
+    Sync,
+    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`](crate::Engine::tick) at most `ms` later.
+    /// A crash loses at most the last `ms` of acknowledged records. Readers see records once
+    /// they are durable.
+    Interval { ms: u64 },
+    /// Acknowledged when written to the OS; fsynced only when a segment rolls and on close.
+    /// Readers see records at once.
+    Os,
+}
+
+/// The fail-stop flag: set by the first failed write or fsync, checked by every operation.
+#[derive(Debug, Default)]
+pub struct Poison {
+    poisoned: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Poison {
+    pub fn set(&self, reason: String) {
+        let mut slot = self.reason.lock();
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    pub fn check(&self) -> Result<(), Poisoned> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let reason = self.reason.lock().clone().unwrap_or_default();
+        Err(Poisoned { reason })
+    }
+}
+
+#[derive(Debug)]
+/// What every partition of an engine shares.
+pub(crate) struct PartitionContext<I: Io> {
+    pub io: Arc<I>,
+    pub clock: Arc<dyn Clock>,
+    pub poison: Arc<Poison>,
+    pub metrics: Arc<Metrics>,
+    pub durability: Durability,
+    pub read_only: bool,
+    /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
+    pub direct: bool,
+    /// The engine's write path; `None` when opened read-only.
+    pub write_path: Option<Arc<WritePath<I>>>,
+}
+
+impl<I: Io> Clone for PartitionContext<I> {
+    fn clone(&self) -> Self {
+        PartitionContext {
+            io: Arc::clone(&self.io),
+            clock: Arc::clone(&self.clock),
+            poison: Arc::clone(&self.poison),
+            metrics: Arc::clone(&self.metrics),
+            durability: self.durability,
+            read_only: self.read_only,
+            direct: self.direct,
+            write_path: self.write_path.clone(),
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The engine: a data directory of topics (`crate::layout` has its map), each a set of
+//! partitions. This file holds the engine's state, open and the lookups; the rest is split by
+//! responsibility:
+//!
+//! - `data.rs`: appends and reads, handed to the partition;
+//! - `offsets.rs`: consumer offsets and transactions;
+//! - `topics.rs`: admin of topics;
+//! - `maintenance.rs`: interval flushes, retention, compaction, refresh.
+//!
+//! Locks: `topics` (the map of open topics, read-mostly) is never held while waiting for the
+//! write path; the partitions' locks are described in `crate::partition`.
+
+mod data;
+mod maintenance;
+mod offsets;
+mod topics;
+
+pub use offsets::{GroupCommit, TransactionWrite};
+pub use topics::TopicDescription;
+
+use crate::context::{Durability, PartitionContext, Poison};
+use crate::error::{CorruptionKind, IoError, OpenError, Poisoned, TopicError};
+use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
+use crate::groups::{Committed, OFFSETS_TOPIC};
+use crate::io::{FileHandle, Io};
+use crate::layout::{
+    LOCK_FILE, META_FILE, STATE_DIRECTORY, TOPICS_DIRECTORY, create_directories,
+    create_directory_if_missing, fsync_directory, parent_of, remove_tree,
+};
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::partition::Partition;
+use crate::reactor::Reactor;
+use crate::recovery::RecoveryReport;
+use crate::segment;
+use crate::sync::{Mutex, RwLock};
+use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
+use crate::write_path::WritePath;
+use crate::{Clock, Corruption};
+use std::collections::BTreeMap;
+use std::io::ErrorKind::NotFound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options of [`Engine::open`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    pub durability: Durability,
+    /// Open without the lock and without changing any file, beside a process that writes:
+    /// no recovery is written (an unparsable tail is left unread), appends and topic changes
+    /// fail with `ReadOnly`, and [`Engine::refresh`] picks up what the writer appended.
+    /// Readers then see what the writer has written, synced or not.
+    pub read_only: bool,
+    /// The backend [`SystemIo`](crate::io::SystemIo) sets up for callers that open real files
+    /// through it (the `chronik` crate and CLI): io_uring where available by default.
+    /// `Engine::open` itself runs on whatever backend it is given.
+    pub io_backend: crate::io::Backend,
+    /// Write segment data with direct I/O (`O_DIRECT` on Linux), bypassing the page cache:
+    /// appends write whole 4 KiB blocks (the partial last block rewritten from memory) and
+    /// their data does not evict other files from the page cache. Reads still go through it.
+    /// Off by default: without batching, each append waits for the device. Fails at open on a
+    /// file system without direct I/O (tmpfs).
+    pub direct_io: bool,
+}
+
+#[derive(Debug)]
+struct Topic<I: Io> {
+    /// Changed only under `admin`, after `topic.meta` was rewritten.
+    config: Mutex<TopicConfig>,
+    partitions: Vec<Arc<Partition<I>>>,
+}
+
+type Topics<I> = BTreeMap<String, Arc<Topic<I>>>;
+
+#[derive(Debug)]
+struct Inner<I: Io> {
+    context: PartitionContext<I>,
+    options: Options,
+    root: PathBuf,
+    topics: RwLock<Topics<I>>,
+    /// Serialises topic creation and deletion (rare, and they touch the topics directory).
+    admin: Mutex<()>,
+    /// `None` when opened read-only.
+    lock: Option<FileHandle>,
+    /// The latest committed consumer offsets; held across a commit's append, so commits
+    /// reach the offsets topic and this map in the same order.
+    committed: Mutex<Committed>,
+}
+
+impl<I: Io> Drop for Inner<I> {
+    fn drop(&mut self) {
+        for topic in self.topics.get_mut().values() {
+            for partition in &topic.partitions {
+                // Best effort: a failure poisons, and the next open recovers.
+                let _ = partition.close();
+            }
+        }
+        if let Some(lock) = self.lock
+            && !crate::canary::active(crate::canary::Canary::CloseLeaksLockHandle)
+        {
+            self.context.io.close(lock);
+        }
+    }
+}
+
+/// An open data directory. Cheap to clone; all clones share the same state. Closed (with a
+/// final flush) when the last clone is dropped.
+#[derive(Debug)]
+pub struct Engine<I: Io> {
+    inner: Arc<Inner<I>>,
+}
+
+impl<I: Io> Clone for Engine<I> {
+    fn clone(&self) -> Self {
+        Engine { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<I: Io> Engine<I> {
+    /// Open (creating if needed) the data directory at `root`, recovering every partition.
+    pub fn open(
+        io: I,
+        clock: Arc<dyn Clock>,
+        root: &Path,
+        options: Options,
+    ) -> Result<(Self, RecoveryReport), OpenError> {
+        let io = Arc::new(io);
+        let lock = if options.read_only {
+            None
+        } else {
+            create_directories(&*io, root)?;
+            let lock = io.lock(&root.join(LOCK_FILE)).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    OpenError::Locked { path: root.to_path_buf() }
+                } else {
+                    IoError::new("lock", &root.join(LOCK_FILE), e).into()
+                }
+            })?;
+            Some(lock)
+        };
+        let poison: Arc<Poison> = Arc::default();
+        let metrics: Arc<Metrics> = Arc::default();
+        let write_path = (!options.read_only).then(|| {
+            let mut reactor = Reactor::new(Arc::clone(&io));
+            reactor.set_metrics(Arc::clone(&metrics), Arc::clone(&clock));
+            let poisoned = Arc::clone(&poison);
+            WritePath::with_poison(
+                reactor,
+                Arc::clone(&clock),
+                Box::new(move || poisoned.check().is_err()),
+            )
+        });
+        let context = PartitionContext {
+            io,
+            clock,
+            poison,
+            metrics,
+            durability: options.durability,
+            read_only: options.read_only,
+            direct: options.direct_io && !options.read_only,
+            write_path,
+        };
+        let result = Self::open_locked(&context, root);
+        let (topics, report, committed) = match result {
+            Ok(opened) => opened,
+            Err(error) => {
+                if let Some(lock) = lock {
+                    context.io.close(lock);
+                }
+                return Err(error);
+            }
+        };
+        let inner = Inner {
+            context,
+            options,
+            root: root.to_path_buf(),
+            topics: RwLock::new(topics),
+            admin: Mutex::new(()),
+            lock,
+            committed: Mutex::new(committed),
+        };
+        Ok((Engine { inner: Arc::new(inner) }, report))
+    }
+
+    fn open_locked(
+        context: &PartitionContext<I>,
+        root: &Path,
+    ) -> Result<(Topics<I>, RecoveryReport, Committed), OpenError> {
+        let io = &*context.io;
+        let read_only = context.read_only;
+        check_data_directory_meta(io, root, read_only)?;
+        let topics_directory = root.join(TOPICS_DIRECTORY);
+        if !read_only {
+            create_directory_if_missing(io, &topics_directory)?;
+            // Unconditionally: entries an earlier process created but was killed before
+            // fsyncing (a topic renamed into place, say) must be durable before new appends.
+            // The parent too: an earlier open may have created the data directory itself and
+            // failed before that fsync (found by the simulator's faulty opens).
+            fsync_directory(io, parent_of(root))?;
+            fsync_directory(io, root)?;
+            fsync_directory(io, &topics_directory)?;
+        }
+        let mut report = RecoveryReport::default();
+        let mut topics = BTreeMap::new();
+        let entries = match io.list(&topics_directory) {
+            Err(error) if read_only && error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            listed => listed.map_err(|e| IoError::new("list", &topics_directory, e))?,
+        };
+        // The offsets topic first: its transaction commit records say which transactional
+        // batch at the end of another partition was committed.
+        let mut entries = entries;
+        entries.sort_by_key(|e| e.name != OFFSETS_TOPIC);
+        let mut committed = Committed::default();
+        'topics: for entry in entries.into_iter().filter(|e| e.is_directory) {
+            let path = topics_directory.join(&entry.name);
+            if entry.name.starts_with('.') && read_only {
+                continue;
+            }
+            if entry.name.starts_with('.') {
+                remove_tree(io, &path)?;
+                fsync_directory(io, &topics_directory)?;
+                report.removed_incomplete_topics.push(entry.name);
+                continue;
+            }
+            let meta_path = path.join(TOPIC_META_FILE);
+            let bytes = segment::read_small_file(io, &meta_path)?;
+            if read_only && bytes.is_none() {
+                // The writer deleted the topic while this reader was listing.
+                continue;
+            }
+            let Some(bytes) = bytes else {
+                let kind = CorruptionKind::Malformed { reason: "the file is missing" };
+                return Err(Corruption { file: meta_path, position: 0, kind }.into());
+            };
+            let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
+                file: meta_path.clone(),
+                position: 0,
+                kind,
+            })?;
+            if !read_only {
+                fsync_directory(io, &path)?;
+            }
+            let mut partitions = Vec::with_capacity(config.partitions as usize);
+            for id in 0..config.partitions {
+                let directory = path.join(id.to_string());
+                let transaction_end = committed.transaction_end(&entry.name, id);
+                let opened =
+                    Partition::open(context, directory, &entry.name, id, config, transaction_end);
+                let (partition, recovery) = match opened {
+                    // A read-only open racing the writer's `delete_topic`.
+                    Err(OpenError::Io(e)) if read_only && e.source.kind() == NotFound => {
+                        continue 'topics;
+                    }
+                    other => other?,
+                };
+                report.partitions.push(recovery);
+                partitions.push(partition);
+            }
+            if entry.name == OFFSETS_TOPIC
+                && let Some(partition) = partitions.first()
+            {
+                committed = Self::load_committed(partition, &path)?;
+            }
+            topics.insert(entry.name, Arc::new(Topic { config: Mutex::new(config), partitions }));
+        }
+        Ok((topics, report, committed))
+    }
+
+    /// Write a small file the application keeps beside its topics (stream processors keep
+    /// their store snapshots so), under `<root>/state/`, durably: temporary file, fdatasync,
+    /// rename, directory fsync. `name` is one path component (1 to 200 bytes of ASCII letters,
+    /// digits, `.`, `_`, `-`, not starting with `.`).
+    pub fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<(), TopicError> {
+        self.check_writable()?;
+        self.inner.context.poison.check()?;
+        topic::validate_name(name)?;
+        let io = self.io();
+        let directory = self.inner.root.join(STATE_DIRECTORY);
+        if create_directory_if_missing(io, &directory)? {
+            fsync_directory(io, &self.inner.root)?;
+        }
+        segment::write_file_durably(io, &directory.join(name), bytes)?;
+        fsync_directory(io, &directory)?;
+        Ok(())
+    }
+
+    /// A file [`Engine::write_state_file`] wrote, if it exists.
+    pub fn read_state_file(&self, name: &str) -> Result<Option<Vec<u8>>, TopicError> {
+        topic::validate_name(name)?;
+        let path = self.inner.root.join(STATE_DIRECTORY).join(name);
+        Ok(segment::read_small_file(self.io(), &path)?)
+    }
+
+    /// The engine clock's time, in milliseconds since the Unix epoch (simulated time under
+    /// the simulator).
+    pub fn now_ms(&self) -> i64 {
+        self.inner.context.clock.now_ms()
+    }
+
+    pub fn options(&self) -> Options {
+        self.inner.options
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    fn io(&self) -> &I {
+        &self.inner.context.io
+    }
+
+    fn topics_directory(&self) -> PathBuf {
+        self.inner.root.join(TOPICS_DIRECTORY)
+    }
+
+    fn topic(&self, name: &str) -> Option<Arc<Topic<I>>> {
+        self.inner.topics.read().get(name).cloned()
+    }
+
+    /// A partition, or which of the two names was not found: `Err(true)` for the topic,
+    /// `Err(false)` for the partition.
+    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, bool> {
+        let found = self.topic(topic).ok_or(true)?;
+        found.partitions.get(partition as usize).cloned().ok_or(false)
+    }
+
+    fn check_writable(&self) -> Result<(), TopicError> {
+        if self.inner.options.read_only {
+            return Err(TopicError::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Every counter and latency histogram of this open engine (since it opened);
+    /// [`MetricsSnapshot::prometheus`] gives them in the Prometheus text format.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.context.metrics.snapshot()
+    }
+
+    /// The live counters, for layers above the engine to add theirs (the SDK's restores).
+    pub fn metrics_registry(&self) -> &Metrics {
+        &self.inner.context.metrics
+    }
+
+    /// Whether a failure has poisoned the engine, and why.
+    pub fn poisoned(&self) -> Option<Poisoned> {
+        self.inner.context.poison.check().err()
+    }
+
+    /// Poison the engine from outside, e.g. when a background worker panicked.
+    pub fn poison(&self, reason: String) {
+        self.inner.context.poison.set(reason);
+    }
+
+    fn all_partitions(&self) -> Vec<Arc<Partition<I>>> {
+        let topics = self.inner.topics.read();
+        topics.values().flat_map(|t| t.partitions.iter().cloned()).collect()
+    }
+}
+
+/// Check `chronik.meta`, writing it on a new data directory (unless read-only).
+fn check_data_directory_meta<I: Io + ?Sized>(
+    io: &I,
+    root: &Path,
+    read_only: bool,
+) -> Result<(), OpenError> {
+    let path = root.join(META_FILE);
+    let bytes = segment::read_small_file(io, &path)?;
+    let Some(bytes) = bytes else {
+        if read_only {
+            let missing = std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not a Chronik data directory (no chronik.meta)",
+            );
+            return Err(IoError::new("open", &path, missing).into());
+        }
+        // A new directory gets `chronik.meta` before `topics/` exists, so topics without it
+        // mean the file was lost: writing a fresh one would hide that.
+        let topics = root.join(TOPICS_DIRECTORY);
+        let holds_topics = match io.list(&topics) {
+            Ok(entries) => entries.iter().any(|e| !e.name.starts_with('.')),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(IoError::new("list", &topics, e).into()),
+        };
+        if holds_topics {
+            let kind = CorruptionKind::Malformed { reason: "missing, but topics/ holds topics" };
+            return Err(Corruption { file: path, position: 0, kind }.into());
+        }
+        segment::write_file_durably(io, &path, DataDirectoryMeta::current().encode())?;
+        fsync_directory(io, root)?;
+        return Ok(());
+    };
+    let meta = DataDirectoryMeta::decode(&bytes).map_err(|kind| Corruption {
+        file: path.clone(),
+        position: 0,
+        kind,
+    })?;
+    if meta.version() != DATA_DIRECTORY_VERSION {
+        return Err(OpenError::UnsupportedVersion {
+            path,
+            found: meta.version(),
+            supported: DATA_DIRECTORY_VERSION,
+        });
+    }
+    Ok(())
+}
