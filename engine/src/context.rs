@@ -19,7 +19,8 @@ pub enum Durability {
     /// only once they are durable.
     #[default]
     Sync,
-    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`](crate::Engine::tick) at most `ms` later.
+    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`](crate::Engine::tick)
+    /// at most `ms` later.
     /// A crash loses at most the last `ms` of acknowledged records. Readers see records once
     /// they are durable.
     Interval { ms: u64 },

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 pub const LOCK_FILE: &str = "LOCK";
 pub const META_FILE: &str = "chronik.meta";
-/// Files applications keep beside their topics ([`Engine::write_state_file`](crate::Engine::write_state_file)).
+/// Files applications keep beside their topics
+/// ([`Engine::write_state_file`](crate::Engine::write_state_file)).
 pub const STATE_DIRECTORY: &str = "state";
 pub const TOPICS_DIRECTORY: &str = "topics";
 pub const CREATING_SUFFIX: &str = ".creating";

@@ -260,12 +260,7 @@ pub struct ScanEnd {
 impl ScanEnd {
     /// The damage the scan stopped at, as a `Corruption` of `file`.
     pub fn corruption(&self, file: &Path) -> Option<crate::error::Corruption> {
-        let kind = match self.damage.as_ref()? {
-            DecodeError::Corrupt(kind) => kind.clone(),
-            &DecodeError::Incomplete { needed, available } => {
-                crate::error::CorruptionKind::Truncated { needed, available }
-            }
-        };
+        let kind = self.damage.clone()?.into();
         Some(crate::error::Corruption { file: file.to_path_buf(), position: self.position, kind })
     }
 }

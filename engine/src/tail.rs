@@ -30,12 +30,7 @@ pub(crate) struct Damage {
 
 impl Damage {
     pub fn kind(&self) -> CorruptionKind {
-        match &self.error {
-            DecodeError::Corrupt(kind) => kind.clone(),
-            &DecodeError::Incomplete { needed, available } => {
-                CorruptionKind::Truncated { needed, available }
-            }
-        }
+        self.error.clone().into()
     }
 
     pub fn corruption(&self, file: &Path) -> Corruption {

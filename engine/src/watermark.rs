@@ -8,8 +8,8 @@
 //! happen under the lock the waiter checks it under).
 //!
 //! Under `--cfg loom` the same code runs on loom's primitives: `loom_models` below checks those
-//! three properties over every interleaving (`loom_models.rs`, `scripts/loom`). Loom has no time, so under it a
-//! wait has no timeout.
+//! three properties over every interleaving (`loom_models.rs`, `scripts/loom`). Loom has no time,
+//! so under it a wait has no timeout.
 
 use crate::Offset;
 use std::time::Duration;

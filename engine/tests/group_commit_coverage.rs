@@ -11,7 +11,7 @@
 
 mod common;
 
-use chronik_engine::io::{Completion, FileHandle, Io, OpenMode, Operation, SystemIo};
+use chronik_engine::io::{Completion, FileHandle, Io, Namespace, OpenMode, Operation, SystemIo};
 use chronik_engine::{Durability, Offset, Options, Record, TopicConfig};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
@@ -166,7 +166,9 @@ impl Io for CoverageIo {
             })
             .collect()
     }
+}
 
+impl Namespace for CoverageIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let file = self.inner.open(path, mode)?;
         self.shared.lock().opened.insert(file, path.to_path_buf());

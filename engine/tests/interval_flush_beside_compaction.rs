@@ -6,7 +6,7 @@
 
 mod common;
 
-use chronik_engine::io::{Completion, FileHandle, Io, OpenMode, Operation};
+use chronik_engine::io::{Completion, FileHandle, Io, Namespace, OpenMode, Operation};
 use chronik_engine::runtime::Runtime;
 use chronik_engine::{Cleanup, Durability, Engine, Offset, Options, Record, TopicConfig};
 use common::ManualClock;
@@ -91,7 +91,9 @@ impl Io for GatedIo {
         }
         self.inner.submit(operations)
     }
+}
 
+impl Namespace for GatedIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let handle = self.inner.open(path, mode)?;
         self.paths.lock().insert(handle, path.to_path_buf());

@@ -9,6 +9,7 @@
 //! chain keep their place. The rest of the engine's tests run on the backend
 //! `CHRONIK_TEST_IO` names (the test script runs them on both).
 
+use chronik_engine::io::Namespace;
 use chronik_engine::io::{
     Backend, Completion, FileHandle, Io, Linked, OpenMode, Operation, SystemIo, is_canceled,
     sync_directory,

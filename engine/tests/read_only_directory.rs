@@ -4,7 +4,7 @@
 //! read-only open reads every record; the directory opens normally afterwards.
 
 use chronik_engine::io::Completion;
-use chronik_engine::io::{DirectoryEntry, FileHandle, Io, OpenMode, Operation, PreadIo};
+use chronik_engine::io::{DirectoryEntry, FileHandle, Io, Namespace, OpenMode, Operation, PreadIo};
 use chronik_engine::runtime::SystemClock;
 use chronik_engine::{Engine, OpenError, Options, Record, TopicConfig};
 use std::io;
@@ -30,6 +30,9 @@ impl Io for ReadOnlyFs {
             })
             .collect()
     }
+}
+
+impl Namespace for ReadOnlyFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         if mode == OpenMode::Read { self.0.open(path, mode) } else { Err(refused()) }
     }

@@ -1,5 +1,5 @@
-//! Mutation canaries: each deliberate bug of [`chronik_engine::internals::canary`] switched on in turn,
-//! with seeds run from zero until one reports a violation. A canary no seed catches is a hole
+//! Mutation canaries: each deliberate bug of [`chronik_engine::internals::canary`] switched on in
+//! turn, with seeds run from zero until one reports a violation. A canary no seed catches is a hole
 //! in the oracles (or in the workload and faults that reach the bug).
 //!
 //! The active canary is process-global, so the hunt runs seeds one after another on the

@@ -9,6 +9,7 @@
 
 use crate::{Rng, SimClock, SimDisk};
 use chronik_engine::internals::format::parse_batch;
+use chronik_engine::io::Namespace;
 use chronik_engine::io::{Io, OpenMode, Operation};
 use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig};
 use std::path::{Path, PathBuf};

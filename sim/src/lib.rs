@@ -11,10 +11,11 @@
 //! - [`model`]: the reference model, what each partition may and must hold.
 //! - [`oracle`]: the checks of the engine against the model, behind the [`oracle::Oracle`]
 //!   trait; [`oracle::standard`] is the list every run uses.
-//! - [`run`](mod@run): [`run::run`], one seed from start to finish, returning a [`run::RunOutcome`].
+//! - [`run`](mod@run): [`run::run`], one seed from start to finish, returning a
+//!   [`run::RunOutcome`].
 //! - [`trace`]: a bounded ring of the last events and a hash of all of them.
-//! - [`canaries`]: the mutation canaries of [`chronik_engine::internals::canary`], each hunted by seeds
-//!   until an oracle catches it.
+//! - [`canaries`]: the mutation canaries of [`chronik_engine::internals::canary`], each hunted by
+//!   seeds until an oracle catches it.
 //! - [`shrink`]: reduce a failing run to fewer steps and fewer kinds of faults.
 //! - [`processors`]: stream-processor workloads (counting, a stream-table join) run by the
 //!   `chronik` crate's runtime under crashes, with the restore-equivalence and exactly-once

@@ -3,6 +3,7 @@
 //! oracles after every restart. Plus two fixed scenarios: determinism of a seed, and an
 //! fsync failure that poisons the engine.
 
+use chronik_engine::io::Namespace;
 use chronik_engine::{AppendError, Durability, Engine, Options, Record, TopicConfig};
 use chronik_sim::clock::EPOCH_MS;
 use chronik_sim::model::{Model, ModelBatch, ModelRecord, TopicState};
@@ -210,7 +211,7 @@ fn a_tail_read_back_after_a_failed_fsync_is_written_again() {
 /// data. Recovery now sets the active segment's length again on every writable open.
 #[test]
 fn a_cut_tail_stays_cut_after_the_fsync_of_the_cut_failed() {
-    use chronik_engine::io::{Io, OpenMode, Operation, run_plain, write_all};
+    use chronik_engine::io::{OpenMode, Operation, run_plain, write_all};
     for seed in 0..20 {
         let disk = SimDisk::new(Rng::new(seed));
         let clock = SimClock::new(EPOCH_MS);

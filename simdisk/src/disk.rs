@@ -2,14 +2,14 @@
 //!
 //! # What is modelled
 //!
-//! The namespace is a tree of inodes. A directory inode holds two entry sets, name to inode:
-//! the *current* set, which every call sees, and the *durable* set, what a crash restores.
-//! [`Io::open`] with [`OpenMode::CreateNew`], [`Io::lock`] creating its file, [`Io::rename`],
-//! [`Io::remove_file`], [`Io::create_directory`] and [`Io::remove_directory`] change only the
-//! current set of the directories involved. An [`Operation::Fsync`] of a handle opened with
-//! [`OpenMode::Directory`] copies that directory's current set into its durable set; it does
-//! not make the directory's own entry in its parent durable (that needs the parent's fsync).
-//! A new directory starts with an empty durable set.
+//! The namespace is a tree of inodes. A directory inode holds two entry sets, name to inode: the
+//! *current* set, which every call sees, and the *durable* set, what a crash restores.
+//! [`Namespace::open`] with [`OpenMode::CreateNew`], [`Namespace::lock`] creating its file,
+//! [`Namespace::rename`], [`Namespace::remove_file`], [`Namespace::create_directory`] and
+//! [`Namespace::remove_directory`] change only the current set of the directories involved. An
+//! [`Operation::Fsync`] of a handle opened with [`OpenMode::Directory`] copies that directory's
+//! current set into its durable set; it does not make the directory's own entry in its parent
+//! durable (that needs the parent's fsync). A new directory starts with an empty durable set.
 //!
 //! A file inode holds its *current* bytes (what reads see; the length is the file size), a
 //! *durable* image, and the ordered list of *pending* changes since the last successful sync:
@@ -54,7 +54,8 @@
 
 use crate::rng::Rng;
 use chronik_engine::io::{
-    self as io_trait, Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation,
+    self as io_trait, Completion, DirectoryEntry, FileHandle, Io, Linked, Namespace, OpenMode,
+    Operation,
 };
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
@@ -1088,7 +1089,9 @@ impl Io for SimDisk {
         }
         completions.into_iter().map(|c| c.expect("every operation completed")).collect()
     }
+}
 
+impl Namespace for SimDisk {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let result = self.call("open", path, |state| state.open(path, mode), |handle| handle.0);
         if matches!(mode, OpenMode::CreateNew | OpenMode::CreateNewDirect) {

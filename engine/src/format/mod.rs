@@ -354,6 +354,19 @@ pub enum DecodeError {
     Corrupt(CorruptionKind),
 }
 
+/// The one conversion of a decode failure into what a [`crate::Corruption`] reports: bytes
+/// that end early are a truncation, wrong bytes keep their kind.
+impl From<DecodeError> for CorruptionKind {
+    fn from(error: DecodeError) -> Self {
+        match error {
+            DecodeError::Corrupt(kind) => kind,
+            DecodeError::Incomplete { needed, available } => {
+                CorruptionKind::Truncated { needed, available }
+            }
+        }
+    }
+}
+
 /// A validated batch borrowed from a buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchView<'a> {

@@ -23,11 +23,12 @@
 //!   a retried fsync reports success). The engine never retries: it poisons itself.
 //! - [`Operation::Truncate`] and [`Operation::Allocate`] change the size; the change survives a
 //!   crash only after an `Fsync` of the file.
-//! - [`Io::open`] with [`OpenMode::CreateNew`], [`Io::rename`], [`Io::remove_file`],
-//!   [`Io::create_directory`] and [`Io::remove_directory`] survive a crash only after an
-//!   `Fsync` of the parent directory; until then the entry may be lost on a crash.
-//! - [`Io::lock`] holds an advisory exclusive lock while the handle is open; it does not survive
-//!   the process.
+//! - [`Namespace::open`] with [`OpenMode::CreateNew`], [`Namespace::rename`],
+//!   [`Namespace::remove_file`], [`Namespace::create_directory`] and
+//!   [`Namespace::remove_directory`] survive a crash only after an `Fsync` of the parent
+//!   directory; until then the entry may be lost on a crash.
+//! - [`Namespace::lock`] holds an advisory exclusive lock while the handle is open; it does not
+//!   survive the process.
 
 mod aligned;
 mod pread;
@@ -43,11 +44,11 @@ pub use uring::UringIo;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// An open file or directory. Opaque; valid until passed to [`Io::close`].
+/// An open file or directory. Opaque; valid until passed to [`Namespace::close`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileHandle(pub u64);
 
-/// How [`Io::open`] opens a path.
+/// How [`Namespace::open`] opens a path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
     /// An existing file, read only.
@@ -226,8 +227,10 @@ pub fn operation_buffer(operation: Operation) -> Vec<u8> {
     }
 }
 
-/// Every file operation of the engine. See the module documentation for the crash contract.
-pub trait Io: Send + Sync + 'static {
+/// Every file operation of the engine: the data operations (reads, writes, fsyncs), submitted
+/// in batches and completed asynchronously by the backend, in the [`Namespace`] they work in.
+/// See the module documentation for the crash contract.
+pub trait Io: Namespace {
     /// Submit a batch of operations in chains and wait for all of them. A chain is a run of
     /// operations each with [`Linked::link_next`] set, and the one after the last of them: its
     /// operations run one after another, each only once the one before it succeeded (a failure
@@ -246,7 +249,13 @@ pub trait Io: Send + Sync + 'static {
     /// order between two operations (write, then fdatasync) submits them in separate batches,
     /// or relies on a backend that documents linking them.
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion>;
+}
 
+/// The file system's namespace: opening and closing files, their sizes, directories, renames,
+/// removals and the data directory's lock. Synchronous calls: they are rare, off the write
+/// path's hot loop (a roll's create runs inline in the reactor's turn), and never batched.
+/// Their durability is a directory fsync ([`sync_directory`]), a data operation.
+pub trait Namespace: Send + Sync + 'static {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle>;
 
     /// Close a handle. Closing does not flush anything.

@@ -10,7 +10,7 @@
 //! descriptor they are called on.
 
 use super::aligned::AlignedBuffer;
-use super::{Completion, DirectoryEntry, FileHandle, Io, OpenMode, Operation};
+use super::{Completion, DirectoryEntry, FileHandle, Io, Namespace, OpenMode, Operation};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -149,7 +149,9 @@ impl Io for PreadIo {
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
         operations.into_iter().map(|operation| self.execute(operation)).collect()
     }
+}
 
+impl Namespace for PreadIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let file = match mode {
             OpenMode::Read | OpenMode::Directory => File::open(path)?,

@@ -1,7 +1,9 @@
 //! The backend for real files: io_uring on Linux where it can be set up, pread/pwrite otherwise
 //! or when asked.
 
-use super::{Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation, PreadIo};
+use super::{
+    Completion, DirectoryEntry, FileHandle, Io, Linked, Namespace, OpenMode, Operation, PreadIo,
+};
 use std::io;
 use std::path::Path;
 use std::str::FromStr;
@@ -117,7 +119,9 @@ impl Io for SystemIo {
     fn submit_linked(&self, operations: Vec<Linked>) -> Vec<Completion> {
         forward!(self, io => io.submit_linked(operations))
     }
+}
 
+impl Namespace for SystemIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         forward!(self, io => io.open(path, mode))
     }

@@ -38,7 +38,9 @@
 //! its buffer, owned by the slot as long as the write runs (see [`PreadIo`]).
 
 use super::aligned::AlignedBuffer;
-use super::{Completion, DirectoryEntry, FileHandle, Io, Linked, OpenMode, Operation, PreadIo};
+use super::{
+    Completion, DirectoryEntry, FileHandle, Io, Linked, Namespace, OpenMode, Operation, PreadIo,
+};
 use io_uring::{IoUring, opcode, squeue, types};
 use parking_lot::{Condvar, Mutex};
 use std::fs::File;
@@ -573,7 +575,9 @@ impl Io for UringIo {
         assert_eq!(completions.len(), count, "a completion per operation, in order");
         completions
     }
+}
 
+impl Namespace for UringIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         self.files.open(path, mode)
     }

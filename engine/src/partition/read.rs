@@ -243,12 +243,7 @@ impl<I: Io> Partition<I> {
                 return Ok(found);
             }
             if let Some(error) = end.damage {
-                let kind = match error {
-                    DecodeError::Corrupt(kind) => kind,
-                    DecodeError::Incomplete { needed, available } => {
-                        CorruptionKind::Truncated { needed, available }
-                    }
-                };
+                let kind = error.into();
                 return Err(
                     Corruption { file: file.path.clone(), position: end.position, kind }.into()
                 );

@@ -4,7 +4,9 @@
 //! Every test binary compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
 
-use chronik_engine::io::{Backend, Completion, FileHandle, Io, OpenMode, Operation, SystemIo};
+use chronik_engine::io::{
+    Backend, Completion, FileHandle, Io, Namespace, OpenMode, Operation, SystemIo,
+};
 use chronik_engine::{
     Clock, Durability, Fetch, Offset, Options, Record, RecoveryReport, TopicConfig,
 };
@@ -240,7 +242,9 @@ impl Io for FaultyIo {
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion> {
         operations.into_iter().map(|operation| self.execute(operation)).collect()
     }
+}
 
+impl Namespace for FaultyIo {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileHandle> {
         let file = self.inner.open(path, mode)?;
         self.opened.lock().insert(file, (path.to_path_buf(), mode));
