@@ -1,33 +1,17 @@
-//! What the engine hands to each partition: the shared context, the durability mode and the
-//! fail-stop flag. A leaf module, so that the engine, its partitions and recovery can all name
-//! these without depending on each other.
+//! What the engine hands to each partition: the shared context and the fail-stop flag. It
+//! depends on nothing above the write path, so that the engine, its partitions and recovery
+//! can all name it without depending on each other (`engine/tests/tidy.rs` checks that the
+//! engine's modules import one another without a cycle).
 
 use crate::Clock;
 use crate::error::Poisoned;
 use crate::io::Io;
+use crate::log::Durability;
 use crate::metrics::Metrics;
 use crate::sync::Mutex;
 use crate::write_path::WritePath;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// When an append is acknowledged, and what a crash may take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// Acknowledged after the records and the metadata needed to read them are fsynced.
-    /// Concurrent appenders to a partition share fsyncs (group commit). Readers see records
-    /// only once they are durable.
-    #[default]
-    Sync,
-    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`](crate::Engine::tick)
-    /// at most `ms` later.
-    /// A crash loses at most the last `ms` of acknowledged records. Readers see records once
-    /// they are durable.
-    Interval { ms: u64 },
-    /// Acknowledged when written to the OS; fsynced only when a segment rolls and on close.
-    /// Readers see records at once.
-    Os,
-}
 
 /// The fail-stop flag: set by the first failed write or fsync, checked by every operation.
 #[derive(Debug, Default)]

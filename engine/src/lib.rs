@@ -34,7 +34,6 @@ pub mod metrics;
 pub mod runtime;
 pub mod verify;
 
-pub use context::Durability;
 pub use engine::{Engine, GroupCommit, Options, TopicDescription, TransactionWrite};
 pub use error::{
     AppendError, CommitError, Corruption, CorruptionKind, Error, IoError, OpenError, Poisoned,
@@ -42,6 +41,7 @@ pub use error::{
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::Record;
+pub use log::Durability;
 pub use partition::{
     Appended, CompactionFailure, CompactionReport, PartitionDescription, PendingAppend,
 };

@@ -2,9 +2,9 @@
 //! read-only engine's refresh.
 
 use super::Engine;
-use crate::context::Durability;
 use crate::error::{AppendError, ReadError};
 use crate::io::Io;
+use crate::log::Durability;
 use crate::partition::{CompactionFailure, CompactionReport};
 
 impl<I: Io> Engine<I> {

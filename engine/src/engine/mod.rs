@@ -18,7 +18,7 @@ mod topics;
 pub use offsets::{GroupCommit, TransactionWrite};
 pub use topics::TopicDescription;
 
-use crate::context::{Durability, PartitionContext, Poison};
+use crate::context::{PartitionContext, Poison};
 use crate::error::{CorruptionKind, IoError, OpenError, Poisoned, TopicError};
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{Committed, OFFSETS_TOPIC};
@@ -27,6 +27,7 @@ use crate::layout::{
     LOCK_FILE, META_FILE, STATE_DIRECTORY, TOPICS_DIRECTORY, create_directories,
     create_directory_if_missing, fsync_directory, parent_of, remove_tree,
 };
+use crate::log::Durability;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::partition::Partition;
 use crate::reactor::Reactor;

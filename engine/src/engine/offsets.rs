@@ -2,10 +2,10 @@
 //! batches, fsyncs and end markers, which share the write path's turns.
 
 use super::Engine;
-use crate::context::Durability;
 use crate::error::{AppendError, CommitError, IoError, OpenError, ReadError, TopicError};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::Io;
+use crate::log::Durability;
 use crate::metrics::Metrics;
 use crate::partition::{Appended, Partition};
 use crate::{Corruption, Offset, Record};

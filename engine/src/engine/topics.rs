@@ -1,11 +1,11 @@
 //! Admin of topics: create, alter, delete, list, describe.
 
 use super::{Engine, Topic};
-use crate::context::Durability;
 use crate::error::{AppendError, CommitError, IoError, OpenError, TopicError};
 use crate::groups::{self, CommitKey, OFFSETS_TOPIC};
 use crate::io::Io;
 use crate::layout::{CREATING_SUFFIX, DELETING_SUFFIX, fsync_directory, remove_tree};
+use crate::log::Durability;
 use crate::partition::{Partition, PartitionDescription};
 use crate::segment;
 use crate::sync::Mutex;

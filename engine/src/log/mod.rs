@@ -35,12 +35,30 @@
 #[cfg(test)]
 mod tests;
 
+use crate::Offset;
 use crate::canary::{self, Canary};
 use crate::format::{self, BatchInfo};
 use crate::io::DIRECT_ALIGNMENT;
-use crate::{Durability, Offset};
 use std::collections::VecDeque;
 use std::io;
+
+/// When an append is acknowledged, and what a crash may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Acknowledged after the records and the metadata needed to read them are fsynced.
+    /// Concurrent appenders to a partition share fsyncs (group commit). Readers see records
+    /// only once they are durable.
+    #[default]
+    Sync,
+    /// Acknowledged when written to the OS; fsynced by [`Engine::tick`](crate::Engine::tick)
+    /// at most `ms` later.
+    /// A crash loses at most the last `ms` of acknowledged records. Readers see records once
+    /// they are durable.
+    Interval { ms: u64 },
+    /// Acknowledged when written to the OS; fsynced only when a segment rolls and on close.
+    /// Readers see records at once.
+    Os,
+}
 
 /// Most bytes one coalesced write carries (a single larger batch is written alone).
 pub const WRITE_BYTES_MAX: usize = 1 << 20;

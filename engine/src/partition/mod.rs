@@ -26,10 +26,11 @@ pub use append::PendingAppend;
 pub use maintenance::{CompactionFailure, CompactionReport};
 
 use crate::checkpoint::CheckpointWriter;
-use crate::context::{Durability, PartitionContext, Poison};
+use crate::context::{PartitionContext, Poison};
 use crate::error::{Corruption, IoError, OpenError};
 use crate::io::{self, Io, OpenMode};
 use crate::layout::{self, LOG_SUFFIX};
+use crate::log::Durability;
 use crate::log::{self as write_log, Event, PartitionLog};
 use crate::log_start;
 use crate::metrics::Metrics;
