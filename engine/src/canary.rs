@@ -101,11 +101,14 @@ pub enum Canary {
     /// The second design's partition log publishes the watermark when a write completes, in
     /// `sync` and `interval` modes too (readers see what a crash can take).
     LogWatermarkBeforeSync = 37,
+    /// The second design's partition log sends two direct writes that share a block in one
+    /// submission without linking them, so either may land last.
+    DirectWritesUnlinked = 38,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 37] = [
+    pub const ALL: [Canary; 38] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -143,6 +146,7 @@ impl Canary {
         Canary::LogAckOnWrite,
         Canary::ReactorUnlinkedSync,
         Canary::LogWatermarkBeforeSync,
+        Canary::DirectWritesUnlinked,
     ];
 }
 

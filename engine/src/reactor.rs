@@ -342,8 +342,16 @@ impl<I: Io> Reactor<I> {
                 return;
             }
             let mut ran_inline = false;
-            for op in ops.drain(..) {
-                let (id, link_next) = (op.id, op.link_next && !unlinked);
+            // The canary drops only the links that put an fdatasync behind writes.
+            let before_sync: Vec<bool> = if unlinked {
+                let is_sync = |op: &LogOp| matches!(op.kind, OpKind::Fdatasync { .. });
+                (0..ops.len()).map(|i| ops.get(i + 1).is_some_and(is_sync)).collect()
+            } else {
+                Vec::new()
+            };
+            for (index, op) in ops.drain(..).enumerate() {
+                let unlink = unlinked && before_sync[index];
+                let (id, link_next) = (op.id, op.link_next && !unlink);
                 let mut owner = Owner { slot, id, checkpoint: None, fdatasync: None, bytes: 0 };
                 let operation = match op.kind {
                     OpKind::Write { segment, position, buffer, .. } => {

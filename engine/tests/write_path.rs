@@ -47,6 +47,7 @@ fn write_path(root: &Path, partitions: u32) -> Opened {
             segment_bytes: 1 << 20,
             segment_ms: i64::MAX,
             direct: false,
+            write_bytes_max: chronik_engine::internals::log::WRITE_BYTES_MAX,
         };
         let recovered = Recovered {
             base_offset: Offset::ZERO,

@@ -63,6 +63,7 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::LogAckOnWrite => "log-ack-on-write",
         Canary::ReactorUnlinkedSync => "reactor-unlinked-sync",
         Canary::LogWatermarkBeforeSync => "log-watermark-before-sync",
+        Canary::DirectWritesUnlinked => "direct-writes-unlinked",
     }
 }
 
@@ -123,10 +124,15 @@ pub const PROCESSOR_CANARIES: [Canary; 4] = [
     Canary::StateAppliedBeforeCommit,
 ];
 
-/// Canaries of the second design's write path (partition log and reactor), hunted with
-/// [`crate::reactor`] workloads: the engine does not run that path yet.
-pub const REACTOR_CANARIES: [Canary; 3] =
-    [Canary::LogAckOnWrite, Canary::ReactorUnlinkedSync, Canary::LogWatermarkBeforeSync];
+/// Canaries of the write path's partition log and reactor, hunted with [`crate::reactor`]
+/// workloads, which drive them with many partitions, small writes and power cuts between any
+/// two completions.
+pub const REACTOR_CANARIES: [Canary; 4] = [
+    Canary::LogAckOnWrite,
+    Canary::ReactorUnlinkedSync,
+    Canary::LogWatermarkBeforeSync,
+    Canary::DirectWritesUnlinked,
+];
 
 /// The canaries the swarm hunts: the catalogue but the targeted ones.
 pub fn hunted() -> impl Iterator<Item = Canary> {

@@ -21,14 +21,17 @@
 
 use crate::clock::EPOCH_MS;
 use crate::oracle::Violation;
+use crate::run::panic_message;
 use crate::{Rng, SimClock, SimDisk};
 use chronik_engine::internals::checkpoint::CheckpointWriter;
 use chronik_engine::internals::format;
 use chronik_engine::internals::layout::{self, LOG_SUFFIX, partition_directory};
-use chronik_engine::internals::log::{Acked, Batch, Config, PartitionLog, Recovered, Ticket};
+use chronik_engine::internals::log::{
+    Acked, Batch, Config, PartitionLog, Recovered, Ticket, WRITE_BYTES_MAX,
+};
 use chronik_engine::internals::reactor::{IndexHost, PartitionId, Reactor};
 use chronik_engine::internals::segment::SegmentFile;
-use chronik_engine::io::OpenMode;
+use chronik_engine::io::{DIRECT_ALIGNMENT, OpenMode};
 use chronik_engine::{Durability, Engine, Offset, Options, Record, TopicConfig};
 use chronik_simdisk::Faults;
 use std::collections::BTreeMap;
@@ -50,6 +53,9 @@ pub struct Plan {
     pub power_cut_after: Option<u64>,
     /// I/O errors on writes and syncs, per million calls.
     pub errors_per_million: u32,
+    /// Most bytes per coalesced write: one block on some seeds, so that a turn holds several
+    /// writes of a partition (and direct ones share blocks, linked).
+    pub write_bytes_max: usize,
 }
 
 /// Draw a seed's plan.
@@ -68,6 +74,7 @@ pub fn draw(seed: u64) -> Plan {
         steps: rng.between(20, 240),
         power_cut_after: (rng.below(10) < 7).then(|| rng.between(10, 800)),
         errors_per_million: if rng.below(10) < 2 { 3_000 } else { 0 },
+        write_bytes_max: if rng.below(10) < 4 { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX },
     }
 }
 
@@ -92,8 +99,14 @@ enum Asked {
     Flush { partition: usize },
 }
 
-/// Run one seed; the first oracle that failed, if any.
+/// Run one seed; the first oracle that failed, if any. A panic (an assertion of the engine or
+/// of the simulated disk's contract, such as overlapping concurrent writes) is a violation.
 pub fn run_seed(seed: u64) -> Result<Report, Violation> {
+    std::panic::catch_unwind(|| run_seed_unguarded(seed))
+        .unwrap_or_else(|payload| Err(Violation::new("no_panic", panic_message(&*payload))))
+}
+
+fn run_seed_unguarded(seed: u64) -> Result<Report, Violation> {
     let plan = draw(seed);
     let mut rng = Rng::new(seed);
     let disk = SimDisk::new(rng.fork());
@@ -178,6 +191,7 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> (Reactor<SimDisk>, Vec<PartitionId>) 
             segment_bytes: plan.segment_bytes,
             segment_ms: i64::MAX,
             direct: plan.direct,
+            write_bytes_max: plan.write_bytes_max,
         };
         let recovered = Recovered {
             base_offset: Offset::ZERO,

@@ -341,14 +341,7 @@ pub fn run(seed: u64, options: &RunOptions) -> RunOutcome {
     let violation = match result {
         Ok(Ok(())) => None,
         Ok(Err(violation)) => Some(violation),
-        Err(payload) => {
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(ToString::to_string)
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            Some(Violation::new("no_panic", message))
-        }
+        Err(payload) => Some(Violation::new("no_panic", panic_message(&*payload))),
     };
     if let Some(violation) = &violation {
         sim.trace.event(format!("VIOLATION {violation}"));
@@ -1734,4 +1727,13 @@ fn record_views(records: &[ModelRecord], now: i64) -> Vec<Record<'_>> {
             if r.timestamp == now { record } else { record.with_timestamp(r.timestamp) }
         })
         .collect()
+}
+
+/// The message of a caught panic.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(ToString::to_string)
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }

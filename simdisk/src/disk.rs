@@ -416,6 +416,38 @@ impl State {
         id
     }
 
+    /// The contract `submit_linked` holds callers to, as TigerBeetle's simulated storage
+    /// does: two writes that may run concurrently (in different chains) never touch the same
+    /// bytes of a file, since the kernel orders them in no way and either may land last. A
+    /// write may overlap one earlier in its own chain (it runs only after that one completed).
+    /// `operations` are each with the index of their chain.
+    fn assert_no_overlapping_writes<'a>(
+        &self,
+        operations: impl Iterator<Item = (usize, &'a Operation)>,
+    ) {
+        let mut writes: Vec<(usize, InodeId, u64, u64)> = Vec::new();
+        for (chain, operation) in operations {
+            if let Operation::Write { file, position, buffer } = operation
+                && let Ok(handle) = self.handle(*file)
+            {
+                let end = position + buffer.len() as u64;
+                writes.push((chain, handle.inode, *position, end));
+            }
+        }
+        for (i, &(chain, inode, start, end)) in writes.iter().enumerate() {
+            for &(other_chain, other_inode, other_start, other_end) in &writes[i + 1..] {
+                assert!(
+                    chain == other_chain
+                        || inode != other_inode
+                        || end <= other_start
+                        || other_end <= start,
+                    "writes that may run concurrently overlap: bytes {start}..{end} and \
+                     {other_start}..{other_end} of one file, in different chains"
+                );
+            }
+        }
+    }
+
     fn handle(&self, file: FileHandle) -> io::Result<&Handle> {
         self.handles
             .get(&file.0)
@@ -1044,6 +1076,7 @@ impl Io for SimDisk {
         // so they run here in a seeded random order (as io_uring may complete them); the
         // completions still come back in the order of `operations`.
         let mut state = self.state.lock();
+        state.assert_no_overlapping_writes(operations.iter().enumerate());
         let mut order: Vec<usize> = (0..operations.len()).collect();
         if order.len() > 1 {
             state.rng.shuffle(&mut order);
@@ -1064,6 +1097,9 @@ impl Io for SimDisk {
         // crash between two completions.
         let mut state = self.state.lock();
         let chains = io_trait::chains(&operations);
+        state.assert_no_overlapping_writes(chains.iter().enumerate().flat_map(|(chain, range)| {
+            operations[range.clone()].iter().map(move |linked| (chain, &linked.operation))
+        }));
         let mut slots: Vec<Option<Operation>> =
             operations.into_iter().map(|linked| Some(linked.operation)).collect();
         let mut completions: Vec<Option<Completion>> = (0..slots.len()).map(|_| None).collect();

@@ -20,8 +20,9 @@
 //!   `interval` modes, and never ahead of the written end in `os` mode; never past a fence.
 //! - At most one fdatasync (or seal) of a file is in flight: Linux reports a write-back error
 //!   to only one of two concurrent fsyncs.
-//! - Writes in flight never overlap (a direct write rewrites the partial block before its
-//!   batches, so it waits for the write that wrote that block).
+//! - Writes in flight overlap only in a chain: a direct write rewrites the partial block
+//!   before its batches, so it is linked behind the write that wrote that block when both are
+//!   submitted together, and waits for that write's completion otherwise.
 //! - A segment is sealed (durable at its exact length, its index files written) only when no
 //!   write or fdatasync of it is in flight, and the next segment's file is created only after
 //!   that: every segment but the last is fully durable.
@@ -94,6 +95,9 @@ pub struct Config {
     pub segment_ms: i64,
     /// Segment files are written with direct I/O: every write covers whole blocks.
     pub direct: bool,
+    /// Most bytes one coalesced write carries: [`WRITE_BYTES_MAX`] in the engine; tests make
+    /// it small so that one turn holds several writes. At least one block.
+    pub write_bytes_max: usize,
 }
 
 /// The active segment as recovery left it: everything in it below `size` is durable.
@@ -595,11 +599,20 @@ impl PartitionLog {
     /// Coalesce placed batches into writes, as many as may be in flight.
     fn emit_writes(&mut self, out: &mut Vec<LogOp>) {
         while !self.unwritten.is_empty() && self.writes.len() < WRITES_IN_FLIGHT_MAX {
-            if self.config.direct && self.writes.back().is_some_and(|w| !w.done) {
-                let previous_end = self.writes.back().expect("checked").end.position;
-                // The next direct write rewrites the block this one ends in.
-                if !previous_end.is_multiple_of(DIRECT_ALIGNMENT as u64) {
-                    break;
+            if self.config.direct
+                && let Some(previous) = self.writes.back().filter(|w| !w.done)
+                && !previous.end.position.is_multiple_of(DIRECT_ALIGNMENT as u64)
+            {
+                // The next direct write rewrites the block this one ends in: it may be in
+                // flight with it only behind it in one chain, so only if that write goes out
+                // in this same submission (the last operation so far); otherwise it waits.
+                let id = previous.id;
+                match out.last_mut() {
+                    Some(op) if op.id == id && !canary::active(Canary::DirectWritesUnlinked) => {
+                        op.link_next = true;
+                    }
+                    Some(op) if op.id == id => {}
+                    _ => break,
                 }
             }
             let batches_position = self.unwritten[0].position;
@@ -613,7 +626,7 @@ impl PartitionLog {
                 }
             }
             while let Some(next) = self.unwritten.front() {
-                let fits = buffer.len() + next.bytes.len() <= WRITE_BYTES_MAX;
+                let fits = buffer.len() + next.bytes.len() <= self.config.write_bytes_max;
                 if !buffer.is_empty() && end > batches_position && !fits {
                     break;
                 }

@@ -36,7 +36,15 @@ fn batch(records: usize, value_bytes: usize) -> Batch {
 }
 
 fn config(durability: Durability, direct: bool) -> Config {
-    Config { durability, segment_bytes: 16 * 1024, segment_ms: 1_000_000, direct }
+    let write_bytes_max = WRITE_BYTES_MAX;
+    Config { durability, segment_bytes: 16 * 1024, segment_ms: 1_000_000, direct, write_bytes_max }
+}
+
+/// Writes of at most one block on even seeds, so that one poll holds several writes (and a
+/// direct write shares a block with the one before it).
+fn config_for_seed(seed: u64, durability: Durability, direct: bool) -> Config {
+    let write_bytes_max = if seed % 2 == 0 { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX };
+    Config { write_bytes_max, ..config(durability, direct) }
 }
 
 fn fresh(config: Config) -> PartitionLog {
@@ -115,6 +123,8 @@ struct Reached {
     linked_syncs: u64,
     unlinked_syncs: u64,
     coalesced_writes: u64,
+    /// Writes linked behind a write of the same poll that shares a block with them.
+    linked_overlapping_writes: u64,
 }
 
 impl Harness {
@@ -123,7 +133,7 @@ impl Harness {
         files.insert(0, ModelFile::default());
         Harness {
             rng: Rng(seed),
-            log: fresh(config(durability, direct)),
+            log: fresh(config_for_seed(seed, durability, direct)),
             durability,
             now_ms: 0,
             files,
@@ -181,17 +191,20 @@ impl Harness {
         self.log.poll_ops(self.now_ms, &mut ops);
         let mut previous: Option<(OpId, bool)> = None;
         let mut chain = Vec::new();
+        let mut chain_ids = Vec::new();
         for op in ops {
             self.ops_seen += 1;
             let after = previous.filter(|&(_, linked)| linked).map(|(id, _)| id);
             if after.is_none() {
                 chain.clear();
+                chain_ids.clear();
             }
             let mut covers_at_submit = 0;
             match &op.kind {
                 OpKind::Write { segment, position, batches_position, buffer } => {
-                    self.on_write_submitted(*segment, *position, *batches_position, buffer);
-                    chain.push((*position, *position + buffer.len() as u64));
+                    let (segment, position, batches) = (*segment, *position, *batches_position);
+                    self.on_write_submitted(segment, position, batches, buffer, &chain_ids);
+                    chain.push((position, position + buffer.len() as u64));
                 }
                 OpKind::Fdatasync { segment } => {
                     if after.is_some() {
@@ -224,6 +237,7 @@ impl Harness {
             }
             let linked = op.link_next;
             let id = op.id;
+            chain_ids.push(id);
             let chain_now = if matches!(op.kind, OpKind::Fdatasync { .. }) && after.is_some() {
                 chain.clone()
             } else {
@@ -251,7 +265,15 @@ impl Harness {
         assert!(!self.files[&segment.get()].sealed, "no {what} of a sealed segment");
     }
 
-    fn on_write_submitted(&mut self, segment: Offset, position: u64, batches: u64, buffer: &[u8]) {
+    /// `chain`: the operations linked before this write, which complete before it starts.
+    fn on_write_submitted(
+        &mut self,
+        segment: Offset,
+        position: u64,
+        batches: u64,
+        buffer: &[u8],
+        chain: &[OpId],
+    ) {
         let file = self.files.get(&segment.get()).expect("writes go to created segments");
         assert!(!file.sealed, "no write to a sealed segment");
         let end = position + buffer.len() as u64;
@@ -260,7 +282,11 @@ impl Harness {
                 && *s == segment
             {
                 let other_end = *p + b.len() as u64;
-                assert!(end <= *p || other_end <= position, "writes in flight overlap");
+                if end <= *p || other_end <= position {
+                    continue;
+                }
+                assert!(chain.contains(&other.op.id), "writes in flight overlap, unlinked");
+                self.reached.linked_overlapping_writes += 1;
             }
         }
         let mut at = usize::try_from(batches - position).expect("small");
@@ -492,6 +518,33 @@ fn sync_mode_direct_writes() {
         reached.push(run_seed(seed, Durability::Sync, true, 2));
     }
     assert_reached(&reached, true);
+    assert!(reached.iter().any(|r| r.linked_overlapping_writes > 0), "no linked direct writes");
+}
+
+/// Two direct writes in one poll share the block where the first ends: the second is linked
+/// behind the first, so they go out together and the kernel keeps their order.
+#[test]
+fn direct_writes_sharing_a_block_go_out_linked() {
+    let config = Config { write_bytes_max: DIRECT_ALIGNMENT, ..config(Durability::Os, true) };
+    let mut log = fresh(config);
+    for ticket in 0..3 {
+        log.append(Ticket(ticket), batch(10, 300)).expect("queued");
+    }
+    let mut ops = Vec::new();
+    log.poll_ops(0, &mut ops);
+    let writes: Vec<&LogOp> =
+        ops.iter().filter(|op| matches!(op.kind, OpKind::Write { .. })).collect();
+    assert!(writes.len() >= 2, "one block per write makes several writes: {ops:?}");
+    for pair in writes.windows(2) {
+        let (OpKind::Write { position: p, buffer: b, .. }, OpKind::Write { position: q, .. }) =
+            (&pair[0].kind, &pair[1].kind)
+        else {
+            unreachable!("filtered to writes")
+        };
+        assert!(*q < p + b.len() as u64, "the next write rewrites the shared block");
+        assert!(pair[0].link_next, "a write sharing a block with the next is linked to it");
+    }
+    assert!(!writes.last().expect("writes").link_next, "nothing follows the last write");
 }
 
 #[test]
@@ -503,6 +556,7 @@ fn os_and_interval_modes() {
         reached.push(run_seed(seed, Durability::Interval { ms: 20 }, false, 2));
     }
     assert_reached(&reached, false);
+    assert!(reached.iter().any(|r| r.linked_overlapping_writes > 0), "no linked direct writes");
 }
 
 /// Completes every operation in flight, in order, successfully.

@@ -256,6 +256,7 @@ impl<I: Io> Partition<I> {
             segment_bytes: config.segment_bytes,
             segment_ms: config.segment_ms,
             direct: context.direct,
+            write_bytes_max: write_log::WRITE_BYTES_MAX,
         };
         let state = State {
             config,
