@@ -52,3 +52,45 @@ pub fn append_sync_pipelined(
     let measure = Measure::new(&name, &system_name(io), acknowledged, acknowledged * 100, elapsed);
     Ok((measure, p50, p99))
 }
+
+/// The name of the pipelined `os` scenario.
+pub fn os_scenario(value_bytes: usize, batch: usize, depth: usize) -> String {
+    format!("append {}, batch {batch}, os, {depth} in flight", super::size_name(value_bytes))
+}
+
+/// `records` records of `value_bytes` in batches of `batch`, `os` durability, one producer
+/// keeping `depth` appends in flight: the write path coalesces what is queued into writes of
+/// up to 1 MiB (several of them in flight on a direct file, linked), while the producer
+/// encodes the next batches.
+pub fn append_os_pipelined(
+    dir: &Path,
+    io: ChronikIo,
+    value_bytes: usize,
+    batch: usize,
+    depth: usize,
+    records: u64,
+) -> anyhow::Result<Measure> {
+    let chronik = open(dir, io, Durability::Os)?;
+    chronik.create_topic(TOPIC, topic_config())?;
+    let mut producer = chronik.producer(TOPIC);
+    let value = vec![0x5a_u8; value_bytes];
+    let views: Vec<Record<'_>> = (0..batch).map(|_| Record::new(None, &value)).collect();
+    let batches = records.div_ceil(batch as u64);
+    let mut window = VecDeque::with_capacity(depth);
+    let start = Instant::now();
+    for _ in 0..batches {
+        if window.len() == depth {
+            let oldest: chronik::PendingAppend = window.pop_front().expect("the window is full");
+            oldest.wait()?;
+        }
+        window.push_back(producer.send_nowait(0, &views)?);
+    }
+    for pending in window {
+        pending.wait()?;
+    }
+    chronik.flush()?;
+    let elapsed = start.elapsed();
+    let total = batches * batch as u64;
+    let name = os_scenario(value_bytes, batch, depth);
+    Ok(Measure::new(&name, &system_name(io), total, total * value_bytes as u64, elapsed))
+}
