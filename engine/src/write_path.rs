@@ -114,8 +114,14 @@ impl<I: Io> WritePath<I> {
         let ticket = inbox.next_ticket;
         inbox.requests.push((partition, ticket, request));
         self.submitted.fetch_add(1, Ordering::SeqCst);
+        // With a driver at work, the end of its turn wakes the sleepers (it finds this request
+        // queued); waking them now would only have every waiter for an answer look and sleep
+        // again, sixteen writers waking each other sixteen times a turn.
+        let wake = !inbox.driving;
         drop(inbox);
-        self.wake.notify_all();
+        if wake {
+            self.wake.notify_all();
+        }
         Pending { path: Arc::clone(self), ticket: Some(ticket) }
     }
 
@@ -217,6 +223,11 @@ impl<I: Io> WritePath<I> {
         loop {
             if let Some(answer) = inbox.answers.remove(&ticket) {
                 inbox.answer_waiters -= 1;
+                if inbox.answer_waiters == 0 && !inbox.requests.is_empty() && !inbox.driving {
+                    // A driver thread that left the role to the waiters takes it back.
+                    drop(inbox);
+                    self.wake.notify_all();
+                }
                 return answer;
             }
             if inbox.driving {
@@ -284,6 +295,8 @@ impl<I: Io> WritePath<I> {
         while !stop() {
             let idle = inbox.requests.is_empty() && !busy;
             if inbox.driving || inbox.answer_waiters > 0 || idle {
+                // A request queued with nobody driving, the end of a turn, or the last waiter
+                // for an answer leaving wakes it.
                 self.wake.wait(&mut inbox);
                 continue;
             }

@@ -261,7 +261,12 @@ fn append_sync(
     let count = acknowledged.load(Ordering::Relaxed);
     let scenario =
         format!("append 100 B, sync, {writers} writer{}", if writers > 1 { "s" } else { "" });
-    Ok(Measure::new(&scenario, &system_name(backend), count, count * 100, elapsed))
+    let mut measure = Measure::new(&scenario, &system_name(backend), count, count * 100, elapsed);
+    // How well group commit shares the fdatasyncs: what limits the figure.
+    let metrics = chronik.engine().metrics();
+    let per_sync = metrics.appends as f64 / metrics.fsyncs.max(1) as f64;
+    measure.note = Some(format!("{per_sync:.1} appends per fdatasync"));
+    Ok(measure)
 }
 
 /// Read the partition from offset zero to its end three times (the page cache warm after the
