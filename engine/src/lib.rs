@@ -169,6 +169,12 @@ pub trait Clock: Send + Sync + 'static {
     fn monotonic_us(&self) -> u64 {
         u64::try_from(self.now_ms()).unwrap_or(0).saturating_mul(1000)
     }
+
+    /// Give the processor to other threads for a moment: the write path's group commit does,
+    /// before a turn, while writers the last turn answered are on their way back with their
+    /// next append. By default nothing (the simulator and tests run without it);
+    /// [`runtime::SystemClock`] yields the thread.
+    fn yield_now(&self) {}
 }
 
 impl fmt::Debug for dyn Clock {

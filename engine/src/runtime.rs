@@ -25,6 +25,10 @@ impl Clock for SystemClock {
         let start = *START.get_or_init(Instant::now);
         u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
+
+    fn yield_now(&self) {
+        std::thread::yield_now();
+    }
 }
 
 /// Drives the engine's background work from three threads: a flusher that runs

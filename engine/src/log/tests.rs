@@ -43,7 +43,7 @@ fn config(durability: Durability, direct: bool) -> Config {
 /// Writes of at most one block on even seeds, so that one poll holds several writes (and a
 /// direct write shares a block with the one before it).
 fn config_for_seed(seed: u64, durability: Durability, direct: bool) -> Config {
-    let write_bytes_max = if seed % 2 == 0 { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX };
+    let write_bytes_max = if seed.is_multiple_of(2) { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX };
     Config { write_bytes_max, ..config(durability, direct) }
 }
 

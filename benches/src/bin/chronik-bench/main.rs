@@ -896,7 +896,6 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
     let consume = find(measures, CONSUME, &uring).and_then(|m| m.records_per_second);
     let consume_copying =
         find(measures, CONSUME_COPYING, &uring).and_then(|m| m.records_per_second);
-    let direct = system_name(ChronikIo { backend: Backend::IoUring, direct: true });
     let mut out = vec![
         Ratio {
             what: "append 100 B rec/s over Redis Streams XADD (everysec)".into(),
@@ -947,30 +946,7 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
     });
     out.extend(processor_ratios(measures, &uring));
     out.extend(pipelined_ratios(measures, &uring));
-    let direct_scenarios =
-        ["append 1 KiB, batch 64, os", &large_pipelined, "append 100 B, sync, 16 writers"];
-    for scenario in direct_scenarios {
-        let value =
-            |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
-        out.push(Ratio {
-            what: format!("direct over buffered I/O: {scenario}"),
-            value: divide(value(&direct), value(&uring)),
-            target: (scenario == large_pipelined).then_some(0.9),
-            unit: "x",
-        });
-    }
-    // io_uring over pread with direct I/O, where the ring has the device's latency to hide.
-    let pread_direct = system_name(ChronikIo { backend: Backend::Pread, direct: true });
-    for scenario in ["append 1 KiB, batch 64, os", &large_pipelined] {
-        let value =
-            |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
-        out.push(Ratio {
-            what: format!("io_uring over pread, direct: {scenario}"),
-            value: divide(value(&direct), value(&pread_direct)),
-            target: Some(1.3),
-            unit: "x",
-        });
-    }
+    out.extend(direct_ratios(measures, &uring));
     let scenarios: Vec<String> =
         measures.iter().filter(|m| m.system == uring).map(|m| m.scenario.clone()).collect();
     for scenario in scenarios {
@@ -983,6 +959,38 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
             what: format!("io_uring over pread: {scenario}"),
             value: divide(value(a), value(b)),
             target: Some(target),
+            unit: "x",
+        });
+    }
+    out
+}
+
+/// Direct I/O over buffered, and io_uring over pread with direct I/O (where the ring has the
+/// device's latency to hide).
+fn direct_ratios(measures: &[Measure], uring: &str) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    let direct = system_name(ChronikIo { backend: Backend::IoUring, direct: true });
+    let large_pipelined = pipelined::os_scenario(1024, 64, LARGE_IN_FLIGHT);
+    let direct_scenarios =
+        ["append 1 KiB, batch 64, os", &large_pipelined, "append 100 B, sync, 16 writers"];
+    for scenario in direct_scenarios {
+        let value =
+            |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
+        out.push(Ratio {
+            what: format!("direct over buffered I/O: {scenario}"),
+            value: divide(value(&direct), value(uring)),
+            target: (scenario == large_pipelined).then_some(0.9),
+            unit: "x",
+        });
+    }
+    let pread_direct = system_name(ChronikIo { backend: Backend::Pread, direct: true });
+    for scenario in ["append 1 KiB, batch 64, os", &large_pipelined] {
+        let value =
+            |system: &str| find(measures, scenario, system).and_then(|m| m.records_per_second);
+        out.push(Ratio {
+            what: format!("io_uring over pread, direct: {scenario}"),
+            value: divide(value(&direct), value(&pread_direct)),
+            target: Some(1.3),
             unit: "x",
         });
     }
