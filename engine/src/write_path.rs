@@ -75,6 +75,12 @@ struct Inbox {
     /// Threads whose answer is in but who have not woken to take it yet: writers on their way
     /// back, likely with their next request (see [`GATHER_YIELDS_MAX`]).
     returning: usize,
+    /// Threads asleep in `wait` (for an answer, a driver, or a change after an empty turn).
+    answer_sleepers: usize,
+    /// Driver threads asleep in `drive_until_idle`. The end of a turn wakes them only for
+    /// requests left queued: a driver thread woken after every turn of a blocking writer costs
+    /// that writer a wake-up per append.
+    driver_sleepers: usize,
 }
 
 /// Queues requests for a reactor's partitions and drives it. See the module documentation.
@@ -118,8 +124,24 @@ impl<I: Io> WritePath<I> {
         })
     }
 
-    /// Queue `request` for `partition`; the answer comes through the returned [`Pending`].
+    /// Queue `request` for `partition`; the answer comes through the returned [`Pending`],
+    /// which may be awaited without anyone blocking: a driver thread is woken for it.
     pub fn submit(self: &Arc<Self>, partition: PartitionId, request: Request) -> Pending<I> {
+        self.queue(partition, request, true)
+    }
+
+    /// [`WritePath::submit`] for a caller that waits for the answer next ([`Pending::wait`]),
+    /// driving the reactor itself when nobody else does: it wakes no one, so a blocking append
+    /// costs no wake-up of a driver thread that would only find the caller waiting.
+    pub fn submit_then_wait(
+        self: &Arc<Self>,
+        partition: PartitionId,
+        request: Request,
+    ) -> Pending<I> {
+        self.queue(partition, request, false)
+    }
+
+    fn queue(self: &Arc<Self>, partition: PartitionId, request: Request, wake: bool) -> Pending<I> {
         let mut inbox = self.room_for_one();
         inbox.next_ticket += 1;
         let ticket = inbox.next_ticket;
@@ -128,7 +150,7 @@ impl<I: Io> WritePath<I> {
         // With a driver at work, the end of its turn wakes the sleepers (it finds this request
         // queued); waking them now would only have every waiter for an answer look and sleep
         // again, sixteen writers waking each other sixteen times a turn.
-        let wake = !inbox.driving;
+        let wake = wake && !inbox.driving;
         drop(inbox);
         if wake {
             self.wake.notify_all();
@@ -248,7 +270,9 @@ impl<I: Io> WritePath<I> {
                 return answer;
             }
             if inbox.driving {
+                inbox.answer_sleepers += 1;
                 self.wake.wait(&mut inbox);
+                inbox.answer_sleepers -= 1;
                 continue;
             }
             // Group commit: let the writers the last turn answered queue again first.
@@ -268,7 +292,9 @@ impl<I: Io> WritePath<I> {
             if !progressed && !answered && inbox.requests.is_empty() && !inbox.driving {
                 // The turn moved nothing (a fence holds the partition, say): sleep until a
                 // request or another driver changes that, rather than spin.
+                inbox.answer_sleepers += 1;
                 self.wake.wait(&mut inbox);
+                inbox.answer_sleepers -= 1;
             }
         }
     }
@@ -308,7 +334,10 @@ impl<I: Io> WritePath<I> {
         // during the turn (their submitters saw a driver and slept), or the role itself, for
         // those waiting for it. A turn that moved nothing wakes no waiter for an answer, or
         // two of them stuck behind a fence would take turns driving empty turns forever.
-        if progressed || !inbox.requests.is_empty() || inbox.role_waiters > 0 {
+        let queued = !inbox.requests.is_empty();
+        let waiters = inbox.answer_sleepers > 0 && (progressed || queued);
+        let driver = inbox.driver_sleepers > 0 && queued;
+        if waiters || driver || inbox.role_waiters > 0 {
             self.wake_all();
         }
         (inbox, progressed)
@@ -323,9 +352,11 @@ impl<I: Io> WritePath<I> {
         while !stop() {
             let idle = inbox.requests.is_empty() && !busy;
             if inbox.driving || !inbox.waited.is_empty() || idle {
-                // A request queued with nobody driving, the end of a turn, or the last waiter
-                // for an answer leaving wakes it.
+                // A request queued with nobody driving, the end of a turn that left requests
+                // queued, or the last waiter for an answer leaving wakes it.
+                inbox.driver_sleepers += 1;
                 self.wake.wait(&mut inbox);
+                inbox.driver_sleepers -= 1;
                 continue;
             }
             (inbox, busy) = self.drive_one(inbox);

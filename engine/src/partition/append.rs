@@ -156,11 +156,13 @@ impl<I: Io> Partition<I> {
     }
 
     /// Send `request` down the write path without waiting: several partitions' requests sent
-    /// before any is waited for share one turn (flushes, a transaction's syncs).
+    /// before any is waited for share one turn (flushes, a transaction's syncs). The caller
+    /// waits for each ([`Requested::wait`]), so no driver thread is woken for them.
     pub fn submit(&self, request: Request) -> Result<Requested<'_, I>, AppendError> {
         let writer = self.writer.as_ref().ok_or(AppendError::ReadOnly)?;
         self.check_appendable()?;
-        Ok(Requested { partition: self, pending: writer.path.submit(writer.id, request) })
+        let pending = writer.path.submit_then_wait(writer.id, request);
+        Ok(Requested { partition: self, pending })
     }
 
     /// What a refusal of the write path means to a caller.
@@ -239,7 +241,7 @@ impl<I: Io> Partition<I> {
             writer.path.remove(writer.id);
             return Ok(());
         }
-        let closed = writer.path.submit(writer.id, Request::Close).wait();
+        let closed = writer.path.submit_then_wait(writer.id, Request::Close).wait();
         let Some(checkpoint) = writer.path.remove(writer.id) else {
             return Ok(()); // Closed before (or the topic deleted).
         };
