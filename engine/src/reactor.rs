@@ -257,7 +257,8 @@ impl<I: Io> Reactor<I> {
         }
         let submitted = batch.len();
         if submitted > 0 {
-            let started = self.metrics.as_ref().map(|(_, clock)| clock.monotonic_us());
+            let syncs = owners.iter().any(|owner| owner.fdatasync.is_some());
+            let started = self.metrics.as_ref().filter(|_| syncs).map(|(_, c)| c.monotonic_us());
             let completions = self.io.submit_linked(batch);
             assert_eq!(completions.len(), owners.len(), "one completion per operation");
             for (owner, completion) in owners.into_iter().zip(completions) {

@@ -24,6 +24,7 @@ use crate::reactor::{PartitionId, Reactor};
 use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,13 +57,38 @@ pub enum Request {
 /// The outcome of one request.
 pub type Answer = Result<Acked, Refusal>;
 
+/// Tickets are consecutive numbers the write path hands out, not input an attacker chooses:
+/// they need no SipHash, only spreading over the table (a multiplicative hash).
+#[derive(Default)]
+struct TicketHasher(u64);
+
+impl std::hash::Hasher for TicketHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type TicketMap<V> = HashMap<u64, V, BuildHasherDefault<TicketHasher>>;
+
 #[derive(Debug, Default)]
 struct Inbox {
     requests: Vec<(PartitionId, u64, Request)>,
-    answers: HashMap<u64, Answer>,
-    wakers: HashMap<u64, Waker>,
+    /// The driver's emptied request buffer, kept for the next turn's swap (no allocation).
+    spare: Vec<(PartitionId, u64, Request)>,
+    answers: TicketMap<Answer>,
+    wakers: TicketMap<Waker>,
     /// Tickets whose `Pending` was dropped: their answers are thrown away.
-    forgotten: HashSet<u64>,
+    forgotten: HashSet<u64, BuildHasherDefault<TicketHasher>>,
     next_ticket: u64,
     driving: bool,
     /// Threads waiting for the driver to let go of the role itself (to change the reactor, or
@@ -71,7 +97,7 @@ struct Inbox {
     /// The tickets threads are blocked on in `wait`, each with whether its answer is in:
     /// those threads drive themselves, so a driver thread leaves the role to them (a hand-off
     /// between threads costs a wake-up per turn).
-    waited: HashMap<u64, bool>,
+    waited: TicketMap<bool>,
     /// Threads whose answer is in but who have not woken to take it yet: writers on their way
     /// back, likely with their next request (see [`GATHER_YIELDS_MAX`]).
     returning: usize,
@@ -305,7 +331,8 @@ impl<I: Io> WritePath<I> {
     fn drive_one<'a>(&'a self, mut inbox: MutexGuard<'a, Inbox>) -> (MutexGuard<'a, Inbox>, bool) {
         assert!(!inbox.driving, "one driver at a time");
         inbox.driving = true;
-        let requests = std::mem::take(&mut inbox.requests);
+        let spare = std::mem::take(&mut inbox.spare);
+        let mut requests = std::mem::replace(&mut inbox.requests, spare);
         drop(inbox);
         if requests.len() >= REQUESTS_MAX {
             self.wake.notify_all(); // submitters waiting for room in the inbox
@@ -316,7 +343,7 @@ impl<I: Io> WritePath<I> {
             if (self.poisoned)() {
                 reactor.fail_all("the engine is poisoned");
             }
-            for (partition, ticket, request) in requests {
+            for (partition, ticket, request) in requests.drain(..) {
                 if let Err(refusal) = apply(&mut reactor, partition, ticket, request) {
                     answers.push((ticket, Err(refusal)));
                 }
@@ -329,6 +356,9 @@ impl<I: Io> WritePath<I> {
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         inbox.driving = false;
+        if requests.capacity() <= REQUESTS_MAX {
+            inbox.spare = requests;
+        }
         Self::hand_out_waking(&mut inbox, answers);
         // Wake the sleepers only when something changed for them: answers, requests that came
         // during the turn (their submitters saw a driver and slept), or the role itself, for
