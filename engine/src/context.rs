@@ -49,8 +49,23 @@ pub(crate) struct PartitionContext<I: Io> {
     pub read_only: bool,
     /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
     pub direct: bool,
-    /// The engine's write path; `None` when opened read-only.
-    pub write_path: Option<Arc<WritePath<I>>>,
+    /// The engine's write paths, one per shard of partitions (each with its own reactor and,
+    /// on io_uring, its own rings); empty when opened read-only.
+    pub write_paths: Vec<Arc<WritePath<I>>>,
+}
+
+impl<I: Io> PartitionContext<I> {
+    /// The write path of a partition's shard: partitions spread over the shards by topic and
+    /// index, so a topic's partitions land on different shards. `None` when read-only.
+    pub fn write_path_of(&self, topic: &str, partition: u32) -> Option<&Arc<WritePath<I>>> {
+        let shards = self.write_paths.len() as u64;
+        if shards == 0 {
+            return None;
+        }
+        let spread = crate::format::key_hash(topic.as_bytes()).wrapping_add(u64::from(partition));
+        let shard = usize::try_from(spread % shards).expect("fewer shards than usize");
+        self.write_paths.get(shard)
+    }
 }
 
 impl<I: Io> Clone for PartitionContext<I> {
@@ -63,7 +78,7 @@ impl<I: Io> Clone for PartitionContext<I> {
             durability: self.durability,
             read_only: self.read_only,
             direct: self.direct,
-            write_path: self.write_path.clone(),
+            write_paths: self.write_paths.clone(),
         }
     }
 }

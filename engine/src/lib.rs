@@ -198,6 +198,8 @@ pub mod limits {
     pub const PARTITIONS_MAX: u32 = 4096;
     /// Longest topic name.
     pub const TOPIC_NAME_BYTES_MAX: usize = 200;
+    /// Most write shards (`Options::write_shards`) an engine runs.
+    pub const WRITE_SHARDS_MAX: usize = 64;
     /// Bytes read from a segment in one read operation while scanning.
     pub const SCAN_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 

@@ -31,18 +31,18 @@ impl Clock for SystemClock {
     }
 }
 
-/// Drives the engine's background work from three threads: a flusher that runs
+/// Drives the engine's background work from its own threads: a flusher that runs
 /// [`Engine::flush_due`] (only in `interval` mode), a maintainer that runs
-/// [`Engine::maintain`] (retention and compaction), and a driver that turns the write path
-/// whenever requests are queued (so [`Engine::append_nowait`]'s answers come, and their
-/// futures wake, without a caller blocking on them). Two, so that a compaction pass, which may
-/// read and rewrite gigabytes, never delays an interval flush: the loss window of
-/// `interval:MS` stays MS plus one flusher period whatever maintenance does. Stops (and joins
-/// both threads) on drop. A panic in a step poisons the engine instead of dying silently.
+/// [`Engine::maintain`] (retention and compaction), and a driver per write shard that turns
+/// its write path whenever requests are queued (so [`Engine::append_nowait`]'s answers come,
+/// and their futures wake, without a caller blocking on them). The flusher and the maintainer
+/// are two, so that a compaction pass, which may read and rewrite gigabytes, never delays an
+/// interval flush: the loss window of `interval:MS` stays MS plus one flusher period whatever
+/// maintenance does. Stops (and joins every thread) on drop. A panic in a step poisons the engine instead of dying silently.
 #[derive(Debug)]
 pub struct Runtime {
     workers: Vec<Worker>,
-    driver: Option<Driver>,
+    drivers: Vec<Driver>,
 }
 
 /// The thread that turns the write path whenever requests are queued, so appends queued with
@@ -79,7 +79,7 @@ impl Runtime {
     /// the runtime waits for the steps in progress.
     pub fn start<I: Io>(engine: &Engine<I>) -> std::io::Result<Runtime> {
         let options = engine.options();
-        let mut runtime = Runtime { workers: Vec::new(), driver: None };
+        let mut runtime = Runtime { workers: Vec::new(), drivers: Vec::new() };
         if options.read_only {
             return Ok(runtime);
         }
@@ -97,7 +97,9 @@ impl Runtime {
         )?;
         runtime.workers.push(maintainer);
         assert!(!runtime.workers.is_empty() && runtime.workers.len() <= 2);
-        runtime.driver = Some(Driver::spawn(engine.clone())?);
+        for shard in 0..engine.write_shards() {
+            runtime.drivers.push(Driver::spawn(engine.clone(), shard)?);
+        }
         Ok(runtime)
     }
 }
@@ -135,27 +137,29 @@ impl Worker {
 }
 
 impl Driver {
-    fn spawn<I: Io>(engine: Engine<I>) -> std::io::Result<Driver> {
+    fn spawn<I: Io>(engine: Engine<I>, shard: usize) -> std::io::Result<Driver> {
         let stop = Arc::new(AtomicBool::new(false));
         let waker = engine.clone();
         let wake: Box<dyn Fn() + Send + Sync> = Box::new(move || waker.wake_write_path());
         let stopped = Arc::clone(&stop);
-        let thread =
-            std::thread::Builder::new().name("chronik-driver".to_owned()).spawn(move || {
-                let stop = || stopped.load(Ordering::SeqCst);
-                if catch_unwind(AssertUnwindSafe(|| engine.drive_write_path(&stop))).is_err() {
-                    engine.poison("the background thread chronik-driver panicked".to_owned());
-                }
-            })?;
+        let name = format!("chronik-driver-{shard}");
+        let thread = std::thread::Builder::new().name(name.clone()).spawn(move || {
+            let stop = || stopped.load(Ordering::SeqCst);
+            if catch_unwind(AssertUnwindSafe(|| engine.drive_write_path(shard, &stop))).is_err() {
+                engine.poison(format!("the background thread {name} panicked"));
+            }
+        })?;
         Ok(Driver { stop, wake, thread })
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        if let Some(driver) = self.driver.take() {
+        for driver in &self.drivers {
             driver.stop.store(true, Ordering::SeqCst);
             (driver.wake)();
+        }
+        for driver in self.drivers.drain(..) {
             let _ = driver.thread.join();
         }
         for worker in &self.workers {

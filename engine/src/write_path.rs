@@ -131,14 +131,16 @@ impl<I: Io> std::fmt::Debug for WritePath<I> {
 
 impl<I: Io> WritePath<I> {
     pub fn new(reactor: Reactor<I>, clock: Arc<dyn Clock>) -> Arc<Self> {
-        Self::with_poison(reactor, clock, Box::new(|| false))
+        Self::with_poison(reactor, clock, Box::new(|| false), Arc::default())
     }
 
-    /// As [`WritePath::new`], failing every log once `poisoned` says so.
+    /// As [`WritePath::new`], failing every log once `poisoned` says so, and counting the
+    /// requests submitted in `submitted` (shared by an engine's shards).
     pub fn with_poison(
         reactor: Reactor<I>,
         clock: Arc<dyn Clock>,
         poisoned: Box<dyn Fn() -> bool + Send + Sync>,
+        submitted: Arc<AtomicU64>,
     ) -> Arc<Self> {
         Arc::new(WritePath {
             inbox: Mutex::new(Inbox::default()),
@@ -146,7 +148,7 @@ impl<I: Io> WritePath<I> {
             reactor: Mutex::new(reactor),
             clock,
             poisoned,
-            submitted: Arc::default(),
+            submitted,
         })
     }
 

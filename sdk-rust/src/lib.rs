@@ -73,7 +73,11 @@ impl Chronik {
     ///
     /// The I/O backend is `options.io_backend`: by default io_uring where the kernel allows it;
     /// where it does not, pread/pwrite, with one line on standard error saying why.
-    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<Chronik, Error> {
+    /// `options.write_shards` of 0 means one write shard per core.
+    pub fn open(path: impl AsRef<Path>, mut options: Options) -> Result<Chronik, Error> {
+        if options.write_shards == 0 {
+            options.write_shards = std::thread::available_parallelism().map_or(1, usize::from);
+        }
         let io = SystemIo::new(options.io_backend).map_err(|source| {
             let path = path.as_ref().to_path_buf();
             OpenError::Io(chronik_engine::io::IoError {

@@ -223,6 +223,8 @@ pub struct Counters {
     pub faulty_opens: u64,
     /// Opens that wrote segments with direct I/O.
     pub direct_opens: u64,
+    /// Opens whose partitions were spread over two or three write shards.
+    pub sharded_opens: u64,
     pub failed_opens: u64,
     pub bit_flips: u64,
     /// Partitions whose rot was reported (a read's `Corruption`, damage or a cut at recovery).
@@ -263,6 +265,7 @@ impl Counters {
         self.oracle_checks += other.oracle_checks;
         self.faulty_opens += other.faulty_opens;
         self.direct_opens += other.direct_opens;
+        self.sharded_opens += other.sharded_opens;
         self.failed_opens += other.failed_opens;
         self.bit_flips += other.bit_flips;
         self.rot_reported += other.rot_reported;
@@ -520,7 +523,14 @@ impl Sim {
             self.counters.direct_opens += 1;
             self.trace.event("open with direct I/O".to_owned());
         }
-        let options = Options { durability, direct_io, ..Options::default() };
+        // One to three write shards, by the round and operation counts (no draw from the
+        // seed's streams, so the rest of a seed's run is as it was): a pipelined step's
+        // appends and a flush then span several reactors.
+        let write_shards = 1 + usize::try_from((self.rounds + self.ops_done) % 3).expect("small");
+        if write_shards > 1 {
+            self.counters.sharded_opens += 1;
+        }
+        let options = Options { durability, direct_io, write_shards, ..Options::default() };
         let before = self.disk.stats();
         let opened =
             Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);

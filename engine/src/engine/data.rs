@@ -81,19 +81,26 @@ impl<I: Io> Engine<I> {
         self.partition_for_append(topic, partition)?.append_nowait(records)
     }
 
-    /// For the runtime's driver thread: turn the write path whenever requests are queued,
-    /// until `stop()` holds (then [`Engine::wake_write_path`]).
+    /// The engine's write shards (none when read-only): the runtime runs a driver thread
+    /// for each.
     #[doc(hidden)]
-    pub fn drive_write_path(&self, stop: &dyn Fn() -> bool) {
-        if let Some(path) = &self.inner.context.write_path {
+    pub fn write_shards(&self) -> usize {
+        self.inner.context.write_paths.len()
+    }
+
+    /// For the runtime's driver thread of `shard`: turn its write path whenever requests are
+    /// queued, until `stop()` holds (then [`Engine::wake_write_path`]).
+    #[doc(hidden)]
+    pub fn drive_write_path(&self, shard: usize, stop: &dyn Fn() -> bool) {
+        if let Some(path) = self.inner.context.write_paths.get(shard) {
             path.drive_until_idle(stop);
         }
     }
 
-    /// Wake the driver thread (to see its stop flag).
+    /// Wake the driver threads (to see their stop flag).
     #[doc(hidden)]
     pub fn wake_write_path(&self) {
-        if let Some(path) = &self.inner.context.write_path {
+        for path in &self.inner.context.write_paths {
             path.notify();
         }
     }
@@ -141,6 +148,6 @@ impl<I: Io> Engine<I> {
     /// for tests that line appenders up behind a turn.
     #[doc(hidden)]
     pub fn write_requests_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
-        self.inner.context.write_path.as_ref().map_or_else(Arc::default, |path| path.submitted())
+        self.inner.context.write_paths.first().map_or_else(Arc::default, |path| path.submitted())
     }
 }

@@ -51,11 +51,11 @@ impl<I: Io> Engine<I> {
         if self.inner.options.read_only {
             return Ok(());
         }
-        if let (Durability::Interval { .. }, Some(path)) =
-            (self.inner.options.durability, &self.inner.context.write_path)
-        {
+        if let Durability::Interval { .. } = self.inner.options.durability {
             // The partition logs know their deadlines: a turn syncs those that are due.
-            path.turn_once();
+            for path in &self.inner.context.write_paths {
+                path.turn_once();
+            }
             self.inner.context.poison.check()?;
         }
         Ok(())

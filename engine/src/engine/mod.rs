@@ -41,6 +41,7 @@ use std::collections::BTreeMap;
 use std::io::ErrorKind::NotFound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 /// Options of [`Engine::open`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +62,11 @@ pub struct Options {
     /// Off by default: without batching, each append waits for the device. Fails at open on a
     /// file system without direct I/O (tmpfs).
     pub direct_io: bool,
+    /// Shards of partitions, each with its own write path: a reactor, one driver at a time,
+    /// and on io_uring its own rings, so partitions of different shards are turned by
+    /// different threads at once. 0 means one (`Engine::open`); the `chronik` crate sets one
+    /// per core. At most [`WRITE_SHARDS_MAX`](crate::limits::WRITE_SHARDS_MAX).
+    pub write_shards: usize,
 }
 
 #[derive(Debug)]
@@ -140,16 +146,25 @@ impl<I: Io> Engine<I> {
         };
         let poison: Arc<Poison> = Arc::default();
         let metrics: Arc<Metrics> = Arc::default();
-        let write_path = (!options.read_only).then(|| {
-            let mut reactor = Reactor::new(Arc::clone(&io));
-            reactor.set_metrics(Arc::clone(&metrics), Arc::clone(&clock));
-            let poisoned = Arc::clone(&poison);
-            WritePath::with_poison(
-                reactor,
-                Arc::clone(&clock),
-                Box::new(move || poisoned.check().is_err()),
-            )
-        });
+        let shards = if options.read_only {
+            0
+        } else {
+            options.write_shards.clamp(1, crate::limits::WRITE_SHARDS_MAX)
+        };
+        let submitted: Arc<AtomicU64> = Arc::default();
+        let write_paths = (0..shards)
+            .map(|_| {
+                let mut reactor = Reactor::new(Arc::clone(&io));
+                reactor.set_metrics(Arc::clone(&metrics), Arc::clone(&clock));
+                let poisoned = Arc::clone(&poison);
+                WritePath::with_poison(
+                    reactor,
+                    Arc::clone(&clock),
+                    Box::new(move || poisoned.check().is_err()),
+                    Arc::clone(&submitted),
+                )
+            })
+            .collect();
         let context = PartitionContext {
             io,
             clock,
@@ -158,7 +173,7 @@ impl<I: Io> Engine<I> {
             durability: options.durability,
             read_only: options.read_only,
             direct: options.direct_io && !options.read_only,
-            write_path,
+            write_paths,
         };
         let result = Self::open_locked(&context, root);
         let (topics, report, committed) = match result {

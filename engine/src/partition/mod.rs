@@ -236,7 +236,8 @@ impl<I: Io> Partition<I> {
             tail: active.tail.clone(),
         };
         let active_file = Arc::clone(&active.file);
-        let checkpoint = if context.write_path.is_some() {
+        let write_path = context.write_path_of(topic, id);
+        let checkpoint = if write_path.is_some() {
             let mut checkpoint =
                 CheckpointWriter::open(&context.io, &directory, recovered.checkpoint)?;
             if recovered.damaged.is_none() {
@@ -268,7 +269,7 @@ impl<I: Io> Partition<I> {
         let cleaned = log_start::read_cleaner_offset(&*context.io, &directory);
         let report = recovered.report;
         let partition = Arc::new_cyclic(|weak: &Weak<Partition<I>>| {
-            let writer = context.write_path.as_ref().zip(checkpoint).map(|(path, checkpoint)| {
+            let writer = write_path.zip(checkpoint).map(|(path, checkpoint)| {
                 let log = PartitionLog::new(log_config, log_state, now);
                 let host: Arc<dyn Host<I>> = Arc::new(PartitionHost { partition: weak.clone() });
                 let directory = directory.clone();
