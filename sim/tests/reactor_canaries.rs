@@ -15,6 +15,8 @@ fn each_write_path_canary_is_caught() {
         let (seed, violation) = caught.unwrap_or_else(|| panic!("{canary:?} never caught"));
         let expected = match canary {
             Canary::LogWatermarkBeforeSync => "watermark_durable",
+            // The simulated disk's contract: concurrent writes never overlap.
+            Canary::DirectWritesUnlinked => "no_panic",
             _ => "acknowledged_survive",
         };
         assert_eq!(violation.oracle, expected, "{canary:?} at seed {seed}: {violation}");
