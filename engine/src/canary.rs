@@ -104,11 +104,22 @@ pub enum Canary {
     /// The second design's partition log sends two direct writes that share a block in one
     /// submission without linking them, so either may land last.
     DirectWritesUnlinked = 38,
+    /// Stream processors' disk stores take a commit's changes (a flush with the changelog end
+    /// before the commit) before the transaction commits.
+    StoreAppliedBeforeCommit = 39,
+    /// A disk store's flush records its new changelog offset in the manifest before the run
+    /// holding the data of that offset is named there.
+    StoreOffsetAheadOfData = 40,
+    /// A disk store's restore ignores the offset the store reflects and reads the whole
+    /// changelog (the state is still right; only the tail oracle sees it).
+    StoreOffsetNotRead = 41,
+    /// Disk store reads do not compare checksums, so rotted store bytes are believed.
+    StoreTrustsDamage = 42,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 38] = [
+    pub const ALL: [Canary; 42] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -147,6 +158,10 @@ impl Canary {
         Canary::ReactorUnlinkedSync,
         Canary::LogWatermarkBeforeSync,
         Canary::DirectWritesUnlinked,
+        Canary::StoreAppliedBeforeCommit,
+        Canary::StoreOffsetAheadOfData,
+        Canary::StoreOffsetNotRead,
+        Canary::StoreTrustsDamage,
     ];
 }
 

@@ -402,11 +402,11 @@ impl PyStore {
     fn pairs<'py, 'a>(
         &self,
         py: Python<'py>,
-        entries: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+        entries: impl Iterator<Item = chronik::store::Entry<'a>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
         for (key, value) in entries {
-            let pair = (self.format.decode(py, key)?, self.format.decode(py, value)?);
+            let pair = (self.format.decode(py, &key)?, self.format.decode(py, &value)?);
             list.append(pair)?;
         }
         Ok(list)
@@ -423,7 +423,7 @@ impl PyStore {
         default: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         match self.store.get(&self.key(key)?) {
-            Some(value) => self.format.decode(py, value),
+            Some(value) => self.format.decode(py, &value),
             None => Ok(default.unwrap_or_else(|| py.None().into_bound(py))),
         }
     }
@@ -434,7 +434,7 @@ impl PyStore {
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         match self.store.get(&self.key(key)?) {
-            Some(value) => self.format.decode(py, value),
+            Some(value) => self.format.decode(py, &value),
             None => Err(PyKeyError::new_err(key.clone().unbind())),
         }
     }
@@ -479,7 +479,7 @@ impl PyStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let encoded = self.key(key)?;
         let value = match self.store.get(&encoded) {
-            Some(value) => self.format.decode(py, value)?,
+            Some(value) => self.format.decode(py, &value)?,
             None => return default.ok_or_else(|| PyKeyError::new_err(key.clone().unbind())),
         };
         self.store.delete(&encoded);
@@ -490,7 +490,7 @@ impl PyStore {
         self.check()?;
         let list = PyList::empty(py);
         for (key, _) in self.store.iter() {
-            list.append(self.format.decode(py, key)?)?;
+            list.append(self.format.decode(py, &key)?)?;
         }
         Ok(list)
     }
@@ -499,7 +499,7 @@ impl PyStore {
         self.check()?;
         let list = PyList::empty(py);
         for (_, value) in self.store.iter() {
-            list.append(self.format.decode(py, value)?)?;
+            list.append(self.format.decode(py, &value)?)?;
         }
         Ok(list)
     }

@@ -42,6 +42,7 @@ mod connect;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod processor;
+pub mod store;
 pub mod testing;
 
 pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};

@@ -20,16 +20,14 @@ use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::internals::canary::{self, Canary};
 use chronik_engine::metrics::Metrics;
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasherDefault;
-use std::ops::RangeBounds;
+use crate::store::{CHANGELOG_PUT, DiskStore, Files};
+pub use crate::store::{DiskOptions, Store, StoreError, StoreKind};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// The first byte of a changelog value that holds a stored value.
-const CHANGELOG_PUT: u8 = 1;
 /// Bytes of input one step reads.
 const STEP_FETCH_BYTES: usize = 1 << 20;
 /// Bytes of changelog one restore read fetches.
@@ -79,6 +77,10 @@ pub(crate) trait TaskLog {
     }
     fn metrics(&self) -> Option<&Metrics> {
         None
+    }
+    /// The I/O and directory disk stores keep their files in, if this log has a local one.
+    fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), StoreError> {
+        Err(StoreError::Unavailable("this log keeps no local files".into()))
     }
 }
 
@@ -130,6 +132,10 @@ impl<I: Io> TaskLog for Engine<I> {
 
     fn metrics(&self) -> Option<&Metrics> {
         Some(self.metrics_registry())
+    }
+
+    fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), StoreError> {
+        Engine::state_files(self).map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 }
 
@@ -260,6 +266,10 @@ pub enum ProcessorError {
         "store {store:?}, partition {partition}: the changelog holds a record that is not a store entry at offset {offset}"
     )]
     BadChangelog { store: String, partition: u32, offset: u64 },
+    /// A disk store failed: its I/O, or damage found while reading it. A damaged store is
+    /// rebuilt from the changelog when the runner is next opened.
+    #[error("store {store:?}, partition {partition}: {source}")]
+    Store { store: String, partition: u32, source: StoreError },
     #[error("a worker thread panicked")]
     Panicked,
     /// The Kafka-protocol cluster refused or failed (feature `kafka`).
@@ -411,13 +421,19 @@ pub fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Process
     serde_json::from_slice(bytes).map_err(|e| ProcessError(format!("cannot decode: {e}")))
 }
 
+impl<'a, K, V> Typed<'a, K, V> {
+    pub(crate) fn new(store: &'a mut Store) -> Typed<'a, K, V> {
+        Typed { store, types: std::marker::PhantomData }
+    }
+}
+
 impl<K, V> Typed<'_, K, V>
 where
     K: serde::Serialize + serde::de::DeserializeOwned,
     V: serde::Serialize + serde::de::DeserializeOwned,
 {
     pub fn get(&self, key: &K) -> Result<Option<V>, ProcessError> {
-        self.store.get(&encode(key)?).map(decode).transpose()
+        self.store.get(&encode(key)?).map(|v| decode(&v)).transpose()
     }
 
     pub fn put(&mut self, key: &K, value: &V) -> Result<(), ProcessError> {
@@ -432,7 +448,7 @@ where
 
     /// Every entry, in the order of the encoded keys.
     pub fn iter(&self) -> impl Iterator<Item = Result<(K, V), ProcessError>> + '_ {
-        self.store.iter().map(|(k, v)| Ok((decode(k)?, decode(v)?)))
+        self.store.iter().map(|(k, v)| Ok((decode(&k)?, decode(&v)?)))
     }
 
     pub fn len(&self) -> usize {
@@ -441,100 +457,6 @@ where
 
     pub fn is_empty(&self) -> bool {
         self.store.is_empty()
-    }
-}
-
-/// A key-value store of one task: ordered by key, in memory, restored from its changelog.
-#[derive(Debug, Default, Clone)]
-pub struct Store {
-    data: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// Changes since the last commit, one per key (the last write wins), as changelog values:
-    /// [`CHANGELOG_PUT`] then the value, or empty for a delete. A hash map with a fixed hasher
-    /// (an update costs one hash, not a tree walk); sorted by key when committed.
-    dirty: HashMap<Vec<u8>, Vec<u8>, BuildHasherDefault<DefaultHasher>>,
-    dirty_bytes: usize,
-}
-
-impl Store {
-    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.data.get(key).map(Vec::as_slice)
-    }
-
-    /// This store through serde ([`Typed`]).
-    pub fn typed<K, V>(&mut self) -> Typed<'_, K, V> {
-        Typed { store: self, types: std::marker::PhantomData }
-    }
-
-    pub fn contains_key(&self, key: &[u8]) -> bool {
-        self.data.contains_key(key)
-    }
-
-    pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        // An update of a present key reuses its allocations: no new key, no tree insert.
-        match self.data.get_mut(key) {
-            Some(stored) => {
-                stored.clear();
-                stored.extend_from_slice(value);
-            }
-            None => {
-                self.data.insert(key.to_vec(), value.to_vec());
-            }
-        }
-        self.mark(key, Some(value));
-    }
-
-    /// Remove `key`; returns whether it was there.
-    pub fn delete(&mut self, key: &[u8]) -> bool {
-        let was = self.data.remove(key).is_some();
-        self.mark(key, None);
-        was
-    }
-
-    /// Record the change of `key` for the next commit (the last change of a key wins).
-    fn mark(&mut self, key: &[u8], value: Option<&[u8]>) {
-        let size = |tagged: usize| key.len() + tagged + 32;
-        let tagged = match self.dirty.get_mut(key) {
-            Some(tagged) => {
-                self.dirty_bytes -= size(tagged.len());
-                tagged.clear();
-                tagged
-            }
-            None => self.dirty.entry(key.to_vec()).or_default(),
-        };
-        if let Some(value) = value {
-            tagged.reserve(value.len() + 1);
-            tagged.push(CHANGELOG_PUT);
-            tagged.extend_from_slice(value);
-        }
-        self.dirty_bytes += size(tagged.len());
-    }
-
-    /// The changes since the last commit as changelog records, in key order.
-    fn changes(&self) -> Vec<Record<'_>> {
-        let mut changes: Vec<(&[u8], &[u8])> =
-            self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-        changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        changes.into_iter().map(|(key, value)| Record::new(Some(key), value)).collect()
-    }
-
-    /// Entries with keys in `range`, in key order.
-    pub fn range<R: RangeBounds<[u8]>>(&self, range: R) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.data
-            .range::<[u8], _>((range.start_bound(), range.end_bound()))
-            .map(|(k, v)| (k.as_slice(), v.as_slice()))
-    }
-
-    /// Every entry, in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.data.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))
-    }
-
-    pub fn len(&self) -> usize {
-        self.data.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
     }
 }
 
@@ -559,8 +481,12 @@ pub struct RestoreProgress<'a> {
     /// Changelog records applied so far, and the changelog's end when the restore began.
     pub restored: u64,
     pub end: Offset,
-    /// The restore began from a local snapshot covering the changelog up to this offset.
+    /// The restore began from a local snapshot, or a disk store, holding the changelog up to
+    /// this offset: it reads only the changelog after it.
     pub from_snapshot: Option<Offset>,
+    /// Why a disk store's files were not used (missing beside runs, stale, foreign, damaged):
+    /// it is rebuilt from the whole changelog.
+    pub rebuilt: Option<&'a str>,
     pub done: bool,
 }
 
@@ -578,6 +504,11 @@ pub struct ProcessorConfig {
     pub inputs: Vec<String>,
     /// Store names; each gets a changelog topic `<application>-<store>-changelog`.
     pub stores: Vec<String>,
+    /// The kind of each store named here ([`ProcessorConfig::store_with`]); the others are
+    /// of `store_kind`.
+    pub store_kinds: BTreeMap<String, StoreKind>,
+    /// The kind of the stores not in `store_kinds` (default: memory).
+    pub store_kind: StoreKind,
     /// Commit at least this often while there is work (engine clock).
     pub commit_interval_ms: u64,
     /// Also commit after this many records since the last commit.
@@ -600,6 +531,8 @@ impl std::fmt::Debug for ProcessorConfig {
             .field("application", &self.application)
             .field("inputs", &self.inputs)
             .field("stores", &self.stores)
+            .field("store_kind", &self.store_kind)
+            .field("store_kinds", &self.store_kinds)
             .field("commit_interval_ms", &self.commit_interval_ms)
             .field("threads", &self.threads)
             .finish_non_exhaustive()
@@ -612,6 +545,8 @@ impl ProcessorConfig {
             application: application.to_owned(),
             inputs: vec![input.to_owned()],
             stores: Vec::new(),
+            store_kinds: BTreeMap::new(),
+            store_kind: StoreKind::default(),
             commit_interval_ms: 100,
             commit_every_records: None,
             snapshot_every_commits: None,
@@ -635,6 +570,19 @@ impl ProcessorConfig {
         self
     }
 
+    /// A store of a given kind: `StoreKind::disk()` keeps it on disk, with a bounded cache.
+    #[must_use]
+    pub fn store_with(mut self, name: &str, kind: StoreKind) -> ProcessorConfig {
+        self.stores.push(name.to_owned());
+        self.store_kinds.insert(name.to_owned(), kind);
+        self
+    }
+
+    /// The kind of `store`.
+    pub fn kind_of(&self, store: &str) -> StoreKind {
+        self.store_kinds.get(store).copied().unwrap_or(self.store_kind)
+    }
+
     #[must_use]
     pub fn commit_interval_ms(mut self, ms: u64) -> ProcessorConfig {
         self.commit_interval_ms = ms;
@@ -650,6 +598,11 @@ impl ProcessorConfig {
     /// The changelog topic of `store`.
     pub fn changelog(&self, store: &str) -> String {
         format!("{}-{store}-changelog", self.application)
+    }
+
+    /// The directory (under the engine's `state/`) of `store`'s disk store for `partition`.
+    pub fn store_directory(&self, store: &str, partition: u32) -> String {
+        format!("{}-{store}-{partition}.store", self.application)
     }
 
     /// The state file of `store`'s snapshot for `partition`.
@@ -669,6 +622,10 @@ pub struct RunStats {
     /// Store snapshots restores started from, and snapshots written.
     pub snapshots_loaded: u64,
     pub snapshots_written: u64,
+    /// Disk stores opened with their state (restores read only the changelog after it), and
+    /// those found missing, stale, foreign or damaged and rebuilt from the changelog.
+    pub stores_opened: u64,
+    pub stores_rebuilt: u64,
 }
 
 impl RunStats {
@@ -679,6 +636,8 @@ impl RunStats {
         self.restored += other.restored;
         self.snapshots_loaded += other.snapshots_loaded;
         self.snapshots_written += other.snapshots_written;
+        self.stores_opened += other.stores_opened;
+        self.stores_rebuilt += other.stores_rebuilt;
     }
 }
 
@@ -935,7 +894,8 @@ fn restore_all<I: Io>(
     slots.into_iter().map(|slot| slot.unwrap_or(Err(ProcessorError::Panicked))).collect()
 }
 
-/// Read a store's changelog partition from its start to its end into a new store.
+/// Restore a store: a memory store from its snapshot (if any) and the changelog after it, a
+/// disk store by opening it and reading the changelog after the offset it reflects.
 pub(crate) fn restore<L: TaskLog + ?Sized>(
     engine: &L,
     config: &ProcessorConfig,
@@ -946,8 +906,100 @@ pub(crate) fn restore<L: TaskLog + ?Sized>(
     let topic = config.changelog(name);
     let end = engine.high_watermark(&topic, partition)?;
     let _span = tracing::info_span!("restore", store = name, partition, end = end.get()).entered();
-    let mut store = Store::default();
-    let mut next = Offset::ZERO;
+    let store = match config.kind_of(name) {
+        StoreKind::Memory => restore_memory(engine, config, name, partition, end, stats)?,
+        StoreKind::Disk(options) => {
+            restore_disk(engine, config, name, partition, end, options, stats)?
+        }
+    };
+    if let Some(metrics) = engine.metrics() {
+        Metrics::add(&metrics.restores_done, 1);
+    }
+    Ok(store)
+}
+
+/// Where a restore reads the changelog: which store, up to where, and what it starts from.
+struct Tail<'a> {
+    config: &'a ProcessorConfig,
+    name: &'a str,
+    partition: u32,
+    end: Offset,
+    /// The snapshot's or the disk store's offset the restore starts from, if any.
+    from: Option<Offset>,
+    rebuilt: Option<&'a str>,
+}
+
+impl Tail<'_> {
+    fn report(&self, restored: u64, done: bool) {
+        if let Some(listener) = &self.config.on_restore {
+            listener(RestoreProgress {
+                store: self.name,
+                partition: self.partition,
+                restored,
+                end: self.end,
+                from_snapshot: self.from,
+                rebuilt: self.rebuilt,
+                done,
+            });
+        }
+    }
+
+    /// Read the changelog from `next` to the end, handing each change to `apply` (`None`:
+    /// deleted) and each fetch's end to `fetched`; returns the records read.
+    fn read<L: TaskLog + ?Sized>(
+        &self,
+        engine: &L,
+        mut next: Offset,
+        mut apply: impl FnMut(&[u8], Option<&[u8]>),
+        mut fetched: impl FnMut(Offset) -> Result<(), ProcessorError>,
+    ) -> Result<u64, ProcessorError> {
+        let topic = self.config.changelog(self.name);
+        let (mut restored, mut counted) = (0, 0);
+        while next < self.end {
+            let fetch = engine.read(&topic, self.partition, next, RESTORE_FETCH_BYTES)?;
+            if fetch.is_empty() {
+                break;
+            }
+            for record in fetch.records().filter(|r| r.offset() >= next && r.offset() < self.end) {
+                restored += 1;
+                if record.value().is_empty() && canary::active(Canary::RestoreSkipsTombstone) {
+                    continue;
+                }
+                let key = record.key().unwrap_or_default();
+                match record.value().split_first() {
+                    None => apply(key, None),
+                    Some((&CHANGELOG_PUT, stored)) => apply(key, Some(stored)),
+                    Some(_) => {
+                        return Err(ProcessorError::BadChangelog {
+                            store: self.name.to_owned(),
+                            partition: self.partition,
+                            offset: record.offset().get(),
+                        });
+                    }
+                }
+            }
+            next = fetch.next_offset();
+            fetched(next.min(self.end))?;
+            // Per fetch, so the metric shows a restore's progress while it runs.
+            if let Some(metrics) = engine.metrics() {
+                Metrics::add(&metrics.restore_records, restored - counted);
+            }
+            counted = restored;
+            self.report(restored, false);
+        }
+        self.report(restored, true);
+        Ok(restored)
+    }
+}
+
+fn restore_memory<L: TaskLog + ?Sized>(
+    engine: &L,
+    config: &ProcessorConfig,
+    name: &str,
+    partition: u32,
+    end: Offset,
+    stats: &mut RunStats,
+) -> Result<Store, ProcessorError> {
     // A snapshot is used only if it covers no more of the changelog than is committed: one
     // that runs ahead holds state that never committed.
     let snapshot_name = config.snapshot_file(name, partition);
@@ -955,60 +1007,24 @@ pub(crate) fn restore<L: TaskLog + ?Sized>(
         .read_state_file(&snapshot_name)
         .and_then(|bytes| snapshot::decode(&bytes))
         .filter(|(offset, _)| *offset <= end);
-    let from_snapshot = snapshot.as_ref().map(|(offset, _)| *offset);
+    let from = snapshot.as_ref().map(|(offset, _)| *offset);
     // The log of changes, snapshot first: sorted by key once at the end (stably, so the last
     // change of a key wins), the map is then built in one pass instead of a tree insert per
     // record.
     let mut changes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    let mut next = Offset::ZERO;
     if let Some((offset, data)) = snapshot {
         changes.extend(data.into_iter().map(|(k, v)| (k, Some(v))));
         next = offset;
         stats.snapshots_loaded += 1;
     }
-    let mut restored = 0;
-    let mut counted = 0;
-    let report = |restored, done| {
-        if let Some(listener) = &config.on_restore {
-            listener(RestoreProgress {
-                store: name,
-                partition,
-                restored,
-                end,
-                from_snapshot,
-                done,
-            });
-        }
-    };
-    while next < end {
-        let fetch = engine.read(&topic, partition, next, RESTORE_FETCH_BYTES)?;
-        if fetch.is_empty() {
-            break;
-        }
-        for record in fetch.records().filter(|r| r.offset() >= next && r.offset() < end) {
-            restored += 1;
-            if record.value().is_empty() && canary::active(Canary::RestoreSkipsTombstone) {
-                continue;
-            }
-            let key = record.key().unwrap_or_default().to_vec();
-            let value = match record.value().split_first() {
-                None => None,
-                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
-                Some(_) => {
-                    let offset = record.offset().get();
-                    let store = name.to_owned();
-                    return Err(ProcessorError::BadChangelog { store, partition, offset });
-                }
-            };
-            changes.push((key, value));
-        }
-        next = fetch.next_offset();
-        // Per fetch, so the metric shows a restore's progress while it runs.
-        if let Some(metrics) = engine.metrics() {
-            Metrics::add(&metrics.restore_records, restored - counted);
-        }
-        counted = restored;
-        report(restored, false);
-    }
+    let tail = Tail { config, name, partition, end, from, rebuilt: None };
+    let restored = tail.read(
+        engine,
+        next,
+        |key, value| changes.push((key.to_vec(), value.map(<[u8]>::to_vec))),
+        |_| Ok(()),
+    )?;
     changes.sort_by(|a, b| a.0.cmp(&b.0));
     let mut latest: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(changes.len());
     let mut changes = changes.into_iter().peekable();
@@ -1020,15 +1036,68 @@ pub(crate) fn restore<L: TaskLog + ?Sized>(
             latest.push((key, value));
         }
     }
-    store.data = latest.into_iter().collect();
-    report(restored, true);
     stats.restored += restored;
-    if let Some(metrics) = engine.metrics() {
-        Metrics::add(&metrics.restores_done, 1);
+    let snapshot_offset = from.map(Offset::get);
+    tracing::info!(restored, ?snapshot_offset, entries = latest.len(), "restored");
+    Ok(Store::in_memory(latest))
+}
+
+fn restore_disk<L: TaskLog + ?Sized>(
+    engine: &L,
+    config: &ProcessorConfig,
+    name: &str,
+    partition: u32,
+    end: Offset,
+    options: crate::store::DiskOptions,
+    stats: &mut RunStats,
+) -> Result<Store, ProcessorError> {
+    let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
+    let (io, state) = engine.state_files().map_err(failed)?;
+    let files = Files { io, directory: state.join(config.store_directory(name, partition)) };
+    let identity = format!("{} partition {partition}", config.changelog(name));
+    let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
+    if rebuilt.is_none() && disk.offset() > end {
+        rebuilt = Some(format!(
+            "stale: it reflects changelog offset {} but the changelog ends at {}",
+            disk.offset().get(),
+            end.get()
+        ));
+        disk.wipe().map_err(failed)?;
     }
-    let snapshot_offset = from_snapshot.map(Offset::get);
-    tracing::info!(restored, ?snapshot_offset, entries = store.data.len(), "restored");
-    Ok(store)
+    let from = rebuilt.is_none().then(|| disk.offset()).filter(|o| o.get() > 0);
+    match &rebuilt {
+        Some(reason) => {
+            stats.stores_rebuilt += 1;
+            tracing::warn!(store = name, partition, reason = reason.as_str(), "disk store rebuilt from the changelog");
+        }
+        None if from.is_some() => stats.stores_opened += 1,
+        None => {}
+    }
+    let next = if canary::active(Canary::StoreOffsetNotRead) { Offset::ZERO } else { disk.offset() };
+    let tail = Tail { config, name, partition, end, from, rebuilt: rebuilt.as_deref() };
+    let disk = std::cell::RefCell::new(disk);
+    let restored = tail.read(
+        engine,
+        next,
+        |key, value| disk.borrow_mut().apply(key, value),
+        |position| {
+            let mut disk = disk.borrow_mut();
+            if disk.wants_flush() { disk.flush(position).map_err(failed) } else { Ok(()) }
+        },
+    )?;
+    let mut disk = disk.into_inner();
+    if let Some(error) = disk.take_failure() {
+        if matches!(error, StoreError::Damaged(_)) {
+            disk.condemn();
+        }
+        return Err(failed(error));
+    }
+    if disk.wants_flush() {
+        disk.flush(end).map_err(failed)?;
+    }
+    stats.restored += restored;
+    tracing::info!(restored, from = disk.offset().get(), entries = disk.len(), "disk store opened");
+    Ok(Store::on_disk(disk))
 }
 
 /// Store snapshots: every entry of a store and the changelog offset they cover, checksummed.
@@ -1178,8 +1247,50 @@ impl<P: Processor> Task<P> {
             stream_time: self.stream_time,
             input,
         };
-        f(&mut self.processor, &mut ctx)
-            .map_err(|source| ProcessorError::Process { partition: self.partition, source })
+        let result = f(&mut self.processor, &mut ctx)
+            .map_err(|source| ProcessorError::Process { partition: self.partition, source });
+        self.check_stores()?;
+        result
+    }
+
+    /// Fail if a disk store's read failed during the call: what the processor did after it
+    /// may rest on a wrong answer, so nothing of it may be committed. A damaged store is
+    /// condemned, so the next start rebuilds it from the changelog.
+    fn check_stores(&self) -> Result<(), ProcessorError> {
+        for (name, store) in &self.stores {
+            let Some(disk) = store.disk() else { continue };
+            if let Some(source) = disk.take_failure() {
+                if matches!(source, StoreError::Damaged(_)) {
+                    disk.condemn();
+                }
+                let store = name.clone();
+                return Err(ProcessorError::Store { store, partition: self.partition, source });
+            }
+        }
+        Ok(())
+    }
+
+    /// Flush the disk stores that want it (all with `every`), each at its changelog's end:
+    /// right after a commit, so the state they take is exactly the committed state.
+    fn flush_stores<L: TaskLog + ?Sized>(
+        &mut self,
+        engine: &L,
+        config: &ProcessorConfig,
+        every: bool,
+    ) -> Result<(), ProcessorError> {
+        for (name, store) in &mut self.stores {
+            let Some(disk) = store.disk_mut() else { continue };
+            if !(every || disk.wants_flush()) {
+                continue;
+            }
+            let end = engine.high_watermark(&config.changelog(name), self.partition)?;
+            disk.flush(end).map_err(|source| ProcessorError::Store {
+                store: name.clone(),
+                partition: self.partition,
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// Process one fetch of every input, merged by timestamp; returns how many records it
@@ -1290,7 +1401,7 @@ impl<P: Processor> Task<P> {
     }
 
     fn pending_bytes(&self) -> usize {
-        self.outputs.bytes + self.stores.values().map(|s| s.dirty_bytes).sum::<usize>()
+        self.outputs.bytes + self.stores.values().map(Store::dirty_bytes).sum::<usize>()
     }
 
     pub(crate) fn commit_if_due<L: TaskLog + ?Sized>(
@@ -1328,10 +1439,23 @@ impl<P: Processor> Task<P> {
         if canary::active(Canary::SnapshotAheadOfChangelog) {
             self.snapshot(engine, config);
         }
+        if canary::active(Canary::StoreAppliedBeforeCommit) {
+            // The bug: disk stores take the changes before their transaction commits.
+            for (name, store) in &mut self.stores {
+                if let Some(disk) = store.disk_mut() {
+                    let end = engine.high_watermark(&config.changelog(name), self.partition)?;
+                    disk.flush(end).map_err(|source| ProcessorError::Store {
+                        store: name.clone(),
+                        partition: self.partition,
+                        source,
+                    })?;
+                }
+            }
+        }
         let changelogs: Vec<(String, Vec<Record<'_>>)> = self
             .stores
             .iter()
-            .filter(|(_, store)| !store.dirty.is_empty())
+            .filter(|(_, store)| store.has_changes())
             .map(|(name, store)| (config.changelog(name), store.changes()))
             .collect();
         let mut outputs: BTreeMap<(String, u32), Vec<usize>> = BTreeMap::new();
@@ -1387,13 +1511,13 @@ impl<P: Processor> Task<P> {
         drop(output_records);
         drop(changelogs);
         for store in self.stores.values_mut() {
-            store.dirty.clear();
-            store.dirty_bytes = 0;
+            store.committed();
         }
         self.outputs = Outputs::default();
         self.committed_positions.clone_from(&self.positions);
         self.uncommitted_records = 0;
         self.last_commit_ms = engine.now_ms();
+        self.flush_stores(engine, config, false)?;
         self.commits_since_snapshot += 1;
         if config.snapshot_every_commits.is_some_and(|n| self.commits_since_snapshot >= n) {
             self.snapshot(engine, config);
@@ -1406,10 +1530,13 @@ impl<P: Processor> Task<P> {
     /// restore reads more of the changelog, that is all).
     fn snapshot<L: TaskLog + ?Sized>(&mut self, engine: &L, config: &ProcessorConfig) {
         for (name, store) in &self.stores {
+            if store.disk().is_some() {
+                continue; // A disk store is its own snapshot.
+            }
             let Ok(end) = engine.high_watermark(&config.changelog(name), self.partition) else {
                 continue;
             };
-            let bytes = snapshot::encode(end, &store.data);
+            let bytes = snapshot::encode(end, store.memory_data());
             if engine.write_state_file(&config.snapshot_file(name, self.partition), bytes) {
                 self.stats.snapshots_written += 1;
             }
@@ -1424,6 +1551,7 @@ impl<P: Processor> Task<P> {
     ) -> Result<(), ProcessorError> {
         self.call(&config.inputs[0], Processor::close)?;
         self.commit(engine, config)?;
+        self.flush_stores(engine, config, true)?;
         self.snapshot(engine, config);
         Ok(())
     }

@@ -27,7 +27,7 @@ impl Processor for Counter {
         }
         let key = record.key().unwrap_or_default();
         let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())) + 1;
+        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
         store.put(key, &count.to_le_bytes());
         ctx.emit("totals", Some(key), count.to_string().as_bytes());
         Ok(())
@@ -61,7 +61,7 @@ fn counts<P: Processor>(runner: &Runner<chronik::SystemIo, P>) -> BTreeMap<Strin
     for partition in 0..2 {
         for (key, value) in runner.store(partition, "counts").unwrap().iter() {
             let key = String::from_utf8(key.to_vec()).unwrap();
-            counts.insert(key, u64::from_le_bytes(value.try_into().unwrap()));
+            counts.insert(key, u64::from_le_bytes((*value).try_into().unwrap()));
         }
     }
     counts
@@ -271,9 +271,9 @@ fn typed_stores_and_outputs_round_trip_through_serde_and_restore() {
     let runner = Runner::new(chronik.engine(), config, |_| TypedCounter).unwrap();
     let mut all = BTreeMap::new();
     for partition in 0..2 {
-        let mut store = runner.store(partition, "stats").unwrap().clone();
-        for entry in store.typed::<String, UserStats>().iter() {
-            let (user, stats) = entry.unwrap();
+        for (user, stats) in runner.store(partition, "stats").unwrap().iter() {
+            let user: String = chronik::processor::decode(&user).unwrap();
+            let stats: UserStats = chronik::processor::decode(&stats).unwrap();
             all.insert(user, stats);
         }
     }

@@ -19,7 +19,7 @@ impl Processor for Counter {
     ) -> Result<(), ProcessError> {
         let key = record.key().unwrap_or_default();
         let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())) + 1;
+        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
         store.put(key, &count.to_le_bytes());
         ctx.emit("totals", Some(key), &count.to_le_bytes());
         Ok(())
@@ -105,7 +105,7 @@ impl Processor for Join {
             }
             return Ok(());
         }
-        let name = ctx.store("users")?.get(key).unwrap_or(b"unknown").to_vec();
+        let name = ctx.store("users")?.get(key).map_or_else(|| b"unknown".to_vec(), |v| v.to_vec());
         let mut enriched = name;
         enriched.extend_from_slice(b" ");
         enriched.extend_from_slice(record.value());

@@ -64,6 +64,10 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::ReactorUnlinkedSync => "reactor-unlinked-sync",
         Canary::LogWatermarkBeforeSync => "log-watermark-before-sync",
         Canary::DirectWritesUnlinked => "direct-writes-unlinked",
+        Canary::StoreAppliedBeforeCommit => "store-applied-before-commit",
+        Canary::StoreOffsetAheadOfData => "store-offset-ahead-of-data",
+        Canary::StoreOffsetNotRead => "store-offset-not-read",
+        Canary::StoreTrustsDamage => "store-trusts-damage",
     }
 }
 
@@ -117,11 +121,15 @@ pub const TARGETED: [(Canary, &str); 1] =
 
 /// Canaries of the stream-processor runtime, hunted with [`crate::processors`] workloads
 /// instead of engine runs.
-pub const PROCESSOR_CANARIES: [Canary; 4] = [
+pub const PROCESSOR_CANARIES: [Canary; 8] = [
     Canary::InputCommittedBeforeOutputs,
     Canary::RestoreSkipsTombstone,
     Canary::SnapshotAheadOfChangelog,
     Canary::StateAppliedBeforeCommit,
+    Canary::StoreAppliedBeforeCommit,
+    Canary::StoreOffsetAheadOfData,
+    Canary::StoreOffsetNotRead,
+    Canary::StoreTrustsDamage,
 ];
 
 /// Canaries of the write path's partition log and reactor, hunted with [`crate::reactor`]

@@ -29,7 +29,7 @@ impl Processor for Sessions {
             store.put(key, &[count]);
         }
         let total = ctx.store("totals")?;
-        let seen = total.get(b"all").map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap())) + 1;
+        let seen = total.get(b"all").map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
         total.put(b"all", &seen.to_le_bytes());
         ctx.emit("audit", None, &seen.to_le_bytes());
         Ok(())

@@ -299,6 +299,22 @@ impl<I: Io> Engine<I> {
         Ok(())
     }
 
+    /// The engine's I/O and its `<root>/state/` directory (created, durably, if missing), for
+    /// layers above the engine that keep larger files of their own there through the same I/O
+    /// (the SDK's disk stores): on the simulated disk they are then simulated too.
+    #[doc(hidden)]
+    pub fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), TopicError> {
+        self.check_writable()?;
+        self.inner.context.poison.check()?;
+        let io = self.io();
+        let directory = self.inner.root.join(STATE_DIRECTORY);
+        if create_directory_if_missing(io, &directory)? {
+            fsync_directory(io, &self.inner.root)?;
+        }
+        let shared: Arc<dyn Io> = Arc::clone(&self.inner.context.io) as Arc<dyn Io>;
+        Ok((shared, directory))
+    }
+
     /// A file [`Engine::write_state_file`] wrote, if it exists.
     pub fn read_state_file(&self, name: &str) -> Result<Option<Vec<u8>>, TopicError> {
         topic::validate_name(name)?;

@@ -1,0 +1,671 @@
+//! The disk store: a log-structured merge tree of our own, small and explicit.
+//!
+//! - **Memtable**: the changes since the last flush, in key order (a deletion is kept as
+//!   `None` while older runs may hold the key). Holds committed and uncommitted changes alike
+//!   while the task works; it is flushed only right after a commit, when it holds exactly the
+//!   committed state.
+//! - **Runs**: immutable sorted files ([`super::run`]), newest first, each of a level: a flush
+//!   writes a level-0 run; [`FANOUT`] runs of one level merge into one of the next level (a
+//!   base-`FANOUT` counter, so a key is rewritten about log_FANOUT(runs) times), and a merge
+//!   that includes the oldest run drops deletions.
+//! - **Manifest**: the runs, the changelog offset they reflect, the entry count and the
+//!   store's identity, checksummed, replaced atomically (temporary file, fdatasync, rename,
+//!   directory fsync) after the runs it names are durable. It is the store's commit point.
+//!
+//! Invariants: the manifest's offset is a changelog end some transaction committed at, and
+//! the runs it names hold exactly the store's state at that offset; a run file is durable
+//! (data and directory entry) before a manifest names it, and removed only after a durable
+//! manifest stopped naming it.
+
+use super::run::{self, BlockEntries, Run, RunMeta, RunWriter, find_in_block, key_hash, verified};
+use super::{Damage, DiskOptions, Files, StoreError};
+use crate::Offset;
+use chronik_engine::internals::canary::{self, Canary};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+/// Runs of one level that merge into one of the next.
+pub const FANOUT: usize = 4;
+const MANIFEST: &str = "MANIFEST";
+const MANIFEST_MAGIC: &[u8; 4] = b"CHSM";
+const MANIFEST_VERSION: u16 = 1;
+/// Bytes a memtable entry costs beyond its key and value (tree node share, vectors).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// Decoded blocks kept in memory, first in, first out, within a byte budget.
+#[derive(Debug, Default)]
+struct BlockCache {
+    blocks: HashMap<(u64, usize), Arc<Vec<u8>>>,
+    order: VecDeque<(u64, usize)>,
+    bytes: usize,
+    capacity: usize,
+}
+
+impl BlockCache {
+    fn get(&self, key: (u64, usize)) -> Option<Arc<Vec<u8>>> {
+        self.blocks.get(&key).cloned()
+    }
+
+    fn insert(&mut self, key: (u64, usize), block: Arc<Vec<u8>>) {
+        self.bytes += block.len();
+        if self.blocks.insert(key, block).is_none() {
+            self.order.push_back(key);
+        }
+        while self.bytes > self.capacity {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some(block) = self.blocks.remove(&old) {
+                self.bytes -= block.len();
+            }
+        }
+    }
+
+    fn forget_run(&mut self, id: u64) {
+        self.order.retain(|key| key.0 != id);
+        let bytes = &mut self.bytes;
+        self.blocks.retain(|key, block| {
+            let keep = key.0 != id;
+            if !keep {
+                *bytes -= block.len();
+            }
+            keep
+        });
+    }
+}
+
+/// What the manifest records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Manifest {
+    identity: String,
+    offset: u64,
+    len: u64,
+    next_id: u64,
+    runs: Vec<RunMeta>,
+}
+
+impl Manifest {
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(64 + self.identity.len() + self.runs.len() * 32);
+        bytes.extend_from_slice(MANIFEST_MAGIC);
+        bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&[0, 0]);
+        bytes.extend_from_slice(&(self.identity.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(self.identity.as_bytes());
+        for field in [self.offset, self.len, self.next_id, self.runs.len() as u64] {
+            bytes.extend_from_slice(&field.to_le_bytes());
+        }
+        for run in &self.runs {
+            bytes.extend_from_slice(&run.id.to_le_bytes());
+            bytes.extend_from_slice(&[run.level, 0, 0, 0, 0, 0, 0, 0]);
+            bytes.extend_from_slice(&run.bytes.to_le_bytes());
+            bytes.extend_from_slice(&run.entries.to_le_bytes());
+        }
+        let sum = run::checksum(&bytes);
+        bytes.extend_from_slice(&sum.to_le_bytes());
+        bytes
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Manifest> {
+        let body = verified(bytes)?;
+        let mut rest = body;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, tail) = rest.split_at_checked(n)?;
+            rest = tail;
+            Some(head)
+        };
+        if take(4)? != MANIFEST_MAGIC || take(2)? != MANIFEST_VERSION.to_le_bytes() {
+            return None;
+        }
+        take(2)?;
+        let length = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let identity = String::from_utf8(take(length)?.to_vec()).ok()?;
+        let mut u64_field = || -> Option<u64> { Some(u64::from_le_bytes(take(8)?.try_into().ok()?)) };
+        let (offset, len, next_id, count) = (u64_field()?, u64_field()?, u64_field()?, u64_field()?);
+        let mut runs = Vec::new();
+        for _ in 0..count {
+            let id = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            let level = take(8)?[0];
+            let bytes = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            let entries = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            if id >= next_id {
+                return None;
+            }
+            runs.push(RunMeta { id, level, bytes, entries });
+        }
+        rest.is_empty().then_some(Manifest { identity, offset, len, next_id, runs })
+    }
+}
+
+/// A disk store of one task.
+pub struct DiskStore {
+    files: Arc<Files>,
+    identity: String,
+    options: DiskOptions,
+    memtable: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    memtable_bytes: usize,
+    /// Newest first; levels never decrease from newest to oldest.
+    runs: Vec<Run>,
+    cache: Mutex<BlockCache>,
+    /// The changelog offset the runs reflect (what the manifest says).
+    offset: Offset,
+    /// Live entries: runs and memtable together.
+    len: u64,
+    next_id: u64,
+    /// The first error a read through `&self` met (a damaged block, a failed read): the
+    /// task fails before its next commit, so nothing read wrong is ever committed.
+    failure: Mutex<Option<StoreError>>,
+}
+
+impl std::fmt::Debug for DiskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStore")
+            .field("identity", &self.identity)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("memtable", &self.memtable.len())
+            .field("runs", &self.runs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a lookup found a key.
+type Found<'a> = Option<Cow<'a, [u8]>>;
+
+impl DiskStore {
+    /// Open the store in `files` (its own directory), or start it empty; the second value
+    /// says why an existing store was not usable (then it was wiped: the caller rebuilds it
+    /// from the changelog).
+    pub fn open(
+        files: Files,
+        identity: String,
+        options: DiskOptions,
+    ) -> Result<(DiskStore, Option<String>), StoreError> {
+        let files = Arc::new(files);
+        files.create_directory()?;
+        let cache = BlockCache { capacity: options.cache_bytes / 2, ..BlockCache::default() };
+        let mut store = DiskStore {
+            files: Arc::clone(&files),
+            identity,
+            options,
+            memtable: BTreeMap::new(),
+            memtable_bytes: 0,
+            runs: Vec::new(),
+            cache: Mutex::new(cache),
+            offset: Offset::ZERO,
+            len: 0,
+            next_id: 0,
+            failure: Mutex::new(None),
+        };
+        let reason = match store.load() {
+            Ok(()) => None,
+            Err(StoreError::Damaged(damage)) => Some(damage.to_string()),
+            Err(error) => return Err(error),
+        };
+        if reason.is_some() {
+            store.wipe()?;
+        }
+        store.remove_unnamed()?;
+        Ok((store, reason))
+    }
+
+    fn load(&mut self) -> Result<(), StoreError> {
+        let Some(bytes) = self.files.read_small(MANIFEST)? else {
+            let names = self.files.list()?;
+            if names.iter().any(|n| run::parse_run_name(n).is_some()) {
+                return Err(StoreError::Damaged(Damage::new(MANIFEST, "missing beside runs")));
+            }
+            return Ok(());
+        };
+        let manifest = Manifest::decode(&bytes)
+            .ok_or_else(|| StoreError::Damaged(Damage::new(MANIFEST, "does not decode")))?;
+        if manifest.identity != self.identity {
+            return Err(StoreError::Damaged(Damage::new(MANIFEST, "another store's (foreign)")));
+        }
+        let mut runs = Vec::with_capacity(manifest.runs.len());
+        for meta in &manifest.runs {
+            runs.push(Run::open(&self.files, *meta)?);
+        }
+        self.runs = runs;
+        self.offset = Offset::new(manifest.offset);
+        self.len = manifest.len;
+        self.next_id = manifest.next_id;
+        Ok(())
+    }
+
+    /// Forget everything: the store is empty at offset 0, its directory without files.
+    pub fn wipe(&mut self) -> Result<(), StoreError> {
+        self.runs.clear();
+        self.cache.lock().expect("cache lock").blocks.clear();
+        *self.cache.lock().expect("cache lock") =
+            BlockCache { capacity: self.options.cache_bytes / 2, ..BlockCache::default() };
+        self.memtable.clear();
+        self.memtable_bytes = 0;
+        self.offset = Offset::ZERO;
+        self.len = 0;
+        // The manifest first: without it, no run file is believed.
+        self.files.remove_if_present(&self.files.path(MANIFEST))?;
+        self.files.sync()?;
+        for name in self.files.list()? {
+            self.files.remove_if_present(&self.files.path(&name))?;
+        }
+        self.files.sync()
+    }
+
+    /// Remove the files no manifest names: runs a crash left half built or merged away.
+    fn remove_unnamed(&self) -> Result<(), StoreError> {
+        let named: Vec<u64> = self.runs.iter().map(|r| r.meta.id).collect();
+        let mut removed = false;
+        for name in self.files.list()? {
+            let keep = name == MANIFEST || run::parse_run_name(&name).is_some_and(|id| named.contains(&id));
+            if !keep {
+                self.files.remove_if_present(&self.files.path(&name))?;
+                removed = true;
+            }
+        }
+        if removed {
+            self.files.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Make the next open rebuild this store (after damage was found).
+    pub fn condemn(&self) {
+        let _ = self.files.remove_if_present(&self.files.path(MANIFEST));
+        let _ = self.files.sync();
+    }
+
+    pub fn offset(&self) -> Offset {
+        self.offset
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the memtable has grown to its share of the cache: flush after the commit.
+    pub fn wants_flush(&self) -> bool {
+        self.memtable_bytes >= self.options.cache_bytes / 2
+    }
+
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Bytes held in memory: memtable, cached blocks, run indexes and filters.
+    pub fn resident_bytes(&self) -> usize {
+        self.memtable_bytes
+            + self.cache.lock().map_or(0, |c| c.bytes)
+            + self.runs.iter().map(Run::resident_bytes).sum::<usize>()
+    }
+
+    /// Take the first error a read met, if any.
+    pub fn take_failure(&self) -> Option<StoreError> {
+        self.failure.lock().ok()?.take()
+    }
+
+    fn fail(&self, error: StoreError) {
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert(error);
+        }
+    }
+
+    fn block(&self, run: &Run, i: usize) -> Result<Arc<Vec<u8>>, StoreError> {
+        let key = (run.meta.id, i);
+        if let Some(block) = self.cache.lock().expect("cache lock").get(key) {
+            return Ok(block);
+        }
+        let block = Arc::new(run.read_block(i)?);
+        self.cache.lock().expect("cache lock").insert(key, Arc::clone(&block));
+        Ok(block)
+    }
+
+    /// `key`'s value in the runs, newest first.
+    fn lookup_runs(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
+        let hash = key_hash(key);
+        for run in &self.runs {
+            if !run.may_contain(hash) {
+                continue;
+            }
+            let Some(i) = run.block_for(key) else { continue };
+            let block = self.block(run, i)?;
+            if let Some(found) = find_in_block(&block, key) {
+                return Ok(found.map(|v| Cow::Owned(v.to_vec())));
+            }
+        }
+        Ok(None)
+    }
+
+    fn lookup(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
+        match self.memtable.get(key) {
+            Some(Some(value)) => Ok(Some(Cow::Borrowed(value))),
+            Some(None) => Ok(None),
+            None => self.lookup_runs(key),
+        }
+    }
+
+    /// `key`'s value; a read that fails is remembered ([`DiskStore::take_failure`]) and
+    /// answers `None`.
+    pub fn get(&self, key: &[u8]) -> Found<'_> {
+        self.lookup(key).unwrap_or_else(|error| {
+            self.fail(error);
+            None
+        })
+    }
+
+    fn exists(&self, key: &[u8]) -> bool {
+        match self.memtable.get(key) {
+            Some(value) => value.is_some(),
+            None => self.get(key).is_some(),
+        }
+    }
+
+    fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let size = |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
+        match self.memtable.get_mut(key) {
+            Some(slot) => {
+                self.memtable_bytes -= size(slot);
+                match (slot.as_mut(), value) {
+                    (Some(stored), Some(value)) => {
+                        stored.clear();
+                        stored.extend_from_slice(value);
+                    }
+                    (_, value) => *slot = value.map(<[u8]>::to_vec),
+                }
+                self.memtable_bytes += size(slot);
+            }
+            None => {
+                let slot = value.map(<[u8]>::to_vec);
+                self.memtable_bytes += size(&slot);
+                self.memtable.insert(key.to_vec(), slot);
+            }
+        }
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        if !self.exists(key) {
+            self.len += 1;
+        }
+        self.set(key, Some(value));
+    }
+
+    /// Returns whether the key was there.
+    pub fn delete(&mut self, key: &[u8]) -> bool {
+        let was = self.exists(key);
+        if was {
+            self.len -= 1;
+            if self.runs.is_empty() {
+                // No older run holds it: nothing to shadow.
+                if let Some(slot) = self.memtable.remove(key) {
+                    self.memtable_bytes -= key.len() + slot.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
+                }
+            } else {
+                self.set(key, None);
+            }
+        }
+        was
+    }
+
+    /// Entries with keys within the bounds, in key order.
+    pub fn range(&self, low: Bound<Vec<u8>>, high: Bound<Vec<u8>>) -> DiskRange<'_> {
+        let memtable = self
+            .memtable
+            .range::<Vec<u8>, _>((low.as_ref(), high.as_ref()))
+            .map(|(k, v)| (k.as_slice(), v.as_deref()));
+        let memtable: Box<dyn Iterator<Item = (&[u8], Option<&[u8]>)> + '_> = Box::new(memtable);
+        let cursors = self
+            .runs
+            .iter()
+            .map(|run| RunCursor::new(run, &low, Some(self)))
+            .collect();
+        DiskRange { store: Some(self), memtable: memtable.peekable(), cursors, high }
+    }
+
+    /// Write the memtable as a run and record `offset`, the changelog end of the commit that
+    /// made the memtable's state, in a new manifest; then merge runs as the levels fill.
+    /// Called only right after a commit (or a restore), so the memtable holds committed state.
+    pub fn flush(&mut self, offset: Offset) -> Result<(), StoreError> {
+        if self.memtable.is_empty() && offset == self.offset {
+            return Ok(());
+        }
+        let mut runs_named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
+        if !self.memtable.is_empty() {
+            let id = self.take_id();
+            let mut writer = RunWriter::create(&self.files, id, 0, self.memtable.len() as u64)?;
+            let keep_deletions = !self.runs.is_empty();
+            for (key, value) in &self.memtable {
+                if value.is_some() || keep_deletions {
+                    writer.add(key, value.as_deref())?;
+                }
+            }
+            let meta = writer.finish()?;
+            if canary::active(Canary::StoreOffsetAheadOfData) {
+                // The bug: the new offset is recorded before the run holding its data.
+                self.write_manifest(offset, &runs_named)?;
+            }
+            self.files.sync()?;
+            runs_named.insert(0, meta);
+            self.write_manifest(offset, &runs_named)?;
+            self.runs.insert(0, Run::open(&self.files, meta)?);
+        } else {
+            self.write_manifest(offset, &runs_named)?;
+        }
+        self.offset = offset;
+        self.memtable.clear();
+        self.memtable_bytes = 0;
+        self.merge_full_levels()
+    }
+
+    fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn write_manifest(&self, offset: Offset, runs: &[RunMeta]) -> Result<(), StoreError> {
+        let manifest = Manifest {
+            identity: self.identity.clone(),
+            offset: offset.get(),
+            len: self.len,
+            next_id: self.next_id,
+            runs: runs.to_vec(),
+        };
+        self.files.write_durably(MANIFEST, manifest.encode())
+    }
+
+    /// Merge every level that holds [`FANOUT`] runs into one run of the next level.
+    fn merge_full_levels(&mut self) -> Result<(), StoreError> {
+        loop {
+            let mut start = 0;
+            let group = loop {
+                let Some(first) = self.runs.get(start) else { break None };
+                let end = start + self.runs[start..].iter().take_while(|r| r.meta.level == first.meta.level).count();
+                if end - start >= FANOUT {
+                    break Some(start..end);
+                }
+                start = end;
+            };
+            let Some(group) = group else { return Ok(()) };
+            self.merge(group)?;
+        }
+    }
+
+    fn merge(&mut self, group: std::ops::Range<usize>) -> Result<(), StoreError> {
+        let level = self.runs[group.start].meta.level.saturating_add(1);
+        let expected = self.runs[group.clone()].iter().map(|r| r.meta.entries).sum();
+        let keep_deletions = group.end < self.runs.len();
+        let id = self.take_id();
+        let mut writer = RunWriter::create(&self.files, id, level, expected)?;
+        {
+            let cursors =
+                self.runs[group.clone()].iter().map(|run| RunCursor::new(run, &Bound::Unbounded, None)).collect();
+            let mut merged = DiskRange {
+                store: None,
+                memtable: (Box::new(std::iter::empty()) as Box<dyn Iterator<Item = _>>).peekable(),
+                cursors,
+                high: Bound::Unbounded,
+            };
+            while let Some(entry) = merged.next_change() {
+                let (key, value) = entry?;
+                if value.is_some() || keep_deletions {
+                    writer.add(&key, value.as_deref())?;
+                }
+            }
+        }
+        let meta = writer.finish()?;
+        self.files.sync()?;
+        let mut named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
+        named.splice(group.clone(), [meta]);
+        self.write_manifest(self.offset, &named)?;
+        let opened = Run::open(&self.files, meta)?;
+        let old: Vec<Run> = self.runs.splice(group, [opened]).collect();
+        let mut cache = self.cache.lock().expect("cache lock");
+        for run in &old {
+            cache.forget_run(run.meta.id);
+        }
+        drop(cache);
+        for run in old {
+            let path = self.files.path(&run::run_name(run.meta.id));
+            drop(run);
+            self.files.remove_if_present(&path)?;
+        }
+        self.files.sync()
+    }
+
+    /// Apply one restored changelog change.
+    pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
+        match value {
+            Some(value) => self.put(key, value),
+            None => {
+                self.delete(key);
+            }
+        }
+    }
+}
+
+/// One run's entries in key order, a block at a time.
+struct RunCursor<'a> {
+    run: &'a Run,
+    next_block: usize,
+    block: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    at: usize,
+    /// Read through the store's cache (a range), or directly (a merge).
+    store: Option<&'a DiskStore>,
+    low: Bound<Vec<u8>>,
+}
+
+impl<'a> RunCursor<'a> {
+    fn new(run: &'a Run, low: &Bound<Vec<u8>>, store: Option<&'a DiskStore>) -> RunCursor<'a> {
+        let next_block = match low {
+            Bound::Included(key) | Bound::Excluded(key) => run.block_for(key).unwrap_or(run.blocks()),
+            Bound::Unbounded => 0,
+        };
+        RunCursor { run, next_block, block: Vec::new(), at: 0, store, low: low.clone() }
+    }
+
+    /// The entry under the cursor.
+    fn peek(&mut self) -> Result<Option<&(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+        while self.at == self.block.len() {
+            if self.next_block >= self.run.blocks() {
+                return Ok(None);
+            }
+            let bytes = match self.store {
+                Some(store) => store.block(self.run, self.next_block)?,
+                None => Arc::new(self.run.read_block(self.next_block)?),
+            };
+            self.next_block += 1;
+            let low = &self.low;
+            self.block = BlockEntries::new(&bytes)
+                .flatten()
+                .filter(|(key, _)| match low {
+                    Bound::Included(l) => *key >= l.as_slice(),
+                    Bound::Excluded(l) => *key > l.as_slice(),
+                    Bound::Unbounded => true,
+                })
+                .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
+                .collect();
+            self.at = 0;
+        }
+        Ok(self.block.get(self.at))
+    }
+}
+
+type MemtableEntries<'a> =
+    std::iter::Peekable<Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>>;
+
+/// A merged range over the memtable and runs; iterating yields live entries.
+pub struct DiskRange<'a> {
+    store: Option<&'a DiskStore>,
+    memtable: MemtableEntries<'a>,
+    cursors: Vec<RunCursor<'a>>,
+    high: Bound<Vec<u8>>,
+}
+
+impl std::fmt::Debug for DiskRange<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskRange").field("runs", &self.cursors.len()).finish_non_exhaustive()
+    }
+}
+
+impl<'a> DiskRange<'a> {
+    /// The next key of the merge, with its newest change (a value, or `None` for deleted).
+    fn next_change(&mut self) -> Option<Result<(Cow<'a, [u8]>, Option<Cow<'a, [u8]>>), StoreError>> {
+        let mut smallest: Option<Vec<u8>> = self.memtable.peek().map(|(k, _)| k.to_vec());
+        for cursor in &mut self.cursors {
+            match cursor.peek() {
+                Ok(Some((key, _))) => {
+                    if smallest.as_ref().is_none_or(|s| key < s) {
+                        smallest = Some(key.clone());
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => return Some(Err(error)),
+            }
+        }
+        let key = smallest?;
+        let beyond = match &self.high {
+            Bound::Included(h) => key > *h,
+            Bound::Excluded(h) => key >= *h,
+            Bound::Unbounded => false,
+        };
+        if beyond {
+            return None;
+        }
+        // The newest source with the key wins: the memtable, then the runs in order.
+        let mut change: Option<Option<Cow<'a, [u8]>>> = None;
+        if self.memtable.peek().is_some_and(|(k, _)| *k == key.as_slice()) {
+            let (_, value) = self.memtable.next().expect("peeked");
+            change = Some(value.map(Cow::Borrowed));
+        }
+        for cursor in &mut self.cursors {
+            let matches = matches!(cursor.peek(), Ok(Some((k, _))) if *k == key);
+            if matches {
+                let (_, value) = std::mem::take(&mut cursor.block[cursor.at]);
+                cursor.at += 1;
+                if change.is_none() {
+                    change = Some(value.map(Cow::Owned));
+                }
+            }
+        }
+        Some(Ok((Cow::Owned(key), change.expect("the smallest key has a source"))))
+    }
+}
+
+impl<'a> Iterator for DiskRange<'a> {
+    type Item = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.next_change()? {
+                Ok((key, Some(value))) => return Some((key, value)),
+                Ok((_, None)) => {}
+                Err(error) => {
+                    if let Some(store) = self.store {
+                        store.fail(error);
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}

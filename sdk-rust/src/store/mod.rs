@@ -1,0 +1,389 @@
+//! A task's key-value stores: in memory ([`StoreKind::Memory`]), or on disk
+//! ([`StoreKind::Disk`]: a log-structured merge tree of our own under the engine's
+//! `state/` directory, through the engine's I/O, with a bounded cache), both backed by a
+//! compacted changelog topic.
+//!
+//! A disk store records the changelog offset it reflects, atomically with its data; it takes
+//! changes only right after their transaction committed, so it never runs ahead of the
+//! changelog; at start it reads only the changelog after its offset. A missing, stale,
+//! foreign or damaged store is detected and rebuilt from the changelog.
+
+pub(crate) mod disk;
+pub(crate) mod run;
+
+use crate::Record;
+use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::io::{Io, OpenMode, Operation};
+use std::borrow::Cow;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub(crate) use disk::DiskStore;
+
+/// The first byte of a changelog value that holds a stored value.
+pub(crate) const CHANGELOG_PUT: u8 = 1;
+
+/// Where a store keeps its entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StoreKind {
+    /// A map in memory, restored at every start from a snapshot and the changelog after it:
+    /// the fastest, bounded by memory, and a start costs time proportional to the state.
+    #[default]
+    Memory,
+    /// Sorted runs on disk with a cache of `cache_bytes`: bounded memory, and a start reads
+    /// only the changelog the store had not yet taken (the tail).
+    Disk(DiskOptions),
+}
+
+impl StoreKind {
+    /// A disk store with the default cache.
+    pub fn disk() -> StoreKind {
+        StoreKind::Disk(DiskOptions::default())
+    }
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = String;
+
+    /// `memory`, `disk`, or `disk:<cache MiB>`.
+    fn from_str(text: &str) -> Result<StoreKind, String> {
+        match text {
+            "memory" => Ok(StoreKind::Memory),
+            "disk" => Ok(StoreKind::disk()),
+            other => other
+                .strip_prefix("disk:")
+                .and_then(|mib| mib.parse::<usize>().ok())
+                .filter(|&mib| mib > 0)
+                .map(|mib| StoreKind::Disk(DiskOptions { cache_bytes: mib << 20 }))
+                .ok_or_else(|| {
+                    format!("unknown store kind {other:?}: memory, disk, or disk:<cache MiB>")
+                }),
+        }
+    }
+}
+
+/// A disk store's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskOptions {
+    /// Memory the store may hold: half for changes not yet written to a run (the memtable,
+    /// flushed after the commit that fills it), half for cached blocks. Run indexes and
+    /// Bloom filters (about 1.3 bytes per entry) come on top.
+    pub cache_bytes: usize,
+}
+
+impl Default for DiskOptions {
+    fn default() -> DiskOptions {
+        DiskOptions { cache_bytes: 64 << 20 }
+    }
+}
+
+/// A damaged store file: which, and what was wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    pub file: String,
+    pub detail: &'static str,
+}
+
+impl Damage {
+    pub fn new(file: &str, detail: &'static str) -> Damage {
+        Damage { file: file.to_owned(), detail }
+    }
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file, self.detail)
+    }
+}
+
+/// A disk store's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{operation} {}: {source}", path.display())]
+    Io { operation: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("damaged store file {0}")]
+    Damaged(Damage),
+    #[error("disk stores need the embedded engine's data directory: {0}")]
+    Unavailable(String),
+}
+
+/// The canary that trusts damaged store bytes (checksums not compared).
+pub(crate) fn canary_trusts_damage() -> bool {
+    canary::active(Canary::StoreTrustsDamage)
+}
+
+/// One disk store's directory, and the I/O its files go through.
+pub(crate) struct Files {
+    pub io: Arc<dyn Io>,
+    pub directory: PathBuf,
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Files").field("directory", &self.directory).finish_non_exhaustive()
+    }
+}
+
+impl Files {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.directory.join(name)
+    }
+
+    pub fn error(&self, operation: &'static str, path: &Path, source: std::io::Error) -> StoreError {
+        StoreError::Io { operation, path: path.to_owned(), source }
+    }
+
+    /// Create the directory if missing, durably.
+    pub fn create_directory(&self) -> Result<(), StoreError> {
+        match self.io.create_directory(&self.directory) {
+            Ok(()) => {
+                let parent = self.directory.parent().unwrap_or(Path::new("/"));
+                chronik_engine::io::sync_directory(&*self.io, parent)
+                    .map_err(|e| self.error("fsync", parent, e))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(self.error("create directory", &self.directory, e)),
+        }
+    }
+
+    /// Make the directory's entries durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        chronik_engine::io::sync_directory(&*self.io, &self.directory)
+            .map_err(|e| self.error("fsync", &self.directory, e))
+    }
+
+    pub fn list(&self) -> Result<Vec<String>, StoreError> {
+        let entries =
+            self.io.list(&self.directory).map_err(|e| self.error("list", &self.directory, e))?;
+        Ok(entries.into_iter().filter(|e| !e.is_directory).map(|e| e.name).collect())
+    }
+
+    pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
+        match self.io.remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(self.error("remove", path, e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The whole of a small file, if it exists.
+    pub fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.path(name);
+        let file = match self.io.open(&path, OpenMode::Read) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.error("open", &path, e)),
+        };
+        let result = self.io.file_size(file).and_then(|size| {
+            let length = usize::try_from(size.min(64 << 20)).unwrap_or(usize::MAX);
+            chronik_engine::io::read_exact(&*self.io, file, 0, length)
+        });
+        self.io.close(file);
+        result.map(Some).map_err(|e| self.error("read", &path, e))
+    }
+
+    /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
+    /// rename, directory fsync.
+    pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        let temporary = self.path(&format!("{name}.tmp"));
+        self.remove_if_present(&temporary)?;
+        let file = self
+            .io
+            .open(&temporary, OpenMode::CreateNew)
+            .map_err(|e| self.error("create", &temporary, e))?;
+        let written = chronik_engine::io::write_all(&*self.io, file, 0, bytes)
+            .map_err(|e| self.error("write", &temporary, e))
+            .and_then(|()| {
+                chronik_engine::io::run_plain(&*self.io, Operation::Fdatasync { file })
+                    .map_err(|e| self.error("fdatasync", &temporary, e))
+            });
+        self.io.close(file);
+        written?;
+        let path = self.path(name);
+        self.io.rename(&temporary, &path).map_err(|e| self.error("rename", &path, e))?;
+        self.sync()
+    }
+}
+
+/// A key-value store of one task, ordered by key: in memory, or on disk
+/// ([`StoreKind`]), restored from its changelog.
+#[derive(Debug, Default)]
+pub struct Store {
+    /// A memory store's entries.
+    data: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// A disk store (then `data` stays empty).
+    disk: Option<Box<DiskStore>>,
+    /// Changes since the last commit, one per key (the last write wins), as changelog values:
+    /// [`CHANGELOG_PUT`] then the value, or empty for a delete. A hash map with a fixed hasher
+    /// (an update costs one hash, not a tree walk); sorted by key when committed.
+    dirty: HashMap<Vec<u8>, Vec<u8>, BuildHasherDefault<DefaultHasher>>,
+    dirty_bytes: usize,
+}
+
+/// A store's entries in key order: borrowed from memory, or read from disk.
+pub type Entry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
+impl Store {
+    /// A disk store.
+    pub(crate) fn on_disk(disk: DiskStore) -> Store {
+        Store { disk: Some(Box::new(disk)), ..Store::default() }
+    }
+
+    pub(crate) fn disk(&self) -> Option<&DiskStore> {
+        self.disk.as_deref()
+    }
+
+    pub(crate) fn disk_mut(&mut self) -> Option<&mut DiskStore> {
+        self.disk.as_deref_mut()
+    }
+
+    /// A memory store holding `entries`, given in key order.
+    pub(crate) fn in_memory(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Store {
+        Store { data: entries.into_iter().collect(), ..Store::default() }
+    }
+
+    pub(crate) fn memory_data(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
+        &self.data
+    }
+
+    /// A disk store's run files (`None` for a memory store).
+    pub fn disk_runs(&self) -> Option<usize> {
+        self.disk.as_ref().map(|d| d.runs())
+    }
+
+    /// Bytes a disk store holds in memory: changes not yet in a run, cached blocks, run
+    /// indexes and Bloom filters (`None` for a memory store).
+    pub fn resident_bytes(&self) -> Option<usize> {
+        self.disk.as_ref().map(|d| d.resident_bytes())
+    }
+
+    /// Which kind of store this is.
+    pub fn kind(&self) -> &'static str {
+        if self.disk.is_some() { "disk" } else { "memory" }
+    }
+
+    /// `key`'s value: borrowed from memory, or read from disk. (A disk read that fails
+    /// answers `None` and fails the task before its next commit, so nothing is committed
+    /// from it.)
+    pub fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        match &self.disk {
+            Some(disk) => disk.get(key),
+            None => self.data.get(key).map(|v| Cow::Borrowed(v.as_slice())),
+        }
+    }
+
+    /// This store through serde ([`crate::processor::Typed`]).
+    pub fn typed<K, V>(&mut self) -> crate::processor::Typed<'_, K, V> {
+        crate::processor::Typed::new(self)
+    }
+
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        match &self.disk {
+            Some(disk) => disk.get(key).is_some(),
+            None => self.data.contains_key(key),
+        }
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        match &mut self.disk {
+            Some(disk) => disk.put(key, value),
+            // An update of a present key reuses its allocations: no new key, no tree insert.
+            None => match self.data.get_mut(key) {
+                Some(stored) => {
+                    stored.clear();
+                    stored.extend_from_slice(value);
+                }
+                None => {
+                    self.data.insert(key.to_vec(), value.to_vec());
+                }
+            },
+        }
+        self.mark(key, Some(value));
+    }
+
+    /// Remove `key`; returns whether it was there.
+    pub fn delete(&mut self, key: &[u8]) -> bool {
+        let was = match &mut self.disk {
+            Some(disk) => disk.delete(key),
+            None => self.data.remove(key).is_some(),
+        };
+        self.mark(key, None);
+        was
+    }
+
+    /// Record the change of `key` for the next commit (the last change of a key wins).
+    fn mark(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let size = |tagged: usize| key.len() + tagged + 32;
+        let tagged = match self.dirty.get_mut(key) {
+            Some(tagged) => {
+                self.dirty_bytes -= size(tagged.len());
+                tagged.clear();
+                tagged
+            }
+            None => self.dirty.entry(key.to_vec()).or_default(),
+        };
+        if let Some(value) = value {
+            tagged.reserve(value.len() + 1);
+            tagged.push(CHANGELOG_PUT);
+            tagged.extend_from_slice(value);
+        }
+        self.dirty_bytes += size(tagged.len());
+    }
+
+    /// The changes since the last commit as changelog records, in key order.
+    pub(crate) fn changes(&self) -> Vec<Record<'_>> {
+        let mut changes: Vec<(&[u8], &[u8])> =
+            self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+        changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        changes.into_iter().map(|(key, value)| Record::new(Some(key), value)).collect()
+    }
+
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    pub(crate) fn dirty_bytes(&self) -> usize {
+        self.dirty_bytes
+    }
+
+    /// The changes are committed: forget them.
+    pub(crate) fn committed(&mut self) {
+        self.dirty.clear();
+        self.dirty_bytes = 0;
+    }
+
+    /// Entries with keys in `range`, in key order.
+    pub fn range<'a, R: RangeBounds<[u8]>>(
+        &'a self,
+        range: R,
+    ) -> Box<dyn Iterator<Item = Entry<'a>> + 'a> {
+        let owned = |bound: Bound<&[u8]>| bound.map(<[u8]>::to_vec);
+        match &self.disk {
+            Some(disk) => Box::new(disk.range(owned(range.start_bound()), owned(range.end_bound()))),
+            None => Box::new(
+                self.data
+                    .range::<[u8], _>((range.start_bound(), range.end_bound()))
+                    .map(|(k, v)| (Cow::Borrowed(k.as_slice()), Cow::Borrowed(v.as_slice()))),
+            ),
+        }
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = Entry<'_>> + '_> {
+        self.range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Unbounded, Bound::Unbounded))
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.disk {
+            Some(disk) => usize::try_from(disk.len()).unwrap_or(usize::MAX),
+            None => self.data.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

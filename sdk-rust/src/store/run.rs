@@ -1,0 +1,494 @@
+//! Sorted runs: the immutable files of a disk store, each a store's entries (and deletions) in
+//! key order, in checksummed blocks, with an index of the blocks and a Bloom filter of the keys.
+//! The layout is in docs/format.md ("Disk store runs").
+
+use super::{Damage, Files, StoreError};
+use chronik_engine::io::{FileHandle, OpenMode, Operation};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const MAGIC: &[u8; 4] = b"CHSR";
+const VERSION: u16 = 1;
+const FOOTER_BYTES: usize = 64;
+/// A data block closes once it holds at least this many bytes.
+pub const BLOCK_BYTES: usize = 4096;
+/// Length field of a deletion.
+const TOMBSTONE: u32 = u32::MAX;
+/// Bytes written out at once while a run is built.
+const WRITE_BUFFER_BYTES: usize = 1 << 20;
+const BLOOM_BITS_PER_KEY: u64 = 10;
+const BLOOM_PROBES: u32 = 7;
+
+/// The checksum of run blocks, manifests and footers: xxh3-64.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// The hash a key's Bloom probes derive from.
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(key, 0x6368_726f_6e69_6b21)
+}
+
+/// A block's place in its run, and the last key in it.
+#[derive(Debug)]
+struct BlockEntry {
+    last_key: Box<[u8]>,
+    offset: u64,
+    /// With the checksum.
+    length: u32,
+}
+
+/// A Bloom filter over a run's keys.
+#[derive(Debug)]
+struct Bloom {
+    bits: Vec<u8>,
+}
+
+impl Bloom {
+    fn for_keys(keys: u64) -> Bloom {
+        let bytes = (keys.max(1) * BLOOM_BITS_PER_KEY).div_ceil(8);
+        Bloom { bits: vec![0; usize::try_from(bytes).unwrap_or(usize::MAX).max(8)] }
+    }
+
+    fn probes(&self, hash: u64) -> impl Iterator<Item = usize> + use<> {
+        let bits = self.bits.len() as u64 * 8;
+        let (mut h, delta) = (hash, hash.rotate_left(21) | 1);
+        (0..BLOOM_PROBES).map(move |_| {
+            let bit = h % bits;
+            h = h.wrapping_add(delta);
+            bit as usize
+        })
+    }
+
+    fn insert(&mut self, hash: u64) {
+        for bit in self.probes(hash) {
+            self.bits[bit / 8] |= 1 << (bit % 8);
+        }
+    }
+
+    fn may_contain(&self, hash: u64) -> bool {
+        self.probes(hash).all(|bit| self.bits[bit / 8] & (1 << (bit % 8)) != 0)
+    }
+}
+
+/// What a run holds, as its manifest entry records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunMeta {
+    pub id: u64,
+    /// 0 for a run written from memory; a merge of runs of level `l` has level `l + 1`.
+    pub level: u8,
+    pub bytes: u64,
+    /// Entries, deletions included.
+    pub entries: u64,
+}
+
+/// Builds a run file from entries given in strictly increasing key order.
+pub struct RunWriter {
+    files: Arc<Files>,
+    path: PathBuf,
+    file: FileHandle,
+    meta: RunMeta,
+    position: u64,
+    buffer: Vec<u8>,
+    block: Vec<u8>,
+    last_key: Vec<u8>,
+    index: Vec<BlockEntry>,
+    bloom: Bloom,
+}
+
+impl RunWriter {
+    /// A new run file `id`, for about `expected_entries` entries (the Bloom filter's size).
+    pub fn create(
+        files: &Arc<Files>,
+        id: u64,
+        level: u8,
+        expected_entries: u64,
+    ) -> Result<RunWriter, StoreError> {
+        let path = files.path(&run_name(id));
+        // A file left by a build a crash interrupted (never in a manifest) is replaced.
+        files.remove_if_present(&path)?;
+        let file = files.io.open(&path, OpenMode::CreateNew).map_err(|e| files.error("create", &path, e))?;
+        Ok(RunWriter {
+            files: Arc::clone(files),
+            path,
+            file,
+            meta: RunMeta { id, level, bytes: 0, entries: 0 },
+            position: 0,
+            buffer: Vec::with_capacity(WRITE_BUFFER_BYTES),
+            block: Vec::with_capacity(BLOCK_BYTES * 2),
+            last_key: Vec::new(),
+            index: Vec::new(),
+            bloom: Bloom::for_keys(expected_entries),
+        })
+    }
+
+    /// Add an entry: `None` records a deletion.
+    pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        assert!(self.meta.entries == 0 || key > self.last_key.as_slice(), "keys in order");
+        let key_length = u32::try_from(key.len()).expect("keys are under 4 GiB");
+        let value_length = match value {
+            Some(value) => {
+                let length = u32::try_from(value.len()).expect("values are under 4 GiB");
+                assert!(length != TOMBSTONE, "values are under 4 GiB");
+                length
+            }
+            None => TOMBSTONE,
+        };
+        self.block.extend_from_slice(&key_length.to_le_bytes());
+        self.block.extend_from_slice(&value_length.to_le_bytes());
+        self.block.extend_from_slice(key);
+        self.block.extend_from_slice(value.unwrap_or_default());
+        self.bloom.insert(key_hash(key));
+        self.last_key.clear();
+        self.last_key.extend_from_slice(key);
+        self.meta.entries += 1;
+        if self.block.len() >= BLOCK_BYTES {
+            self.close_block()?;
+        }
+        Ok(())
+    }
+
+    fn close_block(&mut self) -> Result<(), StoreError> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        let sum = checksum(&self.block);
+        self.block.extend_from_slice(&sum.to_le_bytes());
+        let length = u32::try_from(self.block.len()).expect("blocks are under 4 GiB");
+        self.index.push(BlockEntry {
+            last_key: self.last_key.as_slice().into(),
+            offset: self.position + self.buffer.len() as u64,
+            length,
+        });
+        self.buffer.extend_from_slice(&self.block);
+        self.block.clear();
+        if self.buffer.len() >= WRITE_BUFFER_BYTES {
+            self.write_out()?;
+        }
+        Ok(())
+    }
+
+    fn write_out(&mut self) -> Result<(), StoreError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let buffer = std::mem::replace(&mut self.buffer, Vec::with_capacity(WRITE_BUFFER_BYTES));
+        let length = buffer.len() as u64;
+        chronik_engine::io::write_all(&*self.files.io, self.file, self.position, buffer)
+            .map_err(|e| self.files.error("write", &self.path, e))?;
+        self.position += length;
+        Ok(())
+    }
+
+    /// Write the index, the Bloom filter and the footer, and make the file durable (its data;
+    /// the directory entry is the caller's, see [`Files::sync`]).
+    pub fn finish(mut self) -> Result<RunMeta, StoreError> {
+        self.close_block()?;
+        let index_offset = self.position + self.buffer.len() as u64;
+        let mut index = Vec::with_capacity(self.index.len() * 32);
+        for entry in &self.index {
+            index.extend_from_slice(&(entry.last_key.len() as u32).to_le_bytes());
+            index.extend_from_slice(&entry.last_key);
+            index.extend_from_slice(&entry.offset.to_le_bytes());
+            index.extend_from_slice(&entry.length.to_le_bytes());
+        }
+        let sum = checksum(&index);
+        index.extend_from_slice(&sum.to_le_bytes());
+        self.buffer.extend_from_slice(&index);
+        let bloom_offset = index_offset + index.len() as u64;
+        let mut bloom = std::mem::take(&mut self.bloom.bits);
+        let sum = checksum(&bloom);
+        bloom.extend_from_slice(&sum.to_le_bytes());
+        self.buffer.extend_from_slice(&bloom);
+        let mut footer = Vec::with_capacity(FOOTER_BYTES);
+        footer.extend_from_slice(MAGIC);
+        footer.extend_from_slice(&VERSION.to_le_bytes());
+        footer.extend_from_slice(&[0, 0]);
+        for field in [
+            index_offset,
+            index.len() as u64,
+            bloom_offset,
+            bloom.len() as u64,
+            self.meta.entries,
+            self.meta.id,
+        ] {
+            footer.extend_from_slice(&field.to_le_bytes());
+        }
+        let sum = checksum(&footer);
+        footer.extend_from_slice(&sum.to_le_bytes());
+        debug_assert_eq!(footer.len(), FOOTER_BYTES);
+        self.buffer.extend_from_slice(&footer);
+        self.write_out()?;
+        chronik_engine::io::run_plain(&*self.files.io, Operation::Fdatasync { file: self.file })
+            .map_err(|e| self.files.error("fdatasync", &self.path, e))?;
+        self.meta.bytes = self.position;
+        Ok(self.meta)
+    }
+}
+
+impl Drop for RunWriter {
+    fn drop(&mut self) {
+        self.files.io.close(self.file);
+    }
+}
+
+impl std::fmt::Debug for RunWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunWriter").field("path", &self.path).field("meta", &self.meta).finish()
+    }
+}
+
+/// The file name of run `id`.
+pub fn run_name(id: u64) -> String {
+    format!("{id:016}.run")
+}
+
+/// The id of a run file's name.
+pub fn parse_run_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".run")?;
+    (digits.len() == 16 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
+}
+
+/// An open run: its index and Bloom filter in memory, its blocks read on demand.
+pub struct Run {
+    files: Arc<Files>,
+    file: FileHandle,
+    pub meta: RunMeta,
+    index: Vec<BlockEntry>,
+    bloom: Bloom,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run").field("meta", &self.meta).field("blocks", &self.index.len()).finish()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.files.io.close(self.file);
+    }
+}
+
+/// Little-endian fields of `bytes`, in turn; `None` once they run out.
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = self.rest.split_at_checked(n)?;
+        self.rest = tail;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// `bytes` without its trailing checksum, if the checksum matches.
+pub fn verified(bytes: &[u8]) -> Option<&[u8]> {
+    let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
+    if super::canary_trusts_damage() {
+        return Some(body);
+    }
+    (checksum(body) == u64::from_le_bytes(sum.try_into().ok()?)).then_some(body)
+}
+
+impl Run {
+    /// Open run `meta.id` and read its index and Bloom filter, checking that they, the footer
+    /// and the manifest's record of the run agree.
+    pub fn open(files: &Arc<Files>, meta: RunMeta) -> Result<Run, StoreError> {
+        let name = run_name(meta.id);
+        let path = files.path(&name);
+        let damaged = |detail: &'static str| StoreError::Damaged(Damage::new(&name, detail));
+        let file = files.io.open(&path, OpenMode::Read).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                damaged("missing")
+            } else {
+                files.error("open", &path, e)
+            }
+        })?;
+        let mut run = Run {
+            files: Arc::clone(files),
+            file,
+            meta,
+            index: Vec::new(),
+            bloom: Bloom { bits: Vec::new() },
+        };
+        let (index, bloom) = run.load(meta).map_err(|detail| match detail {
+            Loaded::Damaged(detail) => damaged(detail),
+            Loaded::Io(error) => error,
+        })?;
+        run.index = index;
+        run.bloom = bloom;
+        Ok(run)
+    }
+
+    fn load(&self, meta: RunMeta) -> Result<(Vec<BlockEntry>, Bloom), Loaded> {
+        let size = self.files.io.file_size(self.file).map_err(|e| Loaded::Io(self.io_error("size", e)))?;
+        if size != meta.bytes || size < FOOTER_BYTES as u64 {
+            return Err(Loaded::Damaged("size differs from the manifest's"));
+        }
+        let footer = self.read(size - FOOTER_BYTES as u64, FOOTER_BYTES).map_err(Loaded::Io)?;
+        let body = verified(&footer).ok_or(Loaded::Damaged("footer checksum"))?;
+        let mut fields = Fields { rest: body };
+        let mut parse = || -> Option<[u64; 6]> {
+            if fields.take(4)? != MAGIC || fields.take(2)? != VERSION.to_le_bytes() {
+                return None;
+            }
+            fields.take(2)?;
+            let mut values = [0; 6];
+            for value in &mut values {
+                *value = fields.u64()?;
+            }
+            Some(values)
+        };
+        let [index_offset, index_length, bloom_offset, bloom_length, entries, id] =
+            parse().ok_or(Loaded::Damaged("footer"))?;
+        let end = size - FOOTER_BYTES as u64;
+        if id != meta.id
+            || entries != meta.entries
+            || index_offset.checked_add(index_length) != Some(bloom_offset)
+            || bloom_offset.checked_add(bloom_length) != Some(end)
+            || bloom_length < 16
+        {
+            return Err(Loaded::Damaged("footer disagrees with the file or the manifest"));
+        }
+        let index_bytes = self.read(index_offset, index_length as usize).map_err(Loaded::Io)?;
+        let index_body = verified(&index_bytes).ok_or(Loaded::Damaged("index checksum"))?;
+        let mut fields = Fields { rest: index_body };
+        let mut index = Vec::new();
+        let mut next_offset = 0;
+        while !fields.rest.is_empty() {
+            let mut entry = || -> Option<BlockEntry> {
+                let length = fields.u32()? as usize;
+                let last_key = fields.take(length)?.into();
+                Some(BlockEntry { last_key, offset: fields.u64()?, length: fields.u32()? })
+            };
+            let entry = entry().ok_or(Loaded::Damaged("index"))?;
+            let in_order = index.last().is_none_or(|l: &BlockEntry| l.last_key < entry.last_key);
+            if entry.offset != next_offset || entry.length < 8 || !in_order {
+                return Err(Loaded::Damaged("index out of order"));
+            }
+            next_offset = entry.offset + u64::from(entry.length);
+            index.push(entry);
+        }
+        if next_offset != index_offset {
+            return Err(Loaded::Damaged("index does not cover the blocks"));
+        }
+        let bloom_bytes = self.read(bloom_offset, bloom_length as usize).map_err(Loaded::Io)?;
+        let bits = verified(&bloom_bytes).ok_or(Loaded::Damaged("Bloom filter checksum"))?;
+        Ok((index, Bloom { bits: bits.to_vec() }))
+    }
+
+    fn io_error(&self, operation: &'static str, error: std::io::Error) -> StoreError {
+        self.files.error(operation, &self.files.path(&run_name(self.meta.id)), error)
+    }
+
+    fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, StoreError> {
+        chronik_engine::io::read_exact(&*self.files.io, self.file, position, length)
+            .map_err(|e| self.io_error("read", e))
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes this run keeps in memory (index and Bloom filter).
+    pub fn resident_bytes(&self) -> usize {
+        self.bloom.bits.len() + self.index.iter().map(|e| e.last_key.len() + 40).sum::<usize>()
+    }
+
+    pub fn may_contain(&self, hash: u64) -> bool {
+        self.bloom.may_contain(hash)
+    }
+
+    /// The block that holds `key` if this run has it.
+    pub fn block_for(&self, key: &[u8]) -> Option<usize> {
+        let i = self.index.partition_point(|e| &*e.last_key < key);
+        (i < self.index.len()).then_some(i)
+    }
+
+    /// Block `i`'s entries (checksum verified, so every later parse of them is in bounds).
+    pub fn read_block(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        let entry = &self.index[i];
+        let mut bytes = self.read(entry.offset, entry.length as usize)?;
+        let damaged = || StoreError::Damaged(Damage::new(&run_name(self.meta.id), "block checksum"));
+        let body_length = verified(&bytes).ok_or_else(damaged)?.len();
+        bytes.truncate(body_length);
+        // A block must parse to the end, its last key the index's.
+        let mut last: Option<&[u8]> = None;
+        for entry in BlockEntries::new(&bytes) {
+            let (key, _) = entry.ok_or_else(damaged)?;
+            if last.is_some_and(|l| l >= key) {
+                return Err(damaged());
+            }
+            last = Some(key);
+        }
+        if last != Some(&*self.index[i].last_key) {
+            return Err(damaged());
+        }
+        Ok(bytes)
+    }
+}
+
+enum Loaded {
+    Damaged(&'static str),
+    Io(StoreError),
+}
+
+/// The entries of a block's bytes: key and value (`None`: deleted); an item is `None` where
+/// the bytes do not parse.
+pub struct BlockEntries<'a> {
+    fields: Fields<'a>,
+}
+
+impl<'a> BlockEntries<'a> {
+    pub fn new(block: &'a [u8]) -> BlockEntries<'a> {
+        BlockEntries { fields: Fields { rest: block } }
+    }
+}
+
+impl<'a> Iterator for BlockEntries<'a> {
+    type Item = Option<(&'a [u8], Option<&'a [u8]>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.fields.rest.is_empty() {
+            return None;
+        }
+        let mut entry = || -> Option<(&'a [u8], Option<&'a [u8]>)> {
+            let key_length = self.fields.u32()? as usize;
+            let value_length = self.fields.u32()?;
+            let key = self.fields.take(key_length)?;
+            let value = match value_length {
+                TOMBSTONE => None,
+                length => Some(self.fields.take(length as usize)?),
+            };
+            Some((key, value))
+        };
+        let entry = entry();
+        if entry.is_none() {
+            self.fields.rest = &[];
+        }
+        Some(entry)
+    }
+}
+
+/// Where `key` stands in a verified block: its value, its deletion, or absent.
+pub fn find_in_block<'a>(block: &'a [u8], key: &[u8]) -> Option<Option<&'a [u8]>> {
+    for (k, value) in BlockEntries::new(block).flatten() {
+        match k.cmp(key) {
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Equal => return Some(value),
+            std::cmp::Ordering::Greater => return None,
+        }
+    }
+    None
+}
+
