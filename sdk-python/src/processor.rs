@@ -871,6 +871,7 @@ pub(crate) fn simulate<'py>(
                 FailureKind::State => "state",
                 FailureKind::Outputs => "outputs",
                 FailureKind::Run => "run",
+                FailureKind::Tail => "tail",
             };
             let mut message = failure.to_string();
             if let Some(raised) = spec.take_raised()

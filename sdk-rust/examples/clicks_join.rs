@@ -43,7 +43,8 @@ impl Processor for Enricher {
             ctx.store("users")?.put(user, record.value());
             return Ok(());
         }
-        let name = ctx.store("users")?.get(user).map_or_else(|| b"(unknown)".to_vec(), |v| v.to_vec());
+        let name =
+            ctx.store("users")?.get(user).map_or_else(|| b"(unknown)".to_vec(), |v| v.to_vec());
         let mut enriched = name;
         enriched.push(b' ');
         enriched.extend_from_slice(record.value());

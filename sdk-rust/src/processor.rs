@@ -15,13 +15,13 @@
 //! Changelog values carry one leading byte, `1`, before the stored value, so that an empty
 //! stored value is not taken for a tombstone (an empty changelog value: the key was deleted).
 
+use crate::store::{CHANGELOG_PUT, DiskStore, Files};
+pub use crate::store::{DiskOptions, Store, StoreError, StoreKind};
 use crate::{CommitError, Fetch, GroupCommit, Io, Offset, ReadError, Record, RecordView};
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::internals::canary::{self, Canary};
 use chronik_engine::metrics::Metrics;
-use crate::store::{CHANGELOG_PUT, DiskStore, Files};
-pub use crate::store::{DiskOptions, Store, StoreError, StoreKind};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -757,6 +757,7 @@ impl<I: Io, P: Processor> Runner<I, P> {
             for task in &mut self.tasks {
                 while task.step(&self.engine, &self.config)? > 0 {}
                 task.commit(&self.engine, &self.config)?;
+                task.flush_stores(&self.engine, &self.config, true)?;
                 if self.config.snapshot_every_commits.is_some() {
                     task.snapshot(&self.engine, &self.config);
                 }
@@ -817,6 +818,11 @@ impl<I: Io, P: Processor> Runner<I, P> {
     /// A task's store, for inspection (tests, examples).
     pub fn store(&self, partition: u32, name: &str) -> Option<&Store> {
         self.tasks.get(partition as usize)?.stores.get(name)
+    }
+
+    /// Every task's stores.
+    pub fn stores(&self) -> impl Iterator<Item = &Store> {
+        self.tasks.iter().flat_map(|task| task.stores.values())
     }
 
     /// Every task's position in its first input (the next offset to process).
@@ -1068,12 +1074,18 @@ fn restore_disk<L: TaskLog + ?Sized>(
     match &rebuilt {
         Some(reason) => {
             stats.stores_rebuilt += 1;
-            tracing::warn!(store = name, partition, reason = reason.as_str(), "disk store rebuilt from the changelog");
+            tracing::warn!(
+                store = name,
+                partition,
+                reason = reason.as_str(),
+                "disk store rebuilt from the changelog"
+            );
         }
         None if from.is_some() => stats.stores_opened += 1,
         None => {}
     }
-    let next = if canary::active(Canary::StoreOffsetNotRead) { Offset::ZERO } else { disk.offset() };
+    let next =
+        if canary::active(Canary::StoreOffsetNotRead) { Offset::ZERO } else { disk.offset() };
     let tail = Tail { config, name, partition, end, from, rebuilt: rebuilt.as_deref() };
     let disk = std::cell::RefCell::new(disk);
     let restored = tail.read(
@@ -1258,14 +1270,11 @@ impl<P: Processor> Task<P> {
     /// condemned, so the next start rebuilds it from the changelog.
     fn check_stores(&self) -> Result<(), ProcessorError> {
         for (name, store) in &self.stores {
-            let Some(disk) = store.disk() else { continue };
-            if let Some(source) = disk.take_failure() {
-                if matches!(source, StoreError::Damaged(_)) {
-                    disk.condemn();
-                }
-                let store = name.clone();
-                return Err(ProcessorError::Store { store, partition: self.partition, source });
-            }
+            store.check().map_err(|source| ProcessorError::Store {
+                store: name.clone(),
+                partition: self.partition,
+                source,
+            })?;
         }
         Ok(())
     }

@@ -37,13 +37,15 @@
 //! A failure names its seed and how to replay only that one: set `CHRONIK_SIM_SEED=S` (the
 //! run then uses seed `S` alone), or pass `seeds: S..S + 1`.
 
-use crate::processor::{Processor, ProcessorConfig, ProcessorError, Runner};
+use crate::processor::{Processor, ProcessorConfig, ProcessorError, RestoreProgress, Runner};
+use crate::store::{DiskOptions, StoreError, StoreKind};
 use crate::{Durability, Offset, Options, Record, TopicConfig};
 use chronik_engine::Engine;
 use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// One input record: which input topic (an index into [`ProcessorConfig::inputs`]), its
 /// partition, key, value and timestamp.
@@ -81,7 +83,9 @@ impl InputRecord {
 pub struct Simulation {
     /// The application: its name, input topic and stores (threads are ignored: the simulation
     /// runs on one thread; each seed commits every 1 to 64 records, and half of them write
-    /// store snapshots every 1 to 6 commits).
+    /// store snapshots every 1 to 6 commits). Memory stores become disk stores in half the
+    /// seeds, and every disk store gets a cache of a few KiB, so that it writes runs and
+    /// merges them many times in a run; store files have bits rotted between attempts.
     pub config: ProcessorConfig,
     pub input_partitions: u32,
     /// Every topic the processor emits to, with its partition count.
@@ -122,6 +126,9 @@ pub enum FailureKind {
     Outputs,
     /// The processor failed without a fault to blame, or the fault-free run failed.
     Run,
+    /// A restore read more of the changelog than lies past the offset its snapshot or disk
+    /// store holds: the store's offset was not used, and restarts cost the whole state.
+    Tail,
 }
 
 /// A store's entries, in key order.
@@ -137,6 +144,43 @@ struct Outcome {
 }
 
 type SimEngine = Engine<SimDisk>;
+
+/// The simulated data directory.
+const DATA: &str = "/data";
+/// Chance that a bit of a synced store file (snapshot, run, manifest) rots before an attempt.
+const ROT_PER_MILLION: u32 = 500_000;
+
+/// `config` with the tail oracle listening to its restores (and the listener it had): a
+/// restore that starts from a snapshot's or disk store's offset reads no more records than
+/// lie between that offset and the changelog's end.
+fn with_tail_oracle(
+    mut config: ProcessorConfig,
+    violation: Arc<Mutex<Option<String>>>,
+) -> ProcessorConfig {
+    let theirs = config.on_restore.take();
+    config.on_restore = Some(Arc::new(move |progress: RestoreProgress<'_>| {
+        if let Some(listener) = &theirs {
+            listener(progress);
+        }
+        let Some(from) = progress.from_snapshot.filter(|_| progress.done) else { return };
+        let tail = progress.end.get().saturating_sub(from.get());
+        if progress.restored > tail {
+            let mut slot = violation.lock().expect("oracle lock");
+            slot.get_or_insert_with(|| {
+                format!(
+                    "store {:?} partition {}: the restore read {} changelog records, but only {tail} \
+                     lie past offset {} its state starts from (the changelog ends at {})",
+                    progress.store,
+                    progress.partition,
+                    progress.restored,
+                    from.get(),
+                    progress.end.get()
+                )
+            });
+        }
+    }));
+    config
+}
 
 /// The earliest power cuts come after at most 2^this many disk calls.
 const CUT_CALLS_MIN_LOG2: u64 = 3;
@@ -215,15 +259,28 @@ impl Simulation {
             snapshot_every_commits: rng.chance(500_000).then(|| rng.between(1, 6)),
             ..self.config.clone()
         };
+        let config = self.with_seed_stores(config, &mut rng);
+        let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
+        let config = with_tail_oracle(config, Arc::clone(&tail_violation));
         let engine = self.setup_on(&disk, &clock).map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
-        for attempt in 0..=self.crashes_max {
-            let last = attempt == self.crashes_max;
+        // A rotted store file may surface only in the last attempt; it then runs again.
+        let mut damage_reruns = 2;
+        let mut attempt = 0;
+        loop {
+            let last = attempt >= self.crashes_max;
+            attempt += 1;
+            if let Some(detail) = tail_violation.lock().expect("oracle lock").take() {
+                return Err(SimulationFailure { seed, kind: FailureKind::Tail, detail });
+            }
             let live = match engine.take() {
                 Some(engine) => engine,
                 None => open(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
             };
             let with_io_faults = !last && rng.chance(300_000);
+            if !last && rng.chance(ROT_PER_MILLION) {
+                disk.flip_bit_under(&Path::new(DATA).join("state"), &mut rng);
+            }
             if !last {
                 // Log-uniform up to the calls of a run committing every record: early and late
                 // cuts alike, whatever the seed's commit cadence.
@@ -240,17 +297,46 @@ impl Simulation {
                     stats.map(|stats| (runner, stats))
                 });
             disk.set_faults(crash_faults);
+            if let Some(detail) = tail_violation.lock().expect("oracle lock").take() {
+                return Err(SimulationFailure { seed, kind: FailureKind::Tail, detail });
+            }
             match result {
                 Ok((runner, stats)) if !disk.power_is_cut() && live.poisoned().is_none() => {
                     report.records_processed += stats.records;
                     if !last {
                         disk.restore_power();
                     }
-                    return self.outcome(&live, &runner).map_err(failure);
+                    let outcome = self.outcome(&live, &runner).map_err(failure)?;
+                    let damaged = runner.stores().any(|store| store.check().is_err());
+                    if !damaged {
+                        return Ok(outcome);
+                    }
+                    if damage_reruns == 0 {
+                        return Err(failure("a damaged store was not rebuilt".into()));
+                    }
+                    // Rot the run never read surfaced when the outcome was read: the store
+                    // is condemned, and the next attempt rebuilds it.
+                    damage_reruns -= 1;
+                    attempt -= 1;
+                    report.crashes += 1;
+                    drop(runner);
+                    drop(live);
+                    disk.restore_power();
+                }
+                Err(ProcessorError::Store { source: StoreError::Damaged(_), .. })
+                    if last && damage_reruns > 0 =>
+                {
+                    damage_reruns -= 1;
+                    attempt -= 1;
+                    drop(live);
+                    disk.restore_power();
                 }
                 Ok(_)
                 | Err(
-                    ProcessorError::Commit(_) | ProcessorError::Read(_) | ProcessorError::Topic(_),
+                    ProcessorError::Commit(_)
+                    | ProcessorError::Read(_)
+                    | ProcessorError::Topic(_)
+                    | ProcessorError::Store { .. },
                 ) => {
                     report.crashes += 1;
                     drop(live);
@@ -275,7 +361,25 @@ impl Simulation {
                 }
             }
         }
-        unreachable!("the last attempt runs without faults and returns")
+    }
+
+    /// The seed's stores: memory stores on disk in half the seeds, and every disk store with
+    /// a cache of a few KiB.
+    fn with_seed_stores(&self, mut config: ProcessorConfig, rng: &mut Rng) -> ProcessorConfig {
+        let cache_bytes = rng.between(64, 4096) as usize;
+        let small = StoreKind::Disk(DiskOptions { cache_bytes });
+        if config.store_kind == StoreKind::Memory && rng.chance(500_000) {
+            config.store_kind = small;
+        }
+        if matches!(config.store_kind, StoreKind::Disk(_)) {
+            config.store_kind = small;
+        }
+        for kind in config.store_kinds.values_mut() {
+            if matches!(kind, StoreKind::Disk(_)) {
+                *kind = small;
+            }
+        }
+        config
     }
 
     /// A fault-free disk with the topics and the input.
@@ -351,7 +455,7 @@ impl Simulation {
 
 fn open(disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
     let options = Options { durability: Durability::Sync, ..Options::default() };
-    Engine::open(disk.clone(), clock.shared(), Path::new("/data"), options)
+    Engine::open(disk.clone(), clock.shared(), Path::new(DATA), options)
         .map(|(engine, _)| engine)
         .map_err(|e| e.to_string())
 }

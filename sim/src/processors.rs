@@ -143,6 +143,7 @@ pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
             FailureKind::State => "restore_equivalence",
             FailureKind::Outputs => "exactly_once_outputs",
             FailureKind::Run => "processor_runs",
+            FailureKind::Tail => "restore_reads_tail",
         };
         Violation::new(oracle, format!("{workload:?}: {}", failure.detail))
     })

@@ -818,10 +818,11 @@ impl State {
     /// Flip one bit of synced data: a byte of some file's durable image, the file chosen with
     /// a weight of its durable length. The current bytes flip too unless a pending write has
     /// changed that byte since (then the rot surfaces only if a crash drops the write).
-    fn flip_bit(&mut self, rng: &mut Rng) -> Option<BitFlip> {
+    fn flip_bit(&mut self, rng: &mut Rng, under: &Path) -> Option<BitFlip> {
         let candidates: Vec<(PathBuf, InodeId, u64)> = self
             .files()
             .into_iter()
+            .filter(|(path, _)| path.starts_with(under))
             .filter_map(|(path, inode)| match &self.inodes[&inode] {
                 Inode::File(file) if !file.durable.is_empty() => {
                     Some((path, inode, file.durable.len() as u64))
@@ -1011,7 +1012,12 @@ impl SimDisk {
     /// Rot one bit of synced data, chosen by `rng` (see `State::flip_bit`); `None` when no
     /// file holds synced bytes.
     pub fn flip_bit(&self, rng: &mut Rng) -> Option<BitFlip> {
-        self.state.lock().flip_bit(rng)
+        self.state.lock().flip_bit(rng, Path::new("/"))
+    }
+
+    /// As [`SimDisk::flip_bit`], in a file under `directory` only.
+    pub fn flip_bit_under(&self, directory: &Path, rng: &mut Rng) -> Option<BitFlip> {
+        self.state.lock().flip_bit(rng, directory)
     }
 
     /// Lose power: see the module documentation for exactly what survives.

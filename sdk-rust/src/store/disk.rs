@@ -120,8 +120,10 @@ impl Manifest {
         take(2)?;
         let length = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let identity = String::from_utf8(take(length)?.to_vec()).ok()?;
-        let mut u64_field = || -> Option<u64> { Some(u64::from_le_bytes(take(8)?.try_into().ok()?)) };
-        let (offset, len, next_id, count) = (u64_field()?, u64_field()?, u64_field()?, u64_field()?);
+        let mut u64_field =
+            || -> Option<u64> { Some(u64::from_le_bytes(take(8)?.try_into().ok()?)) };
+        let (offset, len, next_id, count) =
+            (u64_field()?, u64_field()?, u64_field()?, u64_field()?);
         let mut runs = Vec::new();
         for _ in 0..count {
             let id = u64::from_le_bytes(take(8)?.try_into().ok()?);
@@ -210,13 +212,9 @@ impl DiskStore {
     }
 
     fn load(&mut self) -> Result<(), StoreError> {
-        let Some(bytes) = self.files.read_small(MANIFEST)? else {
-            let names = self.files.list()?;
-            if names.iter().any(|n| run::parse_run_name(n).is_some()) {
-                return Err(StoreError::Damaged(Damage::new(MANIFEST, "missing beside runs")));
-            }
-            return Ok(());
-        };
+        // No manifest: a new store, one whose first flush a crash cut short, or one condemned
+        // after damage (reported then). It starts empty; files left beside it are removed.
+        let Some(bytes) = self.files.read_small(MANIFEST)? else { return Ok(()) };
         let manifest = Manifest::decode(&bytes)
             .ok_or_else(|| StoreError::Damaged(Damage::new(MANIFEST, "does not decode")))?;
         if manifest.identity != self.identity {
@@ -257,7 +255,8 @@ impl DiskStore {
         let named: Vec<u64> = self.runs.iter().map(|r| r.meta.id).collect();
         let mut removed = false;
         for name in self.files.list()? {
-            let keep = name == MANIFEST || run::parse_run_name(&name).is_some_and(|id| named.contains(&id));
+            let keep = name == MANIFEST
+                || run::parse_run_name(&name).is_some_and(|id| named.contains(&id));
             if !keep {
                 self.files.remove_if_present(&self.files.path(&name))?;
                 removed = true;
@@ -361,7 +360,8 @@ impl DiskStore {
     }
 
     fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
-        let size = |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
+        let size =
+            |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
         match self.memtable.get_mut(key) {
             Some(slot) => {
                 self.memtable_bytes -= size(slot);
@@ -393,7 +393,7 @@ impl DiskStore {
     pub fn delete(&mut self, key: &[u8]) -> bool {
         let was = self.exists(key);
         if was {
-            self.len -= 1;
+            self.len = self.len.saturating_sub(1);
             if self.runs.is_empty() {
                 // No older run holds it: nothing to shadow.
                 if let Some(slot) = self.memtable.remove(key) {
@@ -408,16 +408,22 @@ impl DiskStore {
 
     /// Entries with keys within the bounds, in key order.
     pub fn range(&self, low: Bound<Vec<u8>>, high: Bound<Vec<u8>>) -> DiskRange<'_> {
+        if super::is_empty_range(low.as_ref().map(Vec::as_slice), high.as_ref().map(Vec::as_slice))
+        {
+            let nothing: Box<dyn Iterator<Item = _>> = Box::new(std::iter::empty());
+            return DiskRange {
+                store: Some(self),
+                memtable: nothing.peekable(),
+                cursors: Vec::new(),
+                high,
+            };
+        }
         let memtable = self
             .memtable
             .range::<Vec<u8>, _>((low.as_ref(), high.as_ref()))
             .map(|(k, v)| (k.as_slice(), v.as_deref()));
         let memtable: Box<dyn Iterator<Item = (&[u8], Option<&[u8]>)> + '_> = Box::new(memtable);
-        let cursors = self
-            .runs
-            .iter()
-            .map(|run| RunCursor::new(run, &low, Some(self)))
-            .collect();
+        let cursors = self.runs.iter().map(|run| RunCursor::new(run, &low, Some(self))).collect();
         DiskRange { store: Some(self), memtable: memtable.peekable(), cursors, high }
     }
 
@@ -425,6 +431,15 @@ impl DiskStore {
     /// made the memtable's state, in a new manifest; then merge runs as the levels fill.
     /// Called only right after a commit (or a restore), so the memtable holds committed state.
     pub fn flush(&mut self, offset: Offset) -> Result<(), StoreError> {
+        let result = self.write_memtable(offset);
+        if let Err(StoreError::Damaged(_)) = &result {
+            // A merge read a damaged run: the next open rebuilds the store.
+            self.condemn();
+        }
+        result
+    }
+
+    fn write_memtable(&mut self, offset: Offset) -> Result<(), StoreError> {
         if self.memtable.is_empty() && offset == self.offset {
             return Ok(());
         }
@@ -479,7 +494,11 @@ impl DiskStore {
             let mut start = 0;
             let group = loop {
                 let Some(first) = self.runs.get(start) else { break None };
-                let end = start + self.runs[start..].iter().take_while(|r| r.meta.level == first.meta.level).count();
+                let end = start
+                    + self.runs[start..]
+                        .iter()
+                        .take_while(|r| r.meta.level == first.meta.level)
+                        .count();
                 if end - start >= FANOUT {
                     break Some(start..end);
                 }
@@ -497,8 +516,10 @@ impl DiskStore {
         let id = self.take_id();
         let mut writer = RunWriter::create(&self.files, id, level, expected)?;
         {
-            let cursors =
-                self.runs[group.clone()].iter().map(|run| RunCursor::new(run, &Bound::Unbounded, None)).collect();
+            let cursors = self.runs[group.clone()]
+                .iter()
+                .map(|run| RunCursor::new(run, &Bound::Unbounded, None))
+                .collect();
             let mut merged = DiskRange {
                 store: None,
                 memtable: (Box::new(std::iter::empty()) as Box<dyn Iterator<Item = _>>).peekable(),
@@ -557,7 +578,9 @@ struct RunCursor<'a> {
 impl<'a> RunCursor<'a> {
     fn new(run: &'a Run, low: &Bound<Vec<u8>>, store: Option<&'a DiskStore>) -> RunCursor<'a> {
         let next_block = match low {
-            Bound::Included(key) | Bound::Excluded(key) => run.block_for(key).unwrap_or(run.blocks()),
+            Bound::Included(key) | Bound::Excluded(key) => {
+                run.block_for(key).unwrap_or(run.blocks())
+            }
             Bound::Unbounded => 0,
         };
         RunCursor { run, next_block, block: Vec::new(), at: 0, store, low: low.clone() }
@@ -609,7 +632,9 @@ impl std::fmt::Debug for DiskRange<'_> {
 
 impl<'a> DiskRange<'a> {
     /// The next key of the merge, with its newest change (a value, or `None` for deleted).
-    fn next_change(&mut self) -> Option<Result<(Cow<'a, [u8]>, Option<Cow<'a, [u8]>>), StoreError>> {
+    fn next_change(
+        &mut self,
+    ) -> Option<Result<(Cow<'a, [u8]>, Option<Cow<'a, [u8]>>), StoreError>> {
         let mut smallest: Option<Vec<u8>> = self.memtable.peek().map(|(k, _)| k.to_vec());
         for cursor in &mut self.cursors {
             match cursor.peek() {

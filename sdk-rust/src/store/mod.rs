@@ -133,7 +133,12 @@ impl Files {
         self.directory.join(name)
     }
 
-    pub fn error(&self, operation: &'static str, path: &Path, source: std::io::Error) -> StoreError {
+    pub fn error(
+        &self,
+        operation: &'static str,
+        path: &Path,
+        source: std::io::Error,
+    ) -> StoreError {
         StoreError::Io { operation, path: path.to_owned(), source }
     }
 
@@ -164,7 +169,9 @@ impl Files {
 
     pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
         match self.io.remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(self.error("remove", path, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(self.error("remove", path, e))
+            }
             _ => Ok(()),
         }
     }
@@ -205,6 +212,16 @@ impl Files {
         let path = self.path(name);
         self.io.rename(&temporary, &path).map_err(|e| self.error("rename", &path, e))?;
         self.sync()
+    }
+}
+
+/// Whether no key can lie between `low` and `high`.
+pub(crate) fn is_empty_range(low: Bound<&[u8]>, high: Bound<&[u8]>) -> bool {
+    match (low, high) {
+        (Bound::Included(l), Bound::Included(h)) => l > h,
+        (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(h))
+        | (Bound::Excluded(l), Bound::Included(h)) => l >= h,
+        _ => false,
     }
 }
 
@@ -258,6 +275,24 @@ impl Store {
     /// indexes and Bloom filters (`None` for a memory store).
     pub fn resident_bytes(&self) -> Option<usize> {
         self.disk.as_ref().map(|d| d.resident_bytes())
+    }
+
+    /// Whether every read of this disk store since the last check went well. A read that
+    /// failed (a damaged block, a failed read) answered `None`, or ended an iteration early;
+    /// inside a task the runner checks after every call and fails the task, but a caller
+    /// reading a store outside a task ([`crate::processor::Runner::store`]) checks here. A
+    /// damaged store is condemned: the next runner rebuilds it from the changelog.
+    pub fn check(&self) -> Result<(), StoreError> {
+        let Some(disk) = &self.disk else { return Ok(()) };
+        match disk.take_failure() {
+            None => Ok(()),
+            Some(error) => {
+                if matches!(error, StoreError::Damaged(_)) {
+                    disk.condemn();
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Which kind of store this is.
@@ -361,8 +396,14 @@ impl Store {
         range: R,
     ) -> Box<dyn Iterator<Item = Entry<'a>> + 'a> {
         let owned = |bound: Bound<&[u8]>| bound.map(<[u8]>::to_vec);
+        if is_empty_range(range.start_bound(), range.end_bound()) {
+            // BTreeMap::range panics on a range that ends before it starts.
+            return Box::new(std::iter::empty());
+        }
         match &self.disk {
-            Some(disk) => Box::new(disk.range(owned(range.start_bound()), owned(range.end_bound()))),
+            Some(disk) => {
+                Box::new(disk.range(owned(range.start_bound()), owned(range.end_bound())))
+            }
             None => Box::new(
                 self.data
                     .range::<[u8], _>((range.start_bound(), range.end_bound()))
@@ -387,3 +428,6 @@ impl Store {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -107,7 +107,10 @@ impl RunWriter {
         let path = files.path(&run_name(id));
         // A file left by a build a crash interrupted (never in a manifest) is replaced.
         files.remove_if_present(&path)?;
-        let file = files.io.open(&path, OpenMode::CreateNew).map_err(|e| files.error("create", &path, e))?;
+        let file = files
+            .io
+            .open(&path, OpenMode::CreateNew)
+            .map_err(|e| files.error("create", &path, e))?;
         Ok(RunWriter {
             files: Arc::clone(files),
             path,
@@ -246,7 +249,8 @@ pub fn run_name(id: u64) -> String {
 /// The id of a run file's name.
 pub fn parse_run_name(name: &str) -> Option<u64> {
     let digits = name.strip_suffix(".run")?;
-    (digits.len() == 16 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
+    (digits.len() == 16 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())?
 }
 
 /// An open run: its index and Bloom filter in memory, its blocks read on demand.
@@ -331,7 +335,8 @@ impl Run {
     }
 
     fn load(&self, meta: RunMeta) -> Result<(Vec<BlockEntry>, Bloom), Loaded> {
-        let size = self.files.io.file_size(self.file).map_err(|e| Loaded::Io(self.io_error("size", e)))?;
+        let size =
+            self.files.io.file_size(self.file).map_err(|e| Loaded::Io(self.io_error("size", e)))?;
         if size != meta.bytes || size < FOOTER_BYTES as u64 {
             return Err(Loaded::Damaged("size differs from the manifest's"));
         }
@@ -419,7 +424,8 @@ impl Run {
     pub fn read_block(&self, i: usize) -> Result<Vec<u8>, StoreError> {
         let entry = &self.index[i];
         let mut bytes = self.read(entry.offset, entry.length as usize)?;
-        let damaged = || StoreError::Damaged(Damage::new(&run_name(self.meta.id), "block checksum"));
+        let damaged =
+            || StoreError::Damaged(Damage::new(&run_name(self.meta.id), "block checksum"));
         let body_length = verified(&bytes).ok_or_else(damaged)?.len();
         bytes.truncate(body_length);
         // A block must parse to the end, its last key the index's.
@@ -491,4 +497,3 @@ pub fn find_in_block<'a>(block: &'a [u8], key: &[u8]) -> Option<Option<&'a [u8]>
     }
     None
 }
-

@@ -1,0 +1,147 @@
+//! The disk store against a map: random puts and deletes, flushes at random commits (so
+//! runs build up and merge), reopens, ranges; and damage found, never believed.
+
+use super::disk::DiskStore;
+use super::{DiskOptions, Files, StoreError};
+use crate::Offset;
+use chronik_engine::io::{Io, Namespace};
+use chronik_simdisk::{Rng, SimDisk};
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+const DIRECTORY: &str = "/state/app-counts-0.store";
+
+fn disk() -> (SimDisk, Arc<dyn Io>) {
+    let disk = SimDisk::new(Rng::new(7));
+    disk.create_directory(Path::new("/state")).unwrap();
+    let io: Arc<dyn Io> = Arc::new(disk.clone());
+    (disk, io)
+}
+
+fn open(io: &Arc<dyn Io>, identity: &str, cache_bytes: usize) -> (DiskStore, Option<String>) {
+    let files = Files { io: Arc::clone(io), directory: DIRECTORY.into() };
+    DiskStore::open(files, identity.to_owned(), DiskOptions { cache_bytes }).unwrap()
+}
+
+fn entries(store: &DiskStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+    store.range(Bound::Unbounded, Bound::Unbounded).map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+}
+
+#[test]
+fn a_disk_store_agrees_with_a_map_through_flushes_merges_and_reopens() {
+    let (_disk, io) = disk();
+    let mut rng = Rng::new(42);
+    // A tiny cache: a flush every few hundred bytes, so runs merge again and again.
+    let (mut store, rebuilt) = open(&io, "app-counts-changelog partition 0", 4096);
+    assert_eq!(rebuilt, None);
+    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut offset = 0;
+    let mut most_runs = 0;
+    for step in 0..20_000_u64 {
+        let key = format!("k{:04}", rng.below(600)).into_bytes();
+        if rng.chance(200_000) {
+            assert_eq!(store.delete(&key), model.remove(&key).is_some(), "step {step}");
+        } else {
+            let length = rng.below(40) as usize;
+            let value = rng.bytes(length);
+            store.put(&key, &value);
+            model.insert(key.clone(), value);
+        }
+        assert_eq!(store.get(&key).map(|v| v.to_vec()), model.get(&key).cloned());
+        offset += 1;
+        if store.wants_flush() && rng.chance(500_000) {
+            store.flush(Offset::new(offset)).unwrap();
+            most_runs = most_runs.max(store.runs());
+        }
+        if rng.chance(2_000) {
+            store.flush(Offset::new(offset)).unwrap();
+            drop(store);
+            let (reopened, rebuilt) = open(&io, "app-counts-changelog partition 0", 4096);
+            assert_eq!(rebuilt, None);
+            assert_eq!(reopened.offset(), Offset::new(offset));
+            store = reopened;
+        }
+        if step % 997 == 0 {
+            assert_eq!(
+                entries(&store),
+                model.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+            );
+            let low = format!("k{:04}", rng.below(600)).into_bytes();
+            let high = format!("k{:04}", rng.below(600)).into_bytes();
+            let found: Vec<Vec<u8>> = store
+                .range(Bound::Included(low.clone()), Bound::Excluded(high.clone()))
+                .map(|(k, _)| k.to_vec())
+                .collect();
+            let expected: Vec<Vec<u8>> = if low < high {
+                model.range(low..high).map(|(k, _)| k.clone()).collect()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(found, expected, "step {step}");
+        }
+        assert_eq!(store.len(), model.len() as u64, "step {step}");
+    }
+    assert!(store.take_failure().is_none());
+    assert!(most_runs >= 2, "runs never built up: {most_runs}");
+    assert!(store.runs() < 3 * super::disk::FANOUT, "merges keep the runs few: {}", store.runs());
+}
+
+#[test]
+fn another_stores_files_are_foreign_and_wiped() {
+    let (_disk, io) = disk();
+    let (mut store, _) = open(&io, "a partition 0", 1 << 20);
+    store.put(b"k", b"v");
+    store.flush(Offset::new(1)).unwrap();
+    drop(store);
+    let (store, rebuilt) = open(&io, "b partition 0", 1 << 20);
+    assert!(rebuilt.unwrap().contains("foreign"));
+    assert_eq!((store.len(), store.offset()), (0, Offset::ZERO));
+}
+
+/// A fresh disk holding one flushed store of 400 entries; the run file's path.
+fn one_run() -> (SimDisk, Arc<dyn Io>, std::path::PathBuf, Vec<(Vec<u8>, Vec<u8>)>) {
+    let (disk, io) = disk();
+    let (mut store, _) = open(&io, "app", 1 << 20);
+    let mut expected = Vec::new();
+    for i in 0..400_u32 {
+        let key = format!("key{i:05}").into_bytes();
+        store.put(&key, &i.to_le_bytes());
+        expected.push((key, i.to_le_bytes().to_vec()));
+    }
+    store.flush(Offset::new(400)).unwrap();
+    drop(store);
+    let run = disk.snapshot().into_keys().find(|p| p.extension().is_some_and(|e| e == "run"));
+    (disk, io, run.unwrap(), expected)
+}
+
+#[test]
+fn every_flipped_byte_of_a_run_is_found_or_harmless() {
+    let length = one_run().0.snapshot().values().map(Vec::len).max().unwrap();
+    let mut found = 0;
+    let mut tried = 0;
+    for position in (0..length as u64).step_by(5) {
+        let (disk, io, run, expected) = one_run();
+        let Ok(file) = disk.open(&run, chronik_engine::io::OpenMode::ReadWrite) else { continue };
+        let Ok(byte) = chronik_engine::io::read_exact(&disk, file, position, 1) else {
+            disk.close(file);
+            continue;
+        };
+        chronik_engine::io::write_all(&disk, file, position, vec![byte[0] ^ 0x10]).unwrap();
+        disk.close(file);
+        tried += 1;
+        let (store, rebuilt) = open(&io, "app", 1 << 20);
+        let seen = entries(&store);
+        let failure = store.take_failure();
+        assert!(matches!(failure, None | Some(StoreError::Damaged(_))), "{failure:?}");
+        if rebuilt.is_some() || failure.is_some() {
+            found += 1;
+        } else {
+            assert_eq!(seen, expected, "a flip at {position} was believed");
+        }
+    }
+    // Every byte of a run is covered by a checksum that is read when the store opens or
+    // iterates: every flip is found.
+    assert_eq!(found, tried, "{found} of {tried} flips found");
+}
