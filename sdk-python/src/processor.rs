@@ -14,7 +14,7 @@ use crate::{
 };
 use chronik::processor::{
     Context, ProcessError, Processor, ProcessorConfig, ProcessorError, Punctuation, RunStats,
-    Runner, Store,
+    Runner, Store, StoreKind,
 };
 use chronik::{RecordView, SystemIo};
 use pyo3::exceptions::{PyException, PyKeyError};
@@ -489,7 +489,7 @@ impl PyStore {
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.check()?;
         let list = PyList::empty(py);
-        for (key, _) in self.store.iter() {
+        for (key, _) in &self.store {
             list.append(self.format.decode(py, &key)?)?;
         }
         Ok(list)
@@ -498,7 +498,7 @@ impl PyStore {
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.check()?;
         let list = PyList::empty(py);
-        for (_, value) in self.store.iter() {
+        for (_, value) in &self.store {
             list.append(self.format.decode(py, &value)?)?;
         }
         Ok(list)
@@ -554,9 +554,13 @@ pub(crate) fn setup(
     let mut config = ProcessorConfig::new(application, first);
     config.inputs = inputs;
     let mut formats = Vec::with_capacity(stores.len());
-    for (name, format) in stores {
+    for (name, spec) in stores {
+        let (codec, kind) = store_spec(&name, &spec)?;
         config.stores.push(name.clone());
-        formats.push((name, Codec::parse(&format)?));
+        if let Some(kind) = kind {
+            config.store_kinds.insert(name.clone(), kind);
+        }
+        formats.push((name, codec));
     }
     for (key, value) in options.iter() {
         let key: String = key.extract()?;
@@ -568,6 +572,10 @@ pub(crate) fn setup(
             "commit_every_records" => config.commit_every_records = Some(value.extract()?),
             "snapshot_every_commits" => config.snapshot_every_commits = Some(value.extract()?),
             "threads" => config.threads = value.extract()?,
+            "store_kind" => {
+                let text: String = value.extract()?;
+                config.store_kind = text.parse().map_err(InvalidArgumentError::new_err)?;
+            }
             "punctuate_stream_ms" => config.punctuate_stream_ms = Some(value.extract()?),
             "punctuate_wall_ms" => config.punctuate_wall_ms = Some(value.extract()?),
             other => {
@@ -583,6 +591,26 @@ pub(crate) fn setup(
         raised: Mutex::new(None),
     };
     Ok((config, Arc::new(spec)))
+}
+
+/// A store's format and kind from its spec: `+`-separated words, each a format (`json`, the
+/// default; `str`; `bytes`) or a kind (`memory`; `disk`; `disk:<cache MiB>`), e.g. `"disk"`,
+/// `"str+disk:256"`.
+fn store_spec(name: &str, spec: &str) -> PyResult<(Codec, Option<StoreKind>)> {
+    let (mut codec, mut kind) = (Codec::Json, None);
+    for word in spec.split('+').map(str::trim) {
+        if let Ok(parsed) = word.parse::<StoreKind>() {
+            kind = Some(parsed);
+        } else {
+            codec = Codec::parse(word).map_err(|_| {
+                InvalidArgumentError::new_err(format!(
+                    "store {name:?}: {word:?} is neither a format (\"json\", \"str\", \"bytes\") \
+                     nor a kind (\"memory\", \"disk\", \"disk:<cache MiB>\")"
+                ))
+            })?;
+        }
+    }
+    Ok((codec, kind))
 }
 
 /// A run's end as a Python exception: the handler's own exception when it raised one.
@@ -608,6 +636,8 @@ pub(crate) fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, 
     out.set_item("restored", stats.restored)?;
     out.set_item("snapshots_loaded", stats.snapshots_loaded)?;
     out.set_item("snapshots_written", stats.snapshots_written)?;
+    out.set_item("stores_opened", stats.stores_opened)?;
+    out.set_item("stores_rebuilt", stats.stores_rebuilt)?;
     Ok(out)
 }
 

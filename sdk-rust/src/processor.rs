@@ -1058,8 +1058,9 @@ fn restore_disk<L: TaskLog + ?Sized>(
     stats: &mut RunStats,
 ) -> Result<Store, ProcessorError> {
     let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
-    let (io, state) = engine.state_files().map_err(failed)?;
-    let files = Files { io, directory: state.join(config.store_directory(name, partition)) };
+    let (io, state_directory) = engine.state_files().map_err(failed)?;
+    let directory = state_directory.join(config.store_directory(name, partition));
+    let files = Files { io, directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
     let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
     if rebuilt.is_none() && disk.offset() > end {

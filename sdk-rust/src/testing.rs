@@ -150,6 +150,62 @@ const DATA: &str = "/data";
 /// Chance that a bit of a synced store file (snapshot, run, manifest) rots before an attempt.
 const ROT_PER_MILLION: u32 = 500_000;
 
+/// The seed's stores: memory stores on disk in half the seeds, and every disk store with
+/// a cache of a few KiB.
+fn with_seed_stores(mut config: ProcessorConfig, rng: &mut Rng) -> ProcessorConfig {
+    let cache_bytes = rng.between(64, 4096) as usize;
+    let small = StoreKind::Disk(DiskOptions { cache_bytes });
+    if config.store_kind == StoreKind::Memory && rng.chance(500_000) {
+        config.store_kind = small;
+    }
+    if matches!(config.store_kind, StoreKind::Disk(_)) {
+        config.store_kind = small;
+    }
+    for kind in config.store_kinds.values_mut() {
+        if matches!(kind, StoreKind::Disk(_)) {
+            *kind = small;
+        }
+    }
+    config
+}
+
+/// Before an attempt that may fail: sometimes rot a bit of a store file, sometimes fail
+/// I/O, and cut the power after some of the disk calls.
+fn arm_faults(disk: &SimDisk, rng: &mut Rng, calls: u64, io_faults: Faults) {
+    let with_io_faults = rng.chance(300_000);
+    if rng.chance(ROT_PER_MILLION) {
+        disk.flip_bit_under(&Path::new(DATA).join("state"), rng);
+    }
+    // Log-uniform up to the calls of a run committing every record: early and late cuts
+    // alike, whatever the seed's commit cadence.
+    let bits = u64::from(64 - calls.leading_zeros()).max(CUT_CALLS_MIN_LOG2);
+    let log2 = rng.between(CUT_CALLS_MIN_LOG2, bits);
+    disk.cut_power_after(rng.below(1 << log2));
+    if with_io_faults {
+        disk.set_faults(io_faults);
+    }
+}
+
+/// What a seed's crashes keep and tear, and the same with I/O errors.
+fn seed_faults(rng: &mut Rng) -> (Faults, Faults) {
+    let kept = rng.below(1_000_001) as u32;
+    let crash_faults = Faults {
+        sector_kept_per_million: kept,
+        sector_torn_per_million: rng.below(u64::from(1_000_000 - kept) + 1) as u32,
+        resize_kept_per_million: rng.below(1_000_001) as u32,
+        directory_kept_per_million: 200_000,
+        directory_subset_per_million: if rng.chance(500_000) { 500_000 } else { 0 },
+        ..Faults::NONE
+    };
+    let io_faults = Faults {
+        read_error_per_million: 2_000,
+        write_error_per_million: 2_000,
+        sync_error_per_million: 2_000,
+        ..crash_faults
+    };
+    (crash_faults, io_faults)
+}
+
 /// `config` with the tail oracle listening to its restores (and the listener it had): a
 /// restore that starts from a snapshot's or disk store's offset reads no more records than
 /// lie between that offset and the changelog's end.
@@ -224,6 +280,19 @@ impl Simulation {
         Ok(report)
     }
 
+    /// The seed's settings: its commit cadence, snapshots and stores, and the tail oracle.
+    fn seed_config(&self, rng: &mut Rng, tail: Arc<Mutex<Option<String>>>) -> ProcessorConfig {
+        // Commits every few records, so crashes land between commits as well as inside them;
+        // the outcome must not depend on where the commits fall.
+        let config = ProcessorConfig {
+            commit_every_records: Some(rng.between(1, 64)),
+            // Half the seeds restore from snapshots plus the changelog after them.
+            snapshot_every_commits: rng.chance(500_000).then(|| rng.between(1, 6)),
+            ..self.config.clone()
+        };
+        with_tail_oracle(with_seed_stores(config, rng), tail)
+    }
+
     fn run_seed<P: Processor>(
         &self,
         seed: u64,
@@ -235,33 +304,12 @@ impl Simulation {
         let mut rng = Rng::new(seed);
         let disk = SimDisk::new(rng.fork());
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
-        let kept = rng.below(1_000_001) as u32;
-        let crash_faults = Faults {
-            sector_kept_per_million: kept,
-            sector_torn_per_million: rng.below(u64::from(1_000_000 - kept) + 1) as u32,
-            resize_kept_per_million: rng.below(1_000_001) as u32,
-            directory_kept_per_million: 200_000,
-            directory_subset_per_million: if rng.chance(500_000) { 500_000 } else { 0 },
-            ..Faults::NONE
-        };
-        let io_faults = Faults {
-            read_error_per_million: 2_000,
-            write_error_per_million: 2_000,
-            sync_error_per_million: 2_000,
-            ..crash_faults
-        };
+        let (crash_faults, io_faults) = seed_faults(&mut rng);
         disk.set_faults(crash_faults);
-        // Commits every few records, so crashes land between commits as well as inside them;
-        // the outcome must not depend on where the commits fall.
-        let config = ProcessorConfig {
-            commit_every_records: Some(rng.between(1, 64)),
-            // Half the seeds restore from snapshots plus the changelog after them.
-            snapshot_every_commits: rng.chance(500_000).then(|| rng.between(1, 6)),
-            ..self.config.clone()
-        };
-        let config = self.with_seed_stores(config, &mut rng);
         let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
-        let config = with_tail_oracle(config, Arc::clone(&tail_violation));
+        let config = self.seed_config(&mut rng, Arc::clone(&tail_violation));
+        let tail = || tail_violation.lock().expect("oracle lock").take();
+        let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
         let engine = self.setup_on(&disk, &clock).map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
         // A rotted store file may surface only in the last attempt; it then runs again.
@@ -270,26 +318,15 @@ impl Simulation {
         loop {
             let last = attempt >= self.crashes_max;
             attempt += 1;
-            if let Some(detail) = tail_violation.lock().expect("oracle lock").take() {
-                return Err(SimulationFailure { seed, kind: FailureKind::Tail, detail });
+            if let Some(detail) = tail() {
+                return Err(tail_failure(detail));
             }
             let live = match engine.take() {
                 Some(engine) => engine,
                 None => open(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
             };
-            let with_io_faults = !last && rng.chance(300_000);
-            if !last && rng.chance(ROT_PER_MILLION) {
-                disk.flip_bit_under(&Path::new(DATA).join("state"), &mut rng);
-            }
             if !last {
-                // Log-uniform up to the calls of a run committing every record: early and late
-                // cuts alike, whatever the seed's commit cadence.
-                let bits = u64::from(64 - calls.leading_zeros()).max(CUT_CALLS_MIN_LOG2);
-                let log2 = rng.between(CUT_CALLS_MIN_LOG2, bits);
-                disk.cut_power_after(rng.below(1 << log2));
-                if with_io_faults {
-                    disk.set_faults(io_faults);
-                }
+                arm_faults(&disk, &mut rng, calls, io_faults);
             }
             let result =
                 Runner::new(&live, config.clone(), &mut *factory).and_then(|mut runner| {
@@ -297,8 +334,8 @@ impl Simulation {
                     stats.map(|stats| (runner, stats))
                 });
             disk.set_faults(crash_faults);
-            if let Some(detail) = tail_violation.lock().expect("oracle lock").take() {
-                return Err(SimulationFailure { seed, kind: FailureKind::Tail, detail });
+            if let Some(detail) = tail() {
+                return Err(tail_failure(detail));
             }
             match result {
                 Ok((runner, stats)) if !disk.power_is_cut() && live.poisoned().is_none() => {
@@ -361,25 +398,6 @@ impl Simulation {
                 }
             }
         }
-    }
-
-    /// The seed's stores: memory stores on disk in half the seeds, and every disk store with
-    /// a cache of a few KiB.
-    fn with_seed_stores(&self, mut config: ProcessorConfig, rng: &mut Rng) -> ProcessorConfig {
-        let cache_bytes = rng.between(64, 4096) as usize;
-        let small = StoreKind::Disk(DiskOptions { cache_bytes });
-        if config.store_kind == StoreKind::Memory && rng.chance(500_000) {
-            config.store_kind = small;
-        }
-        if matches!(config.store_kind, StoreKind::Disk(_)) {
-            config.store_kind = small;
-        }
-        for kind in config.store_kinds.values_mut() {
-            if matches!(kind, StoreKind::Disk(_)) {
-                *kind = small;
-            }
-        }
-        config
     }
 
     /// A fault-free disk with the topics and the input.

@@ -57,6 +57,7 @@ class Spec:
         commit_interval_ms: int = 100,
         commit_every_records: Optional[int] = None,
         snapshot_every_commits: Optional[int] = None,
+        store_kind: Optional[str] = None,
         threads: int = 1,
         punctuate_stream_ms: Optional[int] = None,
         punctuate_wall_ms: Optional[int] = None,
@@ -70,6 +71,7 @@ class Spec:
             "commit_interval_ms": commit_interval_ms,
             "commit_every_records": commit_every_records,
             "snapshot_every_commits": snapshot_every_commits,
+            "store_kind": store_kind,
             "threads": threads,
             "punctuate_stream_ms": punctuate_stream_ms,
             "punctuate_wall_ms": punctuate_wall_ms,
@@ -189,7 +191,9 @@ class App(Spec):
     def run(self) -> Dict[str, int]:
         """Restore the stores and process on the worker threads until `stop()` or Ctrl-C
         (then the processors close and commit, and KeyboardInterrupt propagates). Returns
-        counts: records, commits, emitted, restored, snapshots_loaded, snapshots_written."""
+        counts: records, commits, emitted, restored, snapshots_loaded, snapshots_written,
+        stores_opened (disk stores opened with their state: only the changelog after it was
+        read), stores_rebuilt (disk stores found missing, stale, foreign or damaged)."""
         return self._rust().run()
 
     def run_for(self, seconds: float) -> Dict[str, int]:

@@ -26,6 +26,7 @@ use crate::kafka::{
     ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, base_config, owned,
     produce,
 };
+use crate::store::StoreKind;
 use crate::{Fetch, GroupCommit, Offset, OwnedRecord, Record, TransactionWrite};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -455,7 +456,7 @@ fn restore_partition(
             restored.fenced.repairs.push((topic.clone(), key.clone(), value));
         }
         restored.stats.restored += cut as u64;
-        let store = super::Store { data, ..super::Store::default() };
+        let store = super::Store::from_map(data);
         if let Some(listener) = &config.on_restore {
             listener(super::RestoreProgress {
                 store: name,
@@ -463,6 +464,7 @@ fn restore_partition(
                 restored: cut as u64,
                 end: Offset::new(cut as u64),
                 from_snapshot: None,
+                rebuilt: None,
                 done: true,
             });
         }
@@ -476,6 +478,13 @@ fn prepare(client: &KafkaClient, config: &ProcessorConfig) -> Result<u32, Proces
     let first = config.inputs.first().ok_or_else(|| ProcessorError::Config("no input".into()))?;
     if config.commit_interval_ms == 0 {
         return Err(ProcessorError::Config("commit interval must be > 0".into()));
+    }
+    if let Some(store) = config.stores.iter().find(|s| config.kind_of(s) != StoreKind::Memory) {
+        // A partition may move to another machine: its state comes from the changelog topic.
+        return Err(ProcessorError::Config(format!(
+            "store {store:?} is a disk store: on a Kafka-protocol cluster stores are kept in \
+             memory (StoreKind::Memory), restored from their changelog topics"
+        )));
     }
     let count_of = |topic: &str| client.partition_count(topic).map_err(cluster);
     let partitions = count_of(first)?.ok_or_else(|| {

@@ -17,7 +17,8 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
-use super::run::{self, BlockEntries, Run, RunMeta, RunWriter, find_in_block, key_hash, verified};
+use super::run::verified;
+use super::run::{self, BlockEntries, Lookup, Run, RunMeta, RunWriter, find_in_block, key_hash};
 use super::{Damage, DiskOptions, Files, StoreError};
 use crate::Offset;
 use chronik_engine::internals::canary::{self, Canary};
@@ -328,8 +329,10 @@ impl DiskStore {
             }
             let Some(i) = run.block_for(key) else { continue };
             let block = self.block(run, i)?;
-            if let Some(found) = find_in_block(&block, key) {
-                return Ok(found.map(|v| Cow::Owned(v.to_vec())));
+            match find_in_block(&block, key) {
+                Lookup::Absent => {}
+                Lookup::Deleted => return Ok(None),
+                Lookup::Value(value) => return Ok(Some(Cow::Owned(value.to_vec()))),
             }
         }
         Ok(None)
@@ -362,23 +365,20 @@ impl DiskStore {
     fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
         let size =
             |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
-        match self.memtable.get_mut(key) {
-            Some(slot) => {
-                self.memtable_bytes -= size(slot);
-                match (slot.as_mut(), value) {
-                    (Some(stored), Some(value)) => {
-                        stored.clear();
-                        stored.extend_from_slice(value);
-                    }
-                    (_, value) => *slot = value.map(<[u8]>::to_vec),
+        if let Some(slot) = self.memtable.get_mut(key) {
+            self.memtable_bytes -= size(slot);
+            match (slot.as_mut(), value) {
+                (Some(stored), Some(value)) => {
+                    stored.clear();
+                    stored.extend_from_slice(value);
                 }
-                self.memtable_bytes += size(slot);
+                (_, value) => *slot = value.map(<[u8]>::to_vec),
             }
-            None => {
-                let slot = value.map(<[u8]>::to_vec);
-                self.memtable_bytes += size(&slot);
-                self.memtable.insert(key.to_vec(), slot);
-            }
+            self.memtable_bytes += size(slot);
+        } else {
+            let slot = value.map(<[u8]>::to_vec);
+            self.memtable_bytes += size(&slot);
+            self.memtable.insert(key.to_vec(), slot);
         }
     }
 
@@ -407,22 +407,17 @@ impl DiskStore {
     }
 
     /// Entries with keys within the bounds, in key order.
-    pub fn range(&self, low: Bound<Vec<u8>>, high: Bound<Vec<u8>>) -> DiskRange<'_> {
-        if super::is_empty_range(low.as_ref().map(Vec::as_slice), high.as_ref().map(Vec::as_slice))
-        {
-            let nothing: Box<dyn Iterator<Item = _>> = Box::new(std::iter::empty());
-            return DiskRange {
-                store: Some(self),
-                memtable: nothing.peekable(),
-                cursors: Vec::new(),
-                high,
-            };
+    pub fn range(&self, low: Bound<&[u8]>, high: Bound<&[u8]>) -> DiskRange<'_> {
+        if super::is_empty_range(low, high) {
+            let nothing: MemtableIter<'_> = Box::new(std::iter::empty());
+            let high = high.map(<[u8]>::to_vec);
+            let memtable = nothing.peekable();
+            return DiskRange { store: Some(self), memtable, cursors: Vec::new(), high };
         }
-        let memtable = self
-            .memtable
-            .range::<Vec<u8>, _>((low.as_ref(), high.as_ref()))
-            .map(|(k, v)| (k.as_slice(), v.as_deref()));
-        let memtable: Box<dyn Iterator<Item = (&[u8], Option<&[u8]>)> + '_> = Box::new(memtable);
+        let memtable: MemtableIter<'_> = Box::new(
+            self.memtable.range::<[u8], _>((low, high)).map(|(k, v)| (k.as_slice(), v.as_deref())),
+        );
+        let (low, high) = (low.map(<[u8]>::to_vec), high.map(<[u8]>::to_vec));
         let cursors = self.runs.iter().map(|run| RunCursor::new(run, &low, Some(self))).collect();
         DiskRange { store: Some(self), memtable: memtable.peekable(), cursors, high }
     }
@@ -444,7 +439,9 @@ impl DiskStore {
             return Ok(());
         }
         let mut runs_named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
-        if !self.memtable.is_empty() {
+        if self.memtable.is_empty() {
+            self.write_manifest(offset, &runs_named)?;
+        } else {
             let id = self.take_id();
             let mut writer = RunWriter::create(&self.files, id, 0, self.memtable.len() as u64)?;
             let keep_deletions = !self.runs.is_empty();
@@ -462,8 +459,6 @@ impl DiskStore {
             runs_named.insert(0, meta);
             self.write_manifest(offset, &runs_named)?;
             self.runs.insert(0, Run::open(&self.files, meta)?);
-        } else {
-            self.write_manifest(offset, &runs_named)?;
         }
         self.offset = offset;
         self.memtable.clear();
@@ -522,7 +517,7 @@ impl DiskStore {
                 .collect();
             let mut merged = DiskRange {
                 store: None,
-                memtable: (Box::new(std::iter::empty()) as Box<dyn Iterator<Item = _>>).peekable(),
+                memtable: (Box::new(std::iter::empty()) as MemtableIter<'_>).peekable(),
                 cursors,
                 high: Bound::Unbounded,
             };
@@ -568,7 +563,7 @@ impl DiskStore {
 struct RunCursor<'a> {
     run: &'a Run,
     next_block: usize,
-    block: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    block: Vec<OwnedChange>,
     at: usize,
     /// Read through the store's cache (a range), or directly (a merge).
     store: Option<&'a DiskStore>,
@@ -587,7 +582,7 @@ impl<'a> RunCursor<'a> {
     }
 
     /// The entry under the cursor.
-    fn peek(&mut self) -> Result<Option<&(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+    fn peek(&mut self) -> Result<Option<&OwnedChange>, StoreError> {
         while self.at == self.block.len() {
             if self.next_block >= self.run.blocks() {
                 return Ok(None);
@@ -613,8 +608,13 @@ impl<'a> RunCursor<'a> {
     }
 }
 
-type MemtableEntries<'a> =
-    std::iter::Peekable<Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>>;
+/// A key and its change (`None`: deleted), borrowed or owned.
+type Change<'a> = (&'a [u8], Option<&'a [u8]>);
+type OwnedChange = (Vec<u8>, Option<Vec<u8>>);
+type MemtableIter<'a> = Box<dyn Iterator<Item = Change<'a>> + 'a>;
+type MemtableEntries<'a> = std::iter::Peekable<MemtableIter<'a>>;
+/// A key and its newest change, as a merge yields them.
+type Merged<'a> = (Cow<'a, [u8]>, Option<Cow<'a, [u8]>>);
 
 /// A merged range over the memtable and runs; iterating yields live entries.
 pub struct DiskRange<'a> {
@@ -632,9 +632,7 @@ impl std::fmt::Debug for DiskRange<'_> {
 
 impl<'a> DiskRange<'a> {
     /// The next key of the merge, with its newest change (a value, or `None` for deleted).
-    fn next_change(
-        &mut self,
-    ) -> Option<Result<(Cow<'a, [u8]>, Option<Cow<'a, [u8]>>), StoreError>> {
+    fn next_change(&mut self) -> Option<Result<Merged<'a>, StoreError>> {
         let mut smallest: Option<Vec<u8>> = self.memtable.peek().map(|(k, _)| k.to_vec());
         for cursor in &mut self.cursors {
             match cursor.peek() {

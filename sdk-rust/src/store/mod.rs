@@ -133,12 +133,7 @@ impl Files {
         self.directory.join(name)
     }
 
-    pub fn error(
-        &self,
-        operation: &'static str,
-        path: &Path,
-        source: std::io::Error,
-    ) -> StoreError {
+    pub fn error(operation: &'static str, path: &Path, source: std::io::Error) -> StoreError {
         StoreError::Io { operation, path: path.to_owned(), source }
     }
 
@@ -148,29 +143,29 @@ impl Files {
             Ok(()) => {
                 let parent = self.directory.parent().unwrap_or(Path::new("/"));
                 chronik_engine::io::sync_directory(&*self.io, parent)
-                    .map_err(|e| self.error("fsync", parent, e))
+                    .map_err(|e| Files::error("fsync", parent, e))
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(self.error("create directory", &self.directory, e)),
+            Err(e) => Err(Files::error("create directory", &self.directory, e)),
         }
     }
 
     /// Make the directory's entries durable.
     pub fn sync(&self) -> Result<(), StoreError> {
         chronik_engine::io::sync_directory(&*self.io, &self.directory)
-            .map_err(|e| self.error("fsync", &self.directory, e))
+            .map_err(|e| Files::error("fsync", &self.directory, e))
     }
 
     pub fn list(&self) -> Result<Vec<String>, StoreError> {
         let entries =
-            self.io.list(&self.directory).map_err(|e| self.error("list", &self.directory, e))?;
+            self.io.list(&self.directory).map_err(|e| Files::error("list", &self.directory, e))?;
         Ok(entries.into_iter().filter(|e| !e.is_directory).map(|e| e.name).collect())
     }
 
     pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
         match self.io.remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(self.error("remove", path, e))
+                Err(Files::error("remove", path, e))
             }
             _ => Ok(()),
         }
@@ -182,14 +177,14 @@ impl Files {
         let file = match self.io.open(&path, OpenMode::Read) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(self.error("open", &path, e)),
+            Err(e) => return Err(Files::error("open", &path, e)),
         };
         let result = self.io.file_size(file).and_then(|size| {
             let length = usize::try_from(size.min(64 << 20)).unwrap_or(usize::MAX);
             chronik_engine::io::read_exact(&*self.io, file, 0, length)
         });
         self.io.close(file);
-        result.map(Some).map_err(|e| self.error("read", &path, e))
+        result.map(Some).map_err(|e| Files::error("read", &path, e))
     }
 
     /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
@@ -200,22 +195,31 @@ impl Files {
         let file = self
             .io
             .open(&temporary, OpenMode::CreateNew)
-            .map_err(|e| self.error("create", &temporary, e))?;
+            .map_err(|e| Files::error("create", &temporary, e))?;
         let written = chronik_engine::io::write_all(&*self.io, file, 0, bytes)
-            .map_err(|e| self.error("write", &temporary, e))
+            .map_err(|e| Files::error("write", &temporary, e))
             .and_then(|()| {
                 chronik_engine::io::run_plain(&*self.io, Operation::Fdatasync { file })
-                    .map_err(|e| self.error("fdatasync", &temporary, e))
+                    .map_err(|e| Files::error("fdatasync", &temporary, e))
             });
         self.io.close(file);
         written?;
         let path = self.path(name);
-        self.io.rename(&temporary, &path).map_err(|e| self.error("rename", &path, e))?;
+        self.io.rename(&temporary, &path).map_err(|e| Files::error("rename", &path, e))?;
         self.sync()
     }
 }
 
 /// Whether no key can lie between `low` and `high`.
+impl<'a> IntoIterator for &'a Store {
+    type Item = Entry<'a>;
+    type IntoIter = Box<dyn Iterator<Item = Entry<'a>> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 pub(crate) fn is_empty_range(low: Bound<&[u8]>, high: Bound<&[u8]>) -> bool {
     match (low, high) {
         (Bound::Included(l), Bound::Included(h)) => l > h,
@@ -260,6 +264,12 @@ impl Store {
     /// A memory store holding `entries`, given in key order.
     pub(crate) fn in_memory(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Store {
         Store { data: entries.into_iter().collect(), ..Store::default() }
+    }
+
+    /// A memory store holding `data`.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn from_map(data: BTreeMap<Vec<u8>, Vec<u8>>) -> Store {
+        Store { data, ..Store::default() }
     }
 
     pub(crate) fn memory_data(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
@@ -395,15 +405,12 @@ impl Store {
         &'a self,
         range: R,
     ) -> Box<dyn Iterator<Item = Entry<'a>> + 'a> {
-        let owned = |bound: Bound<&[u8]>| bound.map(<[u8]>::to_vec);
         if is_empty_range(range.start_bound(), range.end_bound()) {
             // BTreeMap::range panics on a range that ends before it starts.
             return Box::new(std::iter::empty());
         }
         match &self.disk {
-            Some(disk) => {
-                Box::new(disk.range(owned(range.start_bound()), owned(range.end_bound())))
-            }
+            Some(disk) => Box::new(disk.range(range.start_bound(), range.end_bound())),
             None => Box::new(
                 self.data
                     .range::<[u8], _>((range.start_bound(), range.end_bound()))

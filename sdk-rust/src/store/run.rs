@@ -110,7 +110,7 @@ impl RunWriter {
         let file = files
             .io
             .open(&path, OpenMode::CreateNew)
-            .map_err(|e| files.error("create", &path, e))?;
+            .map_err(|e| Files::error("create", &path, e))?;
         Ok(RunWriter {
             files: Arc::clone(files),
             path,
@@ -178,7 +178,7 @@ impl RunWriter {
         let buffer = std::mem::replace(&mut self.buffer, Vec::with_capacity(WRITE_BUFFER_BYTES));
         let length = buffer.len() as u64;
         chronik_engine::io::write_all(&*self.files.io, self.file, self.position, buffer)
-            .map_err(|e| self.files.error("write", &self.path, e))?;
+            .map_err(|e| Files::error("write", &self.path, e))?;
         self.position += length;
         Ok(())
     }
@@ -223,7 +223,7 @@ impl RunWriter {
         self.buffer.extend_from_slice(&footer);
         self.write_out()?;
         chronik_engine::io::run_plain(&*self.files.io, Operation::Fdatasync { file: self.file })
-            .map_err(|e| self.files.error("fdatasync", &self.path, e))?;
+            .map_err(|e| Files::error("fdatasync", &self.path, e))?;
         self.meta.bytes = self.position;
         Ok(self.meta)
     }
@@ -237,7 +237,10 @@ impl Drop for RunWriter {
 
 impl std::fmt::Debug for RunWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunWriter").field("path", &self.path).field("meta", &self.meta).finish()
+        f.debug_struct("RunWriter")
+            .field("path", &self.path)
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
     }
 }
 
@@ -264,7 +267,10 @@ pub struct Run {
 
 impl std::fmt::Debug for Run {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Run").field("meta", &self.meta).field("blocks", &self.index.len()).finish()
+        f.debug_struct("Run")
+            .field("meta", &self.meta)
+            .field("blocks", &self.index.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -315,7 +321,7 @@ impl Run {
             if e.kind() == std::io::ErrorKind::NotFound {
                 damaged("missing")
             } else {
-                files.error("open", &path, e)
+                Files::error("open", &path, e)
             }
         })?;
         let mut run = Run {
@@ -393,7 +399,7 @@ impl Run {
     }
 
     fn io_error(&self, operation: &'static str, error: std::io::Error) -> StoreError {
-        self.files.error(operation, &self.files.path(&run_name(self.meta.id)), error)
+        Files::error(operation, &self.files.path(&run_name(self.meta.id)), error)
     }
 
     fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, StoreError> {
@@ -486,14 +492,22 @@ impl<'a> Iterator for BlockEntries<'a> {
     }
 }
 
-/// Where `key` stands in a verified block: its value, its deletion, or absent.
-pub fn find_in_block<'a>(block: &'a [u8], key: &[u8]) -> Option<Option<&'a [u8]>> {
+/// Where a key stands in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    Absent,
+    Deleted,
+    Value(&'a [u8]),
+}
+
+/// Where `key` stands in a verified block.
+pub fn find_in_block<'a>(block: &'a [u8], key: &[u8]) -> Lookup<'a> {
     for (k, value) in BlockEntries::new(block).flatten() {
         match k.cmp(key) {
             std::cmp::Ordering::Less => {}
-            std::cmp::Ordering::Equal => return Some(value),
-            std::cmp::Ordering::Greater => return None,
+            std::cmp::Ordering::Equal => return value.map_or(Lookup::Deleted, Lookup::Value),
+            std::cmp::Ordering::Greater => return Lookup::Absent,
         }
     }
-    None
+    Lookup::Absent
 }

@@ -71,7 +71,7 @@ fn a_disk_store_agrees_with_a_map_through_flushes_merges_and_reopens() {
             let low = format!("k{:04}", rng.below(600)).into_bytes();
             let high = format!("k{:04}", rng.below(600)).into_bytes();
             let found: Vec<Vec<u8>> = store
-                .range(Bound::Included(low.clone()), Bound::Excluded(high.clone()))
+                .range(Bound::Included(&low), Bound::Excluded(&high))
                 .map(|(k, _)| k.to_vec())
                 .collect();
             let expected: Vec<Vec<u8>> = if low < high {
@@ -101,7 +101,9 @@ fn another_stores_files_are_foreign_and_wiped() {
 }
 
 /// A fresh disk holding one flushed store of 400 entries; the run file's path.
-fn one_run() -> (SimDisk, Arc<dyn Io>, std::path::PathBuf, Vec<(Vec<u8>, Vec<u8>)>) {
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn one_run() -> (SimDisk, Arc<dyn Io>, std::path::PathBuf, Entries) {
     let (disk, io) = disk();
     let (mut store, _) = open(&io, "app", 1 << 20);
     let mut expected = Vec::new();
