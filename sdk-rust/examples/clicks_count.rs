@@ -14,11 +14,14 @@
 //! (outputs may then repeat after a kill; the counts stay exact). `CLICKS_PACE=N` counts at most
 //! N clicks per second per process, to watch partitions move.
 //!
+//! `CLICKS_STORE=disk` keeps the counts in a disk store (bounded memory; a restart reads only
+//! the changelog the store had not taken); `CLICKS_USERS=N` spreads the clicks over N users.
+//!
 //! Defaults: 1,000,000 clicks over 1,000 users in 4 partitions. The last line names the final
 //! state (`final state: ... digest ...`), the same on every target for the same clicks.
 
 use chronik::processor::{
-    Context, Guarantee, ProcessError, Processor, ProcessorConfig, RestoreProgress, Until,
+    Context, Guarantee, ProcessError, Processor, ProcessorConfig, RestoreProgress, StoreKind, Until,
 };
 use chronik::{Connection, Durability, Options, OwnedRecord, Record, RecordView, TransactionWrite};
 use std::collections::BTreeMap;
@@ -26,6 +29,43 @@ use std::sync::Arc;
 use std::time::Instant;
 
 const USERS: u64 = 1_000;
+
+/// Users the clicks are spread over (`CLICKS_USERS`, default [`USERS`]).
+fn users() -> u64 {
+    std::env::var("CLICKS_USERS")
+        .ok()
+        .and_then(|u| u.parse().ok())
+        .filter(|&u| u > 0)
+        .unwrap_or(USERS)
+}
+
+/// The counts' store kind (`CLICKS_STORE`: memory, the default, or disk).
+fn store_kind() -> Result<StoreKind, String> {
+    std::env::var("CLICKS_STORE").map_or(Ok(StoreKind::Memory), |kind| kind.parse())
+}
+
+/// The counter application.
+fn config() -> Result<ProcessorConfig, String> {
+    let listener: chronik::processor::RestoreListener = Arc::new(|p: RestoreProgress<'_>| {
+        if p.done {
+            let from = p.from_snapshot.map_or("the changelog".to_owned(), |o| {
+                format!("a store or snapshot at {o} + changelog")
+            });
+            println!(
+                "  restored store {} partition {}: {} records from {from}",
+                p.store, p.partition, p.restored
+            );
+        }
+    });
+    Ok(ProcessorConfig {
+        commit_every_records: Some(20_000),
+        snapshot_every_commits: Some(10),
+        on_restore: Some(listener),
+        ..ProcessorConfig::new("click-counter", "clicks")
+            .store_with("counts", store_kind()?)
+            .commit_interval_ms(100)
+    })
+}
 const PARTITIONS: u32 = 4;
 const PRODUCE_BATCH: u64 = 1_000;
 
@@ -75,7 +115,7 @@ fn decode(bytes: &[u8]) -> Result<u64, ProcessError> {
 }
 
 fn user(i: u64) -> String {
-    format!("user-{:04}", (i * 7919) % USERS)
+    format!("user-{:04}", (i * 7919) % users())
 }
 
 /// Produce the clicks not produced yet (a kill may have stopped an earlier run midway).
@@ -123,23 +163,7 @@ fn produce(log: &Connection, clicks: u64) -> Result<(), Box<dyn std::error::Erro
 }
 
 fn count(log: &Connection, guarantee: Guarantee) -> Result<(), Box<dyn std::error::Error>> {
-    let listener: chronik::processor::RestoreListener = Arc::new(|p: RestoreProgress<'_>| {
-        if p.done {
-            let from = p
-                .from_snapshot
-                .map_or("the changelog".to_owned(), |o| format!("a snapshot at {o} + changelog"));
-            println!(
-                "  restored store {} partition {}: {} records from {from}",
-                p.store, p.partition, p.restored
-            );
-        }
-    });
-    let config = ProcessorConfig {
-        commit_every_records: Some(20_000),
-        snapshot_every_commits: Some(10),
-        on_restore: Some(listener),
-        ..ProcessorConfig::new("click-counter", "clicks").store("counts").commit_interval_ms(100)
-    };
+    let config = config()?;
     let counting = Instant::now();
     let pace = std::env::var("CLICKS_PACE").ok().map(|p| p.parse::<u64>()).transpose()?;
     let counter = |_| ClickCounter { pace, seen: 0 };
@@ -181,7 +205,27 @@ fn verify(
             last_output.insert(key, decode(&value)?);
         }
     }
-    let wrong = expected.iter().filter(|(user, count)| state.get(*user) != Some(count)).count();
+    let mut wrong = expected.iter().filter(|(user, count)| state.get(*user) != Some(count)).count();
+    if let Connection::Embedded(chronik) = log {
+        // The store itself, restored as a restart restores it (a disk store: opened, and the
+        // changelog after its offset read), must hold the same counts.
+        let runner = chronik::processor::Runner::new(chronik.engine(), config()?, |_| {
+            ClickCounter { pace: None, seen: 0 }
+        })?;
+        let mut stored = BTreeMap::new();
+        for partition in 0..PARTITIONS {
+            for (key, value) in runner.store(partition, "counts").ok_or("no store")? {
+                stored.insert(String::from_utf8_lossy(&key).into_owned(), decode(&value)?);
+            }
+        }
+        for store in runner.stores() {
+            store.check()?;
+        }
+        if stored != state {
+            wrong += 1;
+            println!("MISMATCH: the restored store differs from the changelog's state");
+        }
+    }
     let outputs_ok = match guarantee {
         Guarantee::ExactlyOnce => outputs == clicks,
         Guarantee::AtLeastOnce => outputs >= clicks,

@@ -1095,7 +1095,7 @@ fn restore_disk<L: TaskLog + ?Sized>(
         |key, value| disk.borrow_mut().apply(key, value),
         |position| {
             let mut disk = disk.borrow_mut();
-            if disk.wants_flush() { disk.flush(position).map_err(failed) } else { Ok(()) }
+            if disk.must_flush() { disk.flush(position).map_err(failed) } else { Ok(()) }
         },
     )?;
     let mut disk = disk.into_inner();
@@ -1105,7 +1105,7 @@ fn restore_disk<L: TaskLog + ?Sized>(
         }
         return Err(failed(error));
     }
-    if disk.wants_flush() {
+    if disk.must_flush() {
         disk.flush(end).map_err(failed)?;
     }
     stats.restored += restored;

@@ -18,7 +18,7 @@
 //! manifest stopped naming it.
 
 use super::run::verified;
-use super::run::{self, BlockEntries, Lookup, Run, RunMeta, RunWriter, find_in_block, key_hash};
+use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use super::{Damage, DiskOptions, Files, StoreError};
 use crate::Offset;
 use chronik_engine::internals::canary::{self, Canary};
@@ -35,29 +35,40 @@ const MANIFEST_VERSION: u16 = 1;
 /// Bytes a memtable entry costs beyond its key and value (tree node share, vectors).
 const ENTRY_OVERHEAD: usize = 64;
 
+/// The memtable's share of the cache: an eighth. It bounds the changelog a restart reads
+/// after a crash (what the store had not yet taken), so it is kept small; the rest caches
+/// blocks.
+fn memtable_bytes(options: DiskOptions) -> usize {
+    options.cache_bytes / 8
+}
+
+fn block_cache_bytes(options: DiskOptions) -> usize {
+    options.cache_bytes - memtable_bytes(options)
+}
+
 /// Decoded blocks kept in memory, first in, first out, within a byte budget.
 #[derive(Debug, Default)]
 struct BlockCache {
-    blocks: HashMap<(u64, usize), Arc<Vec<u8>>>,
+    blocks: HashMap<(u64, usize), Arc<Block>>,
     order: VecDeque<(u64, usize)>,
     bytes: usize,
     capacity: usize,
 }
 
 impl BlockCache {
-    fn get(&self, key: (u64, usize)) -> Option<Arc<Vec<u8>>> {
+    fn get(&self, key: (u64, usize)) -> Option<Arc<Block>> {
         self.blocks.get(&key).cloned()
     }
 
-    fn insert(&mut self, key: (u64, usize), block: Arc<Vec<u8>>) {
-        self.bytes += block.len();
+    fn insert(&mut self, key: (u64, usize), block: Arc<Block>) {
+        self.bytes += block.bytes();
         if self.blocks.insert(key, block).is_none() {
             self.order.push_back(key);
         }
         while self.bytes > self.capacity {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(block) = self.blocks.remove(&old) {
-                self.bytes -= block.len();
+                self.bytes -= block.bytes();
             }
         }
     }
@@ -68,7 +79,7 @@ impl BlockCache {
         self.blocks.retain(|key, block| {
             let keep = key.0 != id;
             if !keep {
-                *bytes -= block.len();
+                *bytes -= block.bytes();
             }
             keep
         });
@@ -155,6 +166,10 @@ pub struct DiskStore {
     /// Live entries: runs and memtable together.
     len: u64,
     next_id: u64,
+    /// The last key [`DiskStore::get`] looked up in the runs and whether it was there: a put
+    /// after a get (a count's update) then knows without a second lookup whether the key is
+    /// new. Forgotten on every change.
+    last_lookup: Mutex<LastLookup>,
     /// The first error a read through `&self` met (a damaged block, a failed read): the
     /// task fails before its next commit, so nothing read wrong is ever committed.
     failure: Mutex<Option<StoreError>>,
@@ -172,6 +187,14 @@ impl std::fmt::Debug for DiskStore {
     }
 }
 
+/// See [`DiskStore::last_lookup`].
+#[derive(Debug, Default)]
+struct LastLookup {
+    key: Vec<u8>,
+    exists: bool,
+    valid: bool,
+}
+
 /// Where a lookup found a key.
 type Found<'a> = Option<Cow<'a, [u8]>>;
 
@@ -186,7 +209,7 @@ impl DiskStore {
     ) -> Result<(DiskStore, Option<String>), StoreError> {
         let files = Arc::new(files);
         files.create_directory()?;
-        let cache = BlockCache { capacity: options.cache_bytes / 2, ..BlockCache::default() };
+        let cache = BlockCache { capacity: block_cache_bytes(options), ..BlockCache::default() };
         let mut store = DiskStore {
             files: Arc::clone(&files),
             identity,
@@ -198,6 +221,7 @@ impl DiskStore {
             offset: Offset::ZERO,
             len: 0,
             next_id: 0,
+            last_lookup: Mutex::new(LastLookup::default()),
             failure: Mutex::new(None),
         };
         let reason = match store.load() {
@@ -234,10 +258,11 @@ impl DiskStore {
 
     /// Forget everything: the store is empty at offset 0, its directory without files.
     pub fn wipe(&mut self) -> Result<(), StoreError> {
+        self.forget_lookup();
         self.runs.clear();
         self.cache.lock().expect("cache lock").blocks.clear();
         *self.cache.lock().expect("cache lock") =
-            BlockCache { capacity: self.options.cache_bytes / 2, ..BlockCache::default() };
+            BlockCache { capacity: block_cache_bytes(self.options), ..BlockCache::default() };
         self.memtable.clear();
         self.memtable_bytes = 0;
         self.offset = Offset::ZERO;
@@ -285,7 +310,13 @@ impl DiskStore {
 
     /// Whether the memtable has grown to its share of the cache: flush after the commit.
     pub fn wants_flush(&self) -> bool {
-        self.memtable_bytes >= self.options.cache_bytes / 2
+        self.memtable_bytes >= memtable_bytes(self.options)
+    }
+
+    /// Whether the memtable has grown to twice its share: a restore flushes only then (and
+    /// leaves the flush, and the merges it may start, to the first commit otherwise).
+    pub fn must_flush(&self) -> bool {
+        self.memtable_bytes >= 2 * memtable_bytes(self.options)
     }
 
     pub fn runs(&self) -> usize {
@@ -310,7 +341,7 @@ impl DiskStore {
         }
     }
 
-    fn block(&self, run: &Run, i: usize) -> Result<Arc<Vec<u8>>, StoreError> {
+    fn block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
         let key = (run.meta.id, i);
         if let Some(block) = self.cache.lock().expect("cache lock").get(key) {
             return Ok(block);
@@ -329,7 +360,7 @@ impl DiskStore {
             }
             let Some(i) = run.block_for(key) else { continue };
             let block = self.block(run, i)?;
-            match find_in_block(&block, key) {
+            match block.find(key) {
                 Lookup::Absent => {}
                 Lookup::Deleted => return Ok(None),
                 Lookup::Value(value) => return Ok(Some(Cow::Owned(value.to_vec()))),
@@ -338,34 +369,51 @@ impl DiskStore {
         Ok(None)
     }
 
-    fn lookup(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
-        match self.memtable.get(key) {
-            Some(Some(value)) => Ok(Some(Cow::Borrowed(value))),
-            Some(None) => Ok(None),
-            None => self.lookup_runs(key),
-        }
-    }
-
     /// `key`'s value; a read that fails is remembered ([`DiskStore::take_failure`]) and
     /// answers `None`.
     pub fn get(&self, key: &[u8]) -> Found<'_> {
-        self.lookup(key).unwrap_or_else(|error| {
+        if let Some(value) = self.memtable.get(key) {
+            return value.as_deref().map(Cow::Borrowed);
+        }
+        let found = self.lookup_runs(key).unwrap_or_else(|error| {
             self.fail(error);
             None
-        })
+        });
+        if let Ok(mut last) = self.last_lookup.lock() {
+            last.key.clear();
+            last.key.extend_from_slice(key);
+            last.exists = found.is_some();
+            last.valid = true;
+        }
+        found
     }
 
     fn exists(&self, key: &[u8]) -> bool {
-        match self.memtable.get(key) {
-            Some(value) => value.is_some(),
-            None => self.get(key).is_some(),
+        if let Some(value) = self.memtable.get(key) {
+            return value.is_some();
+        }
+        if let Ok(last) = self.last_lookup.lock()
+            && last.valid
+            && last.key == key
+        {
+            return last.exists;
+        }
+        self.get(key).is_some()
+    }
+
+    fn forget_lookup(&self) {
+        if let Ok(mut last) = self.last_lookup.lock() {
+            last.valid = false;
         }
     }
 
-    fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
+    /// Set `key`'s change in the memtable; returns whether the key was there before (in the
+    /// memtable, or else in the runs), with one walk of the memtable for a key it holds.
+    fn set(&mut self, key: &[u8], value: Option<&[u8]>) -> bool {
         let size =
             |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
         if let Some(slot) = self.memtable.get_mut(key) {
+            let existed = slot.is_some();
             self.memtable_bytes -= size(slot);
             match (slot.as_mut(), value) {
                 (Some(stored), Some(value)) => {
@@ -375,23 +423,27 @@ impl DiskStore {
                 (_, value) => *slot = value.map(<[u8]>::to_vec),
             }
             self.memtable_bytes += size(slot);
-        } else {
-            let slot = value.map(<[u8]>::to_vec);
-            self.memtable_bytes += size(&slot);
-            self.memtable.insert(key.to_vec(), slot);
+            self.forget_lookup();
+            return existed;
         }
+        let existed = self.exists(key);
+        self.forget_lookup();
+        let slot = value.map(<[u8]>::to_vec);
+        self.memtable_bytes += size(&slot);
+        self.memtable.insert(key.to_vec(), slot);
+        existed
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        if !self.exists(key) {
+        if !self.set(key, Some(value)) {
             self.len += 1;
         }
-        self.set(key, Some(value));
     }
 
     /// Returns whether the key was there.
     pub fn delete(&mut self, key: &[u8]) -> bool {
         let was = self.exists(key);
+        self.forget_lookup();
         if was {
             self.len = self.len.saturating_sub(1);
             if self.runs.is_empty() {
@@ -435,6 +487,7 @@ impl DiskStore {
     }
 
     fn write_memtable(&mut self, offset: Offset) -> Result<(), StoreError> {
+        self.forget_lookup();
         if self.memtable.is_empty() && offset == self.offset {
             return Ok(());
         }
@@ -593,8 +646,8 @@ impl<'a> RunCursor<'a> {
             };
             self.next_block += 1;
             let low = &self.low;
-            self.block = BlockEntries::new(&bytes)
-                .flatten()
+            self.block = bytes
+                .iter()
                 .filter(|(key, _)| match low {
                     Bound::Included(l) => *key >= l.as_slice(),
                     Bound::Excluded(l) => *key > l.as_slice(),

@@ -69,9 +69,10 @@ impl std::str::FromStr for StoreKind {
 /// A disk store's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiskOptions {
-    /// Memory the store may hold: half for changes not yet written to a run (the memtable,
-    /// flushed after the commit that fills it), half for cached blocks. Run indexes and
-    /// Bloom filters (about 1.3 bytes per entry) come on top.
+    /// Memory the store may hold: an eighth for changes not yet written to a run (the
+    /// memtable, flushed after the commit that fills it; it also bounds the changelog a
+    /// restart after a crash reads), the rest for cached blocks. Run indexes and Bloom
+    /// filters (about 1.5 bytes per entry) come on top. Per store and partition.
     pub cache_bytes: usize,
 }
 

@@ -38,36 +38,44 @@ struct BlockEntry {
     length: u32,
 }
 
-/// A Bloom filter over a run's keys.
+/// A blocked Bloom filter over a run's keys: a key's probes all fall in one 64-byte block, so
+/// a lookup costs one cache miss per run, not one per probe.
 #[derive(Debug)]
 struct Bloom {
     bits: Vec<u8>,
 }
 
+/// Bytes of one Bloom block (a cache line).
+const BLOOM_BLOCK_BYTES: usize = 64;
+
 impl Bloom {
     fn for_keys(keys: u64) -> Bloom {
         let bytes = (keys.max(1) * BLOOM_BITS_PER_KEY).div_ceil(8);
-        Bloom { bits: vec![0; usize::try_from(bytes).unwrap_or(usize::MAX).max(8)] }
+        let bytes =
+            usize::try_from(bytes).unwrap_or(usize::MAX).next_multiple_of(BLOOM_BLOCK_BYTES);
+        Bloom { bits: vec![0; bytes] }
     }
 
-    fn probes(&self, hash: u64) -> impl Iterator<Item = usize> + use<> {
-        let bits = self.bits.len() as u64 * 8;
-        let (mut h, delta) = (hash, hash.rotate_left(21) | 1);
-        (0..BLOOM_PROBES).map(move |_| {
-            let bit = h % bits;
-            h = h.wrapping_add(delta);
-            bit as usize
+    /// The byte and bit of each probe of `hash`.
+    fn probes(&self, hash: u64) -> impl Iterator<Item = (usize, u8)> + use<> {
+        let blocks = (self.bits.len() / BLOOM_BLOCK_BYTES) as u64;
+        let block =
+            ((u128::from(hash >> 32) * u128::from(blocks)) >> 32) as usize * BLOOM_BLOCK_BYTES;
+        let mixed = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..BLOOM_PROBES).map(move |i| {
+            let bit = (mixed >> (9 * i)) as usize & (BLOOM_BLOCK_BYTES * 8 - 1);
+            (block + bit / 8, 1 << (bit % 8))
         })
     }
 
     fn insert(&mut self, hash: u64) {
-        for bit in self.probes(hash) {
-            self.bits[bit / 8] |= 1 << (bit % 8);
+        for (byte, mask) in self.probes(hash) {
+            self.bits[byte] |= mask;
         }
     }
 
     fn may_contain(&self, hash: u64) -> bool {
-        self.probes(hash).all(|bit| self.bits[bit / 8] & (1 << (bit % 8)) != 0)
+        self.probes(hash).all(|(byte, mask)| self.bits[byte] & mask != 0)
     }
 }
 
@@ -367,7 +375,7 @@ impl Run {
             || entries != meta.entries
             || index_offset.checked_add(index_length) != Some(bloom_offset)
             || bloom_offset.checked_add(bloom_length) != Some(end)
-            || bloom_length < 16
+            || bloom_length < (BLOOM_BLOCK_BYTES + 8) as u64
         {
             return Err(Loaded::Damaged("footer disagrees with the file or the manifest"));
         }
@@ -395,6 +403,9 @@ impl Run {
         }
         let bloom_bytes = self.read(bloom_offset, bloom_length as usize).map_err(Loaded::Io)?;
         let bits = verified(&bloom_bytes).ok_or(Loaded::Damaged("Bloom filter checksum"))?;
+        if bits.is_empty() || !bits.len().is_multiple_of(BLOOM_BLOCK_BYTES) {
+            return Err(Loaded::Damaged("Bloom filter size"));
+        }
         Ok((index, Bloom { bits: bits.to_vec() }))
     }
 
@@ -426,27 +437,33 @@ impl Run {
         (i < self.index.len()).then_some(i)
     }
 
-    /// Block `i`'s entries (checksum verified, so every later parse of them is in bounds).
-    pub fn read_block(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+    /// Block `i`, checksum verified and parsed.
+    pub fn read_block(&self, i: usize) -> Result<Block, StoreError> {
         let entry = &self.index[i];
         let mut bytes = self.read(entry.offset, entry.length as usize)?;
         let damaged =
             || StoreError::Damaged(Damage::new(&run_name(self.meta.id), "block checksum"));
         let body_length = verified(&bytes).ok_or_else(damaged)?.len();
         bytes.truncate(body_length);
-        // A block must parse to the end, its last key the index's.
+        // A block must parse to the end, in key order, its last key the index's.
+        let mut entries = Vec::new();
         let mut last: Option<&[u8]> = None;
-        for entry in BlockEntries::new(&bytes) {
-            let (key, _) = entry.ok_or_else(damaged)?;
+        let mut rest = BlockEntries::new(&bytes);
+        loop {
+            let at = bytes.len() - rest.fields.rest.len();
+            let Some(entry) = rest.next() else { break };
+            let (key, value) = entry.ok_or_else(damaged)?;
             if last.is_some_and(|l| l >= key) {
                 return Err(damaged());
             }
             last = Some(key);
+            let value_length = value.map_or(TOMBSTONE, |v| v.len() as u32);
+            entries.push(EntryAt { at: at as u32, key_length: key.len() as u32, value_length });
         }
         if last != Some(&*self.index[i].last_key) {
             return Err(damaged());
         }
-        Ok(bytes)
+        Ok(Block { bytes, entries })
     }
 }
 
@@ -457,12 +474,12 @@ enum Loaded {
 
 /// The entries of a block's bytes: key and value (`None`: deleted); an item is `None` where
 /// the bytes do not parse.
-pub struct BlockEntries<'a> {
+struct BlockEntries<'a> {
     fields: Fields<'a>,
 }
 
 impl<'a> BlockEntries<'a> {
-    pub fn new(block: &'a [u8]) -> BlockEntries<'a> {
+    fn new(block: &'a [u8]) -> BlockEntries<'a> {
         BlockEntries { fields: Fields { rest: block } }
     }
 }
@@ -500,14 +517,55 @@ pub enum Lookup<'a> {
     Value(&'a [u8]),
 }
 
-/// Where `key` stands in a verified block.
-pub fn find_in_block<'a>(block: &'a [u8], key: &[u8]) -> Lookup<'a> {
-    for (k, value) in BlockEntries::new(block).flatten() {
-        match k.cmp(key) {
-            std::cmp::Ordering::Less => {}
-            std::cmp::Ordering::Equal => return value.map_or(Lookup::Deleted, Lookup::Value),
-            std::cmp::Ordering::Greater => return Lookup::Absent,
+/// Where an entry of a parsed block lies in its bytes.
+#[derive(Clone, Copy, Debug)]
+struct EntryAt {
+    /// Where the entry (its length fields) starts.
+    at: u32,
+    key_length: u32,
+    /// [`TOMBSTONE`] for a deletion.
+    value_length: u32,
+}
+
+/// A verified block, parsed: its entries found by binary search.
+#[derive(Debug)]
+pub struct Block {
+    bytes: Vec<u8>,
+    entries: Vec<EntryAt>,
+}
+
+impl Block {
+    fn key(&self, entry: EntryAt) -> &[u8] {
+        let start = entry.at as usize + 8;
+        &self.bytes[start..start + entry.key_length as usize]
+    }
+
+    fn entry(&self, entry: EntryAt) -> (&[u8], Option<&[u8]>) {
+        let key = self.key(entry);
+        let start = entry.at as usize + 8 + key.len();
+        let value = (entry.value_length != TOMBSTONE)
+            .then(|| &self.bytes[start..start + entry.value_length as usize]);
+        (key, value)
+    }
+
+    /// Where `key` stands in this block.
+    pub fn find(&self, key: &[u8]) -> Lookup<'_> {
+        match self.entries.binary_search_by(|e| self.key(*e).cmp(key)) {
+            Ok(i) => match self.entry(self.entries[i]) {
+                (_, Some(value)) => Lookup::Value(value),
+                (_, None) => Lookup::Deleted,
+            },
+            Err(_) => Lookup::Absent,
         }
     }
-    Lookup::Absent
+
+    /// The entries in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.entries.iter().map(|e| self.entry(*e))
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len() + self.entries.len() * std::mem::size_of::<EntryAt>()
+    }
 }

@@ -72,6 +72,9 @@ enum Group {
     /// Chronik: a counting stream processor, and restoring its store (changelog only, and
     /// snapshot plus changelog tail) beside a zero-copy scan of the changelog.
     Processor,
+    /// Chronik: a counting processor over many distinct keys with a memory store and a disk
+    /// store (throughput, peak RSS), each killed and restarted. Only in the first run.
+    Stores,
 }
 
 impl Cli {
@@ -89,6 +92,8 @@ struct Sizes {
     compaction_keys: u64,
     /// Input records of the processor scenario.
     processor_records: u64,
+    /// Distinct keys of the stores scenario.
+    store_keys: u64,
     sync_seconds: f64,
     peer_records: u64,
     fio_bytes: u64,
@@ -102,6 +107,7 @@ impl Sizes {
                 large_bytes: 256 << 20,
                 compaction_keys: 100_000,
                 processor_records: 1_000_000,
+                store_keys: 1_000_000,
                 sync_seconds: 1.5,
                 peer_records: 200_000,
                 fio_bytes: 256 << 20,
@@ -112,6 +118,7 @@ impl Sizes {
                 large_bytes: 1 << 30,
                 compaction_keys: 1_000_000,
                 processor_records: 4_000_000,
+                store_keys: 20_000_000,
                 sync_seconds: 5.0,
                 peer_records: 1_000_000,
                 fio_bytes: 1 << 30,
@@ -133,6 +140,9 @@ struct Measure {
     skipped: Option<String>,
     /// More about the run (acknowledgement latencies, say).
     note: Option<String>,
+    /// A scenario measured in time (a restart): its seconds, and those of its restore alone.
+    seconds: Option<f64>,
+    restore_seconds: Option<f64>,
 }
 
 impl Measure {
@@ -145,6 +155,8 @@ impl Measure {
             bytes_per_second: (bytes > 0).then(|| bytes as f64 / seconds),
             skipped: None,
             note: None,
+            seconds: None,
+            restore_seconds: None,
         }
     }
 
@@ -156,6 +168,8 @@ impl Measure {
             bytes_per_second: None,
             skipped: Some(why.into()),
             note: None,
+            seconds: None,
+            restore_seconds: None,
         }
     }
 }
@@ -415,6 +429,11 @@ fn chronik_scenarios(
     if cli.runs(Group::Compaction) && !backends.is_empty() {
         let dir = fresh(base, "compaction")?;
         out.extend(compaction(&dir, default_backend, sizes.compaction_keys)?.map(report));
+        std::fs::remove_dir_all(&dir)?;
+    }
+    if cli.runs(Group::Stores) && run == 1 {
+        let dir = fresh(base, "stores")?;
+        out.extend(stores::stores(&dir, sizes.store_keys)?.into_iter().map(report));
         std::fs::remove_dir_all(&dir)?;
     }
     if cli.runs(Group::Processor) && !backends.is_empty() {
@@ -705,6 +724,7 @@ fn human(value: f64) -> String {
 
 mod peers;
 mod pipelined;
+mod stores;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -945,6 +965,7 @@ fn ratios(measures: &[Measure]) -> Vec<Ratio> {
         unit: "x",
     });
     out.extend(processor_ratios(measures, &uring));
+    out.extend(stores::store_ratios(measures));
     out.extend(pipelined_ratios(measures, &uring));
     out.extend(direct_ratios(measures, &uring));
     let scenarios: Vec<String> =
@@ -1043,7 +1064,7 @@ fn write_outputs(
         "measures": measures.iter().map(|m| json!({
             "scenario": m.scenario, "system": m.system,
             "records_per_second": m.records_per_second, "bytes_per_second": m.bytes_per_second,
-            "skipped": m.skipped, "note": m.note,
+            "skipped": m.skipped, "note": m.note, "seconds": m.seconds,
         })).collect::<Vec<_>>(),
         "ratios": ratios.iter().map(|r| json!({
             "what": r.what, "value": r.value, "target": r.target, "unit": r.unit,

@@ -1,0 +1,205 @@
+//! The state-store benchmark's work, one process per step so that each step's peak RSS is its
+//! own (`chronik-bench --only stores` runs it):
+//!
+//! - `produce DIR --records N --start S [--keys K]`: append N clicks of 100 B to topic
+//!   `clicks` (4 partitions, created if missing), each keyed by a distinct key `key-<S + i>`
+//!   (or `key-<(S + i) mod K>`).
+//! - `count DIR --application A --store KIND`: a counting processor on 2 threads (counts per
+//!   key, 8-byte values, in store `counts` of kind `memory`, `disk` or `disk:<cache MiB>`)
+//!   until every partition of `clicks` is processed; `--kill-after N` SIGKILLs the process
+//!   after N records. `--full-restore` first removes the application's snapshots, so a memory
+//!   store restores from its whole changelog.
+//!
+//! `count` prints one JSON line: records processed, seconds from the process's start to the
+//! runner being ready (the restore) and to the first processed record, seconds processing,
+//! peak RSS (`VmHWM`, KiB), and what the restore read.
+
+use anyhow::bail;
+use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig, Runner, StoreKind};
+use chronik::{Chronik, Durability, Offset, Options, Record, RecordView, TopicConfig};
+use clap::{Parser, Subcommand};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: u32 = 4;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    work: Work,
+}
+
+#[derive(Subcommand)]
+enum Work {
+    Produce {
+        dir: String,
+        #[arg(long)]
+        records: u64,
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+        /// Keys the records cycle over (default: every record its own key).
+        #[arg(long)]
+        keys: Option<u64>,
+    },
+    Count {
+        dir: String,
+        #[arg(long)]
+        application: String,
+        #[arg(long)]
+        store: StoreKind,
+        #[arg(long)]
+        kill_after: Option<u64>,
+        #[arg(long)]
+        full_restore: bool,
+    },
+}
+
+static STARTED: OnceLock<Instant> = OnceLock::new();
+static FIRST_RECORD: OnceLock<Duration> = OnceLock::new();
+static PROCESSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts records per key, as 8-byte little-endian counts.
+struct Counter {
+    kill_after: Option<u64>,
+}
+
+impl Processor for Counter {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        FIRST_RECORD.get_or_init(|| STARTED.get().map_or(Duration::ZERO, Instant::elapsed));
+        let key = record.key().unwrap_or_default();
+        let counts = ctx.store("counts")?;
+        let count = counts.get(key).map_or(Ok(0), |v| {
+            <[u8; 8]>::try_from(&*v)
+                .map(u64::from_le_bytes)
+                .map_err(|_| ProcessError::new("a count is not 8 bytes"))
+        })? + 1;
+        counts.put(key, &count.to_le_bytes());
+        let processed = PROCESSED.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.kill_after.is_some_and(|n| processed >= n) {
+            // SAFETY: kill(2) with our own pid; no memory is touched.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn open(dir: &str) -> anyhow::Result<Chronik> {
+    Ok(Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() })?)
+}
+
+/// Peak resident set size of this process, KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn produce(dir: &str, records: u64, start: u64, keys_max: Option<u64>) -> anyhow::Result<()> {
+    let chronik = open(dir)?;
+    if chronik.partition_count("clicks").is_none() {
+        chronik.create_topic("clicks", TopicConfig::default().with_partitions(PARTITIONS))?;
+    }
+    let value = [0x42_u8; 100];
+    let mut keys: Vec<Vec<String>> = vec![Vec::new(); PARTITIONS as usize];
+    for i in start..start + records {
+        let key = format!("key-{:010}", keys_max.map_or(i, |k| i % k.max(1)));
+        keys[chronik::partition_for_key(key.as_bytes(), PARTITIONS) as usize].push(key);
+        if i % 8000 == 7999 || i + 1 == start + records {
+            for (p, keys) in keys.iter_mut().enumerate() {
+                let batch: Vec<Record<'_>> =
+                    keys.iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
+                if !batch.is_empty() {
+                    chronik.append("clicks", p as u32, &batch)?;
+                }
+                keys.clear();
+            }
+        }
+    }
+    chronik.flush()?;
+    Ok(())
+}
+
+fn count(
+    dir: &str,
+    application: &str,
+    store: StoreKind,
+    kill_after: Option<u64>,
+    full_restore: bool,
+) -> anyhow::Result<()> {
+    let chronik = open(dir)?;
+    let opened = STARTED.get().map_or(Duration::ZERO, Instant::elapsed);
+    let config = ProcessorConfig::new(application, "clicks").store_with("counts", store).threads(2);
+    if full_restore {
+        for p in 0..PARTITIONS {
+            let snapshot =
+                std::path::Path::new(dir).join("state").join(config.snapshot_file("counts", p));
+            match std::fs::remove_file(&snapshot) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
+    }
+    let mut runner = Runner::new(chronik.engine(), config, |_| Counter { kill_after })?;
+    let ready = STARTED.get().map_or(Duration::ZERO, Instant::elapsed);
+    let stop = AtomicBool::new(false);
+    let started = Instant::now();
+    let ends: Vec<u64> = (0..PARTITIONS)
+        .map(|p| chronik.high_watermark("clicks", p).map(Offset::get))
+        .collect::<Result<_, _>>()?;
+    let stats = std::thread::scope(|scope| -> anyhow::Result<_> {
+        let worker = scope.spawn(|| runner.run_until(&stop));
+        loop {
+            let done = (0..PARTITIONS).all(|p| {
+                chronik.committed_offset(application, "clicks", p).map_or(0, Offset::get)
+                    >= ends[p as usize]
+            });
+            if done || worker.is_finished() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::Relaxed);
+        worker.join().map_err(|_| anyhow::anyhow!("the processor panicked"))?.map_err(Into::into)
+    })?;
+    let seconds = started.elapsed().as_secs_f64();
+    let entries: u64 =
+        (0..PARTITIONS).map(|p| runner.store(p, "counts").map_or(0, |s| s.len() as u64)).sum();
+    if let Some(store) = runner.stores().find(|s| s.check().is_err()) {
+        bail!("a {} store failed a read", store.kind());
+    }
+    println!(
+        "{{\"records\": {}, \"entries\": {entries}, \"open_seconds\": {}, \"ready_seconds\": {}, \
+         \"first_record_seconds\": {}, \"process_seconds\": {seconds}, \"peak_rss_kib\": {}, \
+         \"restored\": {}, \"stores_opened\": {}, \"stores_rebuilt\": {}}}",
+        stats.records,
+        opened.as_secs_f64(),
+        ready.as_secs_f64(),
+        FIRST_RECORD.get().map_or(-1.0, Duration::as_secs_f64),
+        peak_rss_kib(),
+        stats.restored,
+        stats.stores_opened,
+        stats.stores_rebuilt,
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    STARTED.get_or_init(Instant::now);
+    match Cli::parse().work {
+        Work::Produce { dir, records, start, keys } => produce(&dir, records, start, keys),
+        Work::Count { dir, application, store, kill_after, full_restore } => {
+            count(&dir, &application, store, kill_after, full_restore)
+        }
+    }
+}
