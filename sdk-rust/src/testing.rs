@@ -174,7 +174,9 @@ fn with_seed_stores(mut config: ProcessorConfig, rng: &mut Rng) -> ProcessorConf
 fn arm_faults(disk: &SimDisk, rng: &mut Rng, calls: u64, io_faults: Faults) {
     let with_io_faults = rng.chance(300_000);
     if rng.chance(ROT_PER_MILLION) {
-        disk.flip_bit_under(&Path::new(DATA).join("state"), rng);
+        for _ in 0..rng.between(1, 3) {
+            disk.flip_bit_under(&Path::new(DATA).join("state"), rng);
+        }
     }
     // Log-uniform up to the calls of a run committing every record: early and late cuts
     // alike, whatever the seed's commit cadence.
