@@ -62,11 +62,13 @@ def test_counts_are_exact_and_restored_after_a_reopen(path):
             assert mine == list(range(1, 151))
 
 
-def test_store_behaves_like_a_dict(path):
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_store_behaves_like_a_dict(path, kind):
     seen = {}
+    stores = {"j": f"json+{kind}", "b": f"bytes+{kind}"}
     with chronik.open(path) as db:
         produce(db, "in", [(None, b"go")])
-        app = chronik.App(db, "dicts", input="in", stores={"j": "json", "b": "bytes"})
+        app = chronik.App(db, "dicts", input="in", stores=stores)
 
         @app.processor
         def use_stores(record, ctx):
@@ -108,7 +110,7 @@ def test_store_behaves_like_a_dict(path):
             len(seen["store"])
         assert app.store("j") == {"a": {"n": 1, "list": [1, 2.5, None, True, "x"]}}
     with chronik.open(path) as db:
-        app = chronik.App(db, "dicts", input="in", stores={"j": "json", "b": "bytes"})
+        app = chronik.App(db, "dicts", input="in", stores=stores)
         app.processor(lambda record, ctx: None)
         # The empty value survives the restore: it is not a tombstone.
         assert app.store("b") == {b"k": b"\x00\xff", b"empty": b""}

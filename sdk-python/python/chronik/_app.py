@@ -44,7 +44,16 @@ class _FunctionHandler:
 
 
 class Spec:
-    """What a processor is: its handler (a function or a Processor class) and its settings."""
+    """What a processor is: its handler (a function or a Processor class) and its settings.
+
+    `stores`: store names (JSON keys and values, kept in memory), or a mapping of name to a
+    spec: `+`-separated words, each a format (`"json"`, the default; `"str"`; `"bytes"`) or a
+    kind (`"memory"`; `"disk"`; `"disk:<cache MiB>"`), e.g. `{"counts": "disk"}` or
+    `{"raw": "bytes+disk:256"}`. A disk store keeps its entries in sorted files beside the
+    topics with a bounded cache (64 MiB per store and partition by default) and restarts by
+    reading only the changelog it had not yet taken. `store_kind` sets the kind of every store
+    whose spec names none.
+    """
 
     def __init__(
         self,
