@@ -623,7 +623,10 @@ pub(crate) fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
         ProcessorError::Topic(e) => crate::error(e.into()),
         ProcessorError::Read(e) => crate::error(e.into()),
         ProcessorError::Commit(e) => commit_error(e),
-        ProcessorError::BadChangelog { .. } => CorruptionError::new_err(error.to_string()),
+        ProcessorError::BadChangelog { .. }
+        | ProcessorError::Store { source: chronik::processor::StoreError::Damaged(_), .. } => {
+            CorruptionError::new_err(error.to_string())
+        }
         other => ChronikError::new_err(other.to_string()),
     }
 }
