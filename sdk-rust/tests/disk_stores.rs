@@ -4,7 +4,6 @@
 
 use chronik::processor::{
     Context, ProcessError, Processor, ProcessorConfig, RestoreProgress, RunStats, Runner,
-    StoreKind,
 };
 use chronik::{Chronik, Durability, Options, Record, RecordView, SystemIo, TopicConfig};
 use std::collections::BTreeMap;
@@ -60,7 +59,7 @@ fn config(reports: &Reports) -> ProcessorConfig {
         on_restore: Some(Arc::new(move |p: RestoreProgress<'_>| {
             if p.done {
                 let rebuilt = p.rebuilt.map(str::to_owned);
-                let from = p.from_snapshot.map(|o| o.get());
+                let from = p.from_snapshot.map(chronik::Offset::get);
                 reports.lock().unwrap().push((p.partition, from, rebuilt, p.restored));
             }
         })),
