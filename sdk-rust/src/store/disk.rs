@@ -170,6 +170,8 @@ pub struct DiskStore {
     /// after a get (a count's update) then knows without a second lookup whether the key is
     /// new. Forgotten on every change.
     last_lookup: Mutex<LastLookup>,
+    /// Damage was found: the manifest is gone and no flush may write another.
+    condemned: std::sync::atomic::AtomicBool,
     /// The first error a read through `&self` met (a damaged block, a failed read): the
     /// task fails before its next commit, so nothing read wrong is ever committed.
     failure: Mutex<Option<StoreError>>,
@@ -222,6 +224,7 @@ impl DiskStore {
             len: 0,
             next_id: 0,
             last_lookup: Mutex::new(LastLookup::default()),
+            condemned: std::sync::atomic::AtomicBool::new(false),
             failure: Mutex::new(None),
         };
         let reason = match store.load() {
@@ -259,6 +262,7 @@ impl DiskStore {
     /// Forget everything: the store is empty at offset 0, its directory without files.
     pub fn wipe(&mut self) -> Result<(), StoreError> {
         self.forget_lookup();
+        self.condemned.store(false, std::sync::atomic::Ordering::Relaxed);
         self.runs.clear();
         self.cache.lock().expect("cache lock").blocks.clear();
         *self.cache.lock().expect("cache lock") =
@@ -296,6 +300,7 @@ impl DiskStore {
 
     /// Make the next open rebuild this store (after damage was found).
     pub fn condemn(&self) {
+        self.condemned.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = self.files.remove_if_present(&self.files.path(MANIFEST));
         let _ = self.files.sync();
     }
@@ -478,6 +483,10 @@ impl DiskStore {
     /// made the memtable's state, in a new manifest; then merge runs as the levels fill.
     /// Called only right after a commit (or a restore), so the memtable holds committed state.
     pub fn flush(&mut self, offset: Offset) -> Result<(), StoreError> {
+        if self.condemned.load(std::sync::atomic::Ordering::Relaxed) {
+            // A new manifest would name the damaged runs again.
+            return Err(StoreError::Damaged(Damage::new(MANIFEST, "condemned after damage")));
+        }
         let result = self.write_memtable(offset);
         if let Err(StoreError::Damaged(_)) = &result {
             // A merge read a damaged run: the next open rebuilds the store.
