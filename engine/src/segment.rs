@@ -49,7 +49,18 @@ impl<I: Io> SegmentFile<I> {
     }
 
     pub fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, IoError> {
-        let buffer = vec![0; length];
+        self.read_into(position, length, Vec::new())
+    }
+
+    /// As [`SegmentFile::read`], into `buffer`, resized to `length` first: a buffer reused
+    /// from read to read is overwritten, not zeroed and faulted in again.
+    pub fn read_into(
+        &self,
+        position: u64,
+        length: usize,
+        mut buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, IoError> {
+        buffer.resize(length, 0);
         let completion =
             io::run(&*self.io, Operation::Read { file: self.handle, position, buffer });
         completion.result.map_err(|e| IoError::new("read", &self.path, e))?;
@@ -274,6 +285,8 @@ pub fn scan<I: Io>(
     mut visit: impl FnMut(u64, &BatchView<'_>) -> bool,
 ) -> Result<ScanEnd, IoError> {
     let mut buffer: Vec<u8> = Vec::new();
+    // The buffer before the last read: the next read goes into it.
+    let mut spare: Vec<u8> = Vec::new();
     let mut buffer_start = start;
     let mut cursor = 0usize;
     loop {
@@ -303,18 +316,20 @@ pub fn scan<I: Io>(
                     let damage = Some(DecodeError::Incomplete { needed, available });
                     return Ok(ScanEnd { position, damage });
                 }
-                buffer.drain(..cursor);
-                buffer_start = position;
-                cursor = 0;
-                let missing = needed.saturating_sub(buffer.len() as u64);
-                let length = missing.max(SCAN_CHUNK_BYTES as u64).min(end - loaded_end);
-                let chunk = file.read(loaded_end, length as usize)?;
-                if chunk.is_empty() {
+                // Read again from the incomplete batch's start (its first bytes come from the
+                // page cache a second time): the chunk then replaces the buffer whole, with no
+                // copy in memory, and the old buffer takes the next read.
+                let held = (buffer.len() - cursor) as u64;
+                let length = needed.max(SCAN_CHUNK_BYTES as u64).min(end - position);
+                let chunk = file.read_into(position, length as usize, std::mem::take(&mut spare))?;
+                if chunk.len() as u64 <= held {
                     let damage =
                         Some(DecodeError::Incomplete { needed, available: end - position });
                     return Ok(ScanEnd { position, damage });
                 }
-                buffer.extend_from_slice(&chunk);
+                spare = std::mem::replace(&mut buffer, chunk);
+                buffer_start = position;
+                cursor = 0;
             }
             Err(damage @ DecodeError::Corrupt(_)) => {
                 return Ok(ScanEnd { position, damage: Some(damage) });
