@@ -321,7 +321,8 @@ pub fn scan<I: Io>(
                 // copy in memory, and the old buffer takes the next read.
                 let held = (buffer.len() - cursor) as u64;
                 let length = needed.max(SCAN_CHUNK_BYTES as u64).min(end - position);
-                let chunk = file.read_into(position, length as usize, std::mem::take(&mut spare))?;
+                let chunk =
+                    file.read_into(position, length as usize, std::mem::take(&mut spare))?;
                 if chunk.len() as u64 <= held {
                     let damage =
                         Some(DecodeError::Incomplete { needed, available: end - position });
