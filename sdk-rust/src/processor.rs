@@ -1045,7 +1045,7 @@ fn restore_memory<L: TaskLog + ?Sized>(
     stats.restored += restored;
     let snapshot_offset = from.map(Offset::get);
     tracing::info!(restored, ?snapshot_offset, entries = latest.len(), "restored");
-    Ok(Store::in_memory(latest))
+    Ok(Store::from_map(latest.into_iter().collect()))
 }
 
 fn restore_disk<L: TaskLog + ?Sized>(
@@ -1098,19 +1098,15 @@ fn restore_disk<L: TaskLog + ?Sized>(
             if disk.must_flush() { disk.flush(position).map_err(failed) } else { Ok(()) }
         },
     )?;
-    let mut disk = disk.into_inner();
-    if let Some(error) = disk.take_failure() {
-        if matches!(error, StoreError::Damaged(_)) {
-            disk.condemn();
-        }
-        return Err(failed(error));
-    }
+    let mut store = Store::on_disk(disk.into_inner());
+    store.check().map_err(failed)?;
+    let disk = store.disk_mut().expect("a disk store");
     if disk.must_flush() {
         disk.flush(end).map_err(failed)?;
     }
     stats.restored += restored;
     tracing::info!(restored, from = disk.offset().get(), entries = disk.len(), "disk store opened");
-    Ok(Store::on_disk(disk))
+    Ok(store)
 }
 
 /// Store snapshots: every entry of a store and the changelog offset they cover, checksummed.
@@ -1451,16 +1447,7 @@ impl<P: Processor> Task<P> {
         }
         if canary::active(Canary::StoreAppliedBeforeCommit) {
             // The bug: disk stores take the changes before their transaction commits.
-            for (name, store) in &mut self.stores {
-                if let Some(disk) = store.disk_mut() {
-                    let end = engine.high_watermark(&config.changelog(name), self.partition)?;
-                    disk.flush(end).map_err(|source| ProcessorError::Store {
-                        store: name.clone(),
-                        partition: self.partition,
-                        source,
-                    })?;
-                }
-            }
+            self.flush_stores(engine, config, true)?;
         }
         let changelogs: Vec<(String, Vec<Record<'_>>)> = self
             .stores

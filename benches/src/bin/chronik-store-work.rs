@@ -94,17 +94,6 @@ fn open(dir: &str) -> anyhow::Result<Chronik> {
     Ok(Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() })?)
 }
 
-/// Peak resident set size of this process, KiB.
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 fn produce(dir: &str, records: u64, start: u64, keys_max: Option<u64>) -> anyhow::Result<()> {
     let chronik = open(dir)?;
     if chronik.partition_count("clicks").is_none() {
@@ -186,7 +175,7 @@ fn count(
         opened.as_secs_f64(),
         ready.as_secs_f64(),
         FIRST_RECORD.get().map_or(-1.0, Duration::as_secs_f64),
-        peak_rss_kib(),
+        chronik_benches::proc_status_kib("VmHWM"),
         stats.restored,
         stats.stores_opened,
         stats.stores_rebuilt,

@@ -264,7 +264,6 @@ impl DiskStore {
         self.forget_lookup();
         self.condemned.store(false, std::sync::atomic::Ordering::Relaxed);
         self.runs.clear();
-        self.cache.lock().expect("cache lock").blocks.clear();
         *self.cache.lock().expect("cache lock") =
             BlockCache { capacity: block_cache_bytes(self.options), ..BlockCache::default() };
         self.memtable.clear();

@@ -13,7 +13,8 @@ pub(crate) mod run;
 
 use crate::Record;
 use chronik_engine::internals::canary::{self, Canary};
-use chronik_engine::io::{Io, OpenMode, Operation};
+use chronik_engine::internals::segment;
+use chronik_engine::io::Io;
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
@@ -112,6 +113,12 @@ pub enum StoreError {
     Unavailable(String),
 }
 
+impl From<chronik_engine::IoError> for StoreError {
+    fn from(error: chronik_engine::IoError) -> StoreError {
+        StoreError::Io { operation: error.operation, path: error.path, source: error.source }
+    }
+}
+
 /// The canary that trusts damaged store bytes (checksums not compared).
 pub(crate) fn canary_trusts_damage() -> bool {
     canary::active(Canary::StoreTrustsDamage)
@@ -174,39 +181,13 @@ impl Files {
 
     /// The whole of a small file, if it exists.
     pub fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let path = self.path(name);
-        let file = match self.io.open(&path, OpenMode::Read) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Files::error("open", &path, e)),
-        };
-        let result = self.io.file_size(file).and_then(|size| {
-            let length = usize::try_from(size.min(64 << 20)).unwrap_or(usize::MAX);
-            chronik_engine::io::read_exact(&*self.io, file, 0, length)
-        });
-        self.io.close(file);
-        result.map(Some).map_err(|e| Files::error("read", &path, e))
+        segment::read_small_file(&*self.io, &self.path(name)).map_err(StoreError::from)
     }
 
     /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
-    /// rename, directory fsync.
+    /// rename (the engine's state-file protocol), then the directory fsync.
     pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        let temporary = self.path(&format!("{name}.tmp"));
-        self.remove_if_present(&temporary)?;
-        let file = self
-            .io
-            .open(&temporary, OpenMode::CreateNew)
-            .map_err(|e| Files::error("create", &temporary, e))?;
-        let written = chronik_engine::io::write_all(&*self.io, file, 0, bytes)
-            .map_err(|e| Files::error("write", &temporary, e))
-            .and_then(|()| {
-                chronik_engine::io::run_plain(&*self.io, Operation::Fdatasync { file })
-                    .map_err(|e| Files::error("fdatasync", &temporary, e))
-            });
-        self.io.close(file);
-        written?;
-        let path = self.path(name);
-        self.io.rename(&temporary, &path).map_err(|e| Files::error("rename", &path, e))?;
+        segment::write_file_durably(&*self.io, &self.path(name), bytes)?;
         self.sync()
     }
 }
@@ -262,13 +243,7 @@ impl Store {
         self.disk.as_deref_mut()
     }
 
-    /// A memory store holding `entries`, given in key order.
-    pub(crate) fn in_memory(entries: Vec<(Vec<u8>, Vec<u8>)>) -> Store {
-        Store { data: entries.into_iter().collect(), ..Store::default() }
-    }
-
     /// A memory store holding `data`.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn from_map(data: BTreeMap<Vec<u8>, Vec<u8>>) -> Store {
         Store { data, ..Store::default() }
     }

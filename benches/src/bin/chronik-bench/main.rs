@@ -19,6 +19,7 @@
 
 use anyhow::{Context as _, bail};
 use chronik::{Backend, Chronik, Durability, Offset, Options, Record, TopicConfig};
+use chronik_benches::proc_status_kib;
 use clap::Parser;
 use serde_json::json;
 use std::fmt::Write as _;
@@ -653,17 +654,6 @@ fn processor(dir: &Path, backend: Backend, records: u64) -> anyhow::Result<Vec<M
     std::hint::black_box(touched);
     out.push(Measure::new(SCAN_CHANGELOG, &system, scanned, 0, started.elapsed()));
     Ok(out)
-}
-
-/// A field of `/proc/self/status` in KiB (0 where there is none).
-fn proc_status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Let the disk settle before a measurement: write back everything dirty (`sync`), so a
