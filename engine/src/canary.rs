@@ -115,11 +115,21 @@ pub enum Canary {
     StoreOffsetNotRead = 41,
     /// Disk store reads do not compare checksums, so rotted store bytes are believed.
     StoreTrustsDamage = 42,
+    /// Windowed aggregations emitting final results close a window when stream time reaches
+    /// its end, not its end plus the grace period.
+    WindowFinalBeforeGrace = 43,
+    /// Windowed aggregations fold a record into its window even after the window closed.
+    LateRecordFolded = 44,
+    /// Windowed aggregations never delete a closed window's state.
+    WindowStateNotExpired = 45,
+    /// A task with several inputs drains its later inputs (tables) before the first, whatever
+    /// their timestamps, so a join reads the table ahead of the stream's time.
+    JoinTableAheadOfStream = 46,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 42] = [
+    pub const ALL: [Canary; 46] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -162,6 +172,10 @@ impl Canary {
         Canary::StoreOffsetAheadOfData,
         Canary::StoreOffsetNotRead,
         Canary::StoreTrustsDamage,
+        Canary::WindowFinalBeforeGrace,
+        Canary::LateRecordFolded,
+        Canary::WindowStateNotExpired,
+        Canary::JoinTableAheadOfStream,
     ];
 }
 

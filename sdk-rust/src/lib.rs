@@ -39,6 +39,7 @@ pub use chronik_engine as engine;
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod connect;
+pub mod dsl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod processor;

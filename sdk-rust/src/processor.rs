@@ -17,7 +17,7 @@
 
 use crate::store::{CHANGELOG_PUT, DiskStore, Files};
 pub use crate::store::{DiskOptions, Store, StoreError, StoreKind};
-use crate::{CommitError, Fetch, GroupCommit, Io, Offset, ReadError, Record, RecordView};
+use crate::{CommitError, Fetch, GroupCommit, Header, Io, Offset, ReadError, Record, RecordView};
 use crate::{TopicConfig, TopicError, TransactionWrite};
 use chronik_engine::Engine;
 use chronik_engine::internals::canary::{self, Canary};
@@ -366,8 +366,28 @@ impl Context<'_> {
 
     /// [`Context::emit`] with bytes the caller already owns (no copy).
     pub fn emit_owned(&mut self, topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) {
-        self.outputs.bytes += key.as_ref().map_or(0, Vec::len) + value.len() + 32;
-        self.outputs.records.push(Output { topic: topic.to_owned(), key, value });
+        self.emit_with(topic, key, value, None, Vec::new());
+    }
+
+    /// [`Context::emit_owned`] with the record's timestamp (`None`: the engine clock's time
+    /// at the commit) and headers.
+    pub fn emit_with(
+        &mut self,
+        topic: &str,
+        key: Option<Vec<u8>>,
+        value: Vec<u8>,
+        timestamp: Option<i64>,
+        headers: Vec<(Vec<u8>, Vec<u8>)>,
+    ) {
+        let header_bytes: usize = headers.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+        self.outputs.bytes += key.as_ref().map_or(0, Vec::len) + value.len() + header_bytes + 32;
+        self.outputs.records.push(Output {
+            topic: topic.to_owned(),
+            key,
+            value,
+            timestamp,
+            headers,
+        });
     }
 
     /// The store named `name`, through serde ([`Typed`]).
@@ -471,6 +491,8 @@ struct Output {
     topic: String,
     key: Option<Vec<u8>>,
     value: Vec<u8>,
+    timestamp: Option<i64>,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Progress of one store's restore, for [`ProcessorConfig::on_restore`].
@@ -629,7 +651,7 @@ pub struct RunStats {
 }
 
 impl RunStats {
-    fn add(&mut self, other: RunStats) {
+    pub(crate) fn add(&mut self, other: RunStats) {
         self.records += other.records;
         self.commits += other.commits;
         self.emitted += other.emitted;
@@ -813,6 +835,11 @@ impl<I: Io, P: Processor> Runner<I, P> {
             stats.add(std::mem::take(&mut task.stats));
         }
         Ok(stats)
+    }
+
+    /// The application's configuration.
+    pub fn config(&self) -> &ProcessorConfig {
+        &self.config
     }
 
     /// A task's store, for inspection (tests, examples).
@@ -1326,8 +1353,10 @@ impl<P: Processor> Task<P> {
             let mut next: Option<(i64, usize)> = None;
             let mut undecided = false;
             for (i, head) in heads.iter_mut().enumerate() {
+                // The bug: later inputs (tables) drained first, whatever their time.
+                let ahead = i > 0 && canary::active(Canary::JoinTableAheadOfStream);
                 match head.peek() {
-                    Some(record) if next.is_none_or(|(t, _)| record.timestamp() < t) => {
+                    Some(record) if ahead || next.is_none_or(|(t, _)| record.timestamp() < t) => {
                         next = Some((record.timestamp(), i));
                     }
                     Some(_) => {}
@@ -1466,6 +1495,12 @@ impl<P: Processor> Task<P> {
             };
             outputs.entry((output.topic.clone(), partition)).or_default().push(i);
         }
+        let headers: Vec<Vec<Header<'_>>> = self
+            .outputs
+            .records
+            .iter()
+            .map(|output| output.headers.iter().map(|(key, value)| Header { key, value }).collect())
+            .collect();
         let output_records: Vec<Vec<Record<'_>>> = outputs
             .values()
             .map(|indexes| {
@@ -1473,7 +1508,12 @@ impl<P: Processor> Task<P> {
                     .iter()
                     .map(|&i| {
                         let output = &self.outputs.records[i];
-                        Record::new(output.key.as_deref(), &output.value)
+                        let record = Record::new(output.key.as_deref(), &output.value)
+                            .with_headers(&headers[i]);
+                        match output.timestamp {
+                            Some(timestamp) => record.with_timestamp(timestamp),
+                            None => record,
+                        }
                     })
                     .collect()
             })
@@ -1506,6 +1546,7 @@ impl<P: Processor> Task<P> {
         self.stats.emitted += self.outputs.records.len() as u64;
         drop(writes);
         drop(output_records);
+        drop(headers);
         drop(changelogs);
         for store in self.stores.values_mut() {
             store.committed();

@@ -68,6 +68,10 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::StoreOffsetAheadOfData => "store-offset-ahead-of-data",
         Canary::StoreOffsetNotRead => "store-offset-not-read",
         Canary::StoreTrustsDamage => "store-trusts-damage",
+        Canary::WindowFinalBeforeGrace => "window-final-before-grace",
+        Canary::LateRecordFolded => "late-record-folded",
+        Canary::WindowStateNotExpired => "window-state-not-expired",
+        Canary::JoinTableAheadOfStream => "join-table-ahead-of-stream",
     }
 }
 
@@ -121,7 +125,7 @@ pub const TARGETED: [(Canary, &str); 1] =
 
 /// Canaries of the stream-processor runtime, hunted with [`crate::processors`] workloads
 /// instead of engine runs.
-pub const PROCESSOR_CANARIES: [Canary; 8] = [
+pub const PROCESSOR_CANARIES: [Canary; 12] = [
     Canary::InputCommittedBeforeOutputs,
     Canary::RestoreSkipsTombstone,
     Canary::SnapshotAheadOfChangelog,
@@ -130,6 +134,10 @@ pub const PROCESSOR_CANARIES: [Canary; 8] = [
     Canary::StoreOffsetAheadOfData,
     Canary::StoreOffsetNotRead,
     Canary::StoreTrustsDamage,
+    Canary::WindowFinalBeforeGrace,
+    Canary::LateRecordFolded,
+    Canary::WindowStateNotExpired,
+    Canary::JoinTableAheadOfStream,
 ];
 
 /// Canaries of the write path's partition log and reactor, hunted with [`crate::reactor`]

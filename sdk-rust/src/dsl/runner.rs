@@ -1,0 +1,305 @@
+//! A topology cut into stages, each run by the processor runtime as one application.
+
+use super::exec::{AroundBatch, StageTask};
+use super::window::{Kind, META, Meta};
+use super::{Graph, Node, Op, Topology, store_of};
+use crate::processor::{ProcessorConfig, ProcessorError, RunStats, Runner};
+use crate::store::Store;
+use crate::{Io, TopicConfig, TopicError};
+use chronik_engine::Engine;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// A topology's operators and stages, shared by its tasks.
+pub(crate) struct Plan {
+    pub nodes: Vec<Node>,
+    pub stages: Vec<StagePlan>,
+    pub around_batch: Option<AroundBatch>,
+}
+
+/// The operators connected without a repartition between them: one application of the
+/// runtime.
+pub(crate) struct StagePlan {
+    /// Its operators, in the order built.
+    pub nodes: Vec<usize>,
+    /// The topics it reads: streams first, then tables (so a table's update and a stream's
+    /// event at the same time are taken stream first).
+    pub inputs: Vec<String>,
+    /// Per topic read, the source (or table) operators reading it.
+    pub sources: BTreeMap<String, Vec<usize>>,
+    pub stores: Vec<String>,
+}
+
+/// The stages of `graph`, checked.
+pub(crate) fn stages(graph: &Graph) -> Result<Vec<StagePlan>, String> {
+    fn find(root: &mut [usize], mut node: usize) -> usize {
+        while root[node] != node {
+            root[node] = root[root[node]];
+            node = root[node];
+        }
+        node
+    }
+    let count = graph.nodes.len();
+    let mut root: Vec<usize> = (0..count).collect();
+    for (id, node) in graph.nodes.iter().enumerate() {
+        for &parent in &node.parents {
+            let (a, b) = (find(&mut root, id), find(&mut root, parent));
+            root[a.max(b)] = a.min(b);
+        }
+    }
+    let mut by_root: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for id in 0..count {
+        let r = find(&mut root, id);
+        by_root.entry(r).or_default().push(id);
+    }
+    let mut stages = Vec::new();
+    let mut readers: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut stores: BTreeMap<&str, usize> = BTreeMap::new();
+    for nodes in by_root.into_values() {
+        let stage = stages.len();
+        let mut streams = Vec::new();
+        let mut tables = Vec::new();
+        let mut sources: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut stage_stores = Vec::new();
+        for &id in &nodes {
+            let node = &graph.nodes[id];
+            match &node.op {
+                Op::Source { topic } | Op::Table { topic, .. } => {
+                    if readers.insert(topic, stage).is_some_and(|other| other != stage) {
+                        return Err(format!(
+                            "topic {topic} is read by two stages (operators connected only \
+                             through a repartition): read it once and share the stream"
+                        ));
+                    }
+                    let list = if matches!(node.op, Op::Table { .. }) {
+                        &mut tables
+                    } else {
+                        &mut streams
+                    };
+                    if !list.contains(topic) {
+                        list.push(topic.clone());
+                    }
+                    sources.entry(topic.clone()).or_default().push(id);
+                }
+                Op::Aggregate(aggregate) => {
+                    if let Some(windows) = &aggregate.windows {
+                        windows.check()?;
+                        let session = matches!(windows.kind, Kind::Session { .. });
+                        if session && aggregate.aggregator.merge.is_none() {
+                            return Err(format!(
+                                "{}: an aggregate in session windows needs a merge \
+                                 (aggregate_merging)",
+                                node.name
+                            ));
+                        }
+                    }
+                }
+                Op::StreamJoin(join) => {
+                    if node.parents.len() != 2 || node.parents[0] == node.parents[1] {
+                        return Err(format!("{}: a stream joined with itself", node.name));
+                    }
+                    if join.windows.size < 0 || join.windows.grace < 0 {
+                        return Err(format!("{}: join windows must not be negative", node.name));
+                    }
+                }
+                _ => {}
+            }
+            if let Some(store) = store_of(&node.op) {
+                if stores.insert(store, id).is_some() {
+                    return Err(format!("two operators have the store {store}"));
+                }
+                stage_stores.push(store.to_owned());
+            }
+        }
+        if streams.is_empty() {
+            return Err(format!("a table ({}) is joined with no stream", tables.join(", ")));
+        }
+        streams.extend(tables);
+        stages.push(StagePlan { nodes, inputs: streams, sources, stores: stage_stores });
+    }
+    Ok(stages)
+}
+
+/// A topology's stages, restored and ready to run, each a [`Runner`] of its own.
+pub struct TopologyRunner<I: Io> {
+    plan: Arc<Plan>,
+    runners: Vec<Runner<I, StageTask>>,
+}
+
+impl<I: Io> std::fmt::Debug for TopologyRunner<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopologyRunner")
+            .field("stages", &self.runners.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<I: Io> TopologyRunner<I> {
+    /// [`Topology::runner`].
+    pub fn new(
+        engine: &Engine<I>,
+        topology: &Topology,
+    ) -> Result<TopologyRunner<I>, ProcessorError> {
+        TopologyRunner::with(engine, topology, |config| config)
+    }
+
+    /// [`TopologyRunner::new`] with each stage's configuration passed through `adjust`
+    /// first (the simulator sets commit cadences and store kinds with it).
+    pub fn with(
+        engine: &Engine<I>,
+        topology: &Topology,
+        mut adjust: impl FnMut(ProcessorConfig) -> ProcessorConfig,
+    ) -> Result<TopologyRunner<I>, ProcessorError> {
+        let graph = topology.lock();
+        let stages = stages(&graph).map_err(ProcessorError::Config)?;
+        let stage_of: BTreeMap<usize, usize> = stages
+            .iter()
+            .enumerate()
+            .flat_map(|(i, stage)| stage.nodes.iter().map(move |&node| (node, i)))
+            .collect();
+        for (id, node) in graph.nodes.iter().enumerate() {
+            match &node.op {
+                Op::Repartition { topic, .. } => {
+                    let upstream = &stages[stage_of[&id]].inputs[0];
+                    let partitions = engine
+                        .partition_count(upstream)
+                        .ok_or_else(|| TopicError::NotFound { name: upstream.clone() })?;
+                    if engine.partition_count(topic).is_none() {
+                        let config = TopicConfig { partitions, ..TopicConfig::default() };
+                        match engine.create_topic(topic, config) {
+                            Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
+                            Err(error) => return Err(error.into()),
+                        }
+                    }
+                }
+                Op::To { topic } => require(engine, topic)?,
+                Op::Aggregate(aggregate) => {
+                    if let Some(topic) = &aggregate.late_to {
+                        require(engine, topic)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let configs: Vec<ProcessorConfig> = stages
+            .iter()
+            .map(|stage| {
+                let mut config = ProcessorConfig {
+                    application: graph.application.clone(),
+                    inputs: stage.inputs.clone(),
+                    stores: stage.stores.clone(),
+                    ..graph.template.clone()
+                };
+                for store in &stage.stores {
+                    if let Some(kind) = graph.store_kinds.get(store) {
+                        config.store_kinds.insert(store.clone(), *kind);
+                    }
+                }
+                adjust(config)
+            })
+            .collect();
+        let plan = Arc::new(Plan {
+            nodes: graph.nodes.clone(),
+            stages,
+            around_batch: graph.around_batch.clone(),
+        });
+        drop(graph);
+        let mut runners = Vec::with_capacity(configs.len());
+        for (stage, config) in configs.into_iter().enumerate() {
+            let plan_of_stage = Arc::clone(&plan);
+            runners.push(Runner::new(engine, config, move |_| {
+                StageTask::new(Arc::clone(&plan_of_stage), stage)
+            })?);
+        }
+        Ok(TopologyRunner { plan, runners })
+    }
+
+    /// Run every stage on the calling thread until all have processed their input (a later
+    /// stage's input grows as an earlier one runs), committing. Deterministic.
+    pub fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
+        let mut total = RunStats::default();
+        loop {
+            let mut pass = RunStats::default();
+            for runner in &mut self.runners {
+                pass.add(runner.run_until_caught_up()?);
+            }
+            total.add(pass);
+            if pass.records == 0 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Run every stage (each on its configuration's threads) until `stop` is set; then close
+    /// and commit.
+    pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunStats, ProcessorError> {
+        let outcomes: Vec<Result<RunStats, ProcessorError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = self
+                .runners
+                .iter_mut()
+                .map(|runner| scope.spawn(move || runner.run_until(stop)))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or(Err(ProcessorError::Panicked))).collect()
+        });
+        let mut total = RunStats::default();
+        for outcome in outcomes {
+            total.add(outcome?);
+        }
+        Ok(total)
+    }
+
+    /// The store `name` of `partition` (for inspection: tests, examples, queries).
+    pub fn store(&self, name: &str, partition: u32) -> Option<&Store> {
+        self.runners.iter().find_map(|runner| runner.store(partition, name))
+    }
+
+    /// Every store, with its name and partition.
+    pub fn stores(&self) -> Vec<(&str, u32, &Store)> {
+        let mut all = Vec::new();
+        for runner in &self.runners {
+            for name in &runner.config().stores {
+                for partition in 0..runner.positions().len() as u32 {
+                    if let Some(store) = runner.store(partition, name) {
+                        all.push((name.as_str(), partition, store));
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// The stages' configurations, in order.
+    pub fn configs(&self) -> Vec<&ProcessorConfig> {
+        self.runners.iter().map(Runner::config).collect()
+    }
+
+    /// Late events (their windows closed, or too late for a join) over every windowed
+    /// operator and partition, as of the last commit: exact, whatever crashes came between.
+    pub fn late_records(&self) -> u64 {
+        let mut late = 0;
+        for node in &self.plan.nodes {
+            let windowed = match &node.op {
+                Op::Aggregate(aggregate) => aggregate.windows.is_some(),
+                Op::StreamJoin(_) => true,
+                _ => false,
+            };
+            let Some(name) = store_of(&node.op).filter(|_| windowed) else { continue };
+            for (store_name, _, store) in self.stores() {
+                if store_name == name
+                    && let Some(meta) = store.get(META).and_then(|bytes| Meta::decode(&bytes))
+                {
+                    late += meta.late;
+                }
+            }
+        }
+        late
+    }
+}
+
+fn require<I: Io>(engine: &Engine<I>, topic: &str) -> Result<(), ProcessorError> {
+    match engine.partition_count(topic) {
+        Some(_) => Ok(()),
+        None => Err(TopicError::NotFound { name: topic.to_owned() }.into()),
+    }
+}

@@ -1,0 +1,300 @@
+//! Each operator on real files, against results worked out by hand; a restart between two
+//! runs; the errors of a topology that cannot run.
+
+use super::*;
+use crate::{Chronik, Durability, Offset, Options, Record, TopicConfig};
+
+fn open(dir: &std::path::Path) -> Chronik {
+    Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() }).unwrap()
+}
+
+fn topics(chronik: &Chronik, names: &[&str], partitions: u32) {
+    for name in names {
+        chronik.create_topic(name, TopicConfig { partitions, ..TopicConfig::default() }).unwrap();
+    }
+}
+
+fn send(chronik: &Chronik, topic: &str, events: &[(&str, &str, i64)]) {
+    let partitions = chronik.partition_count(topic).unwrap();
+    for (key, value, time) in events {
+        let partition = crate::partition_for_key(key.as_bytes(), partitions);
+        let record = Record::new(Some(key.as_bytes()), value.as_bytes()).with_timestamp(*time);
+        chronik.append(topic, partition, &[record]).unwrap();
+    }
+}
+
+/// Every record of `topic` as `key value @start` (the window's start, when it has one) or
+/// `key value @time`, partition by partition.
+fn read(chronik: &Chronik, topic: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for partition in 0..chronik.partition_count(topic).unwrap() {
+        let mut from = Offset::ZERO;
+        loop {
+            let fetch = chronik.read(topic, partition, from, 1 << 20).unwrap();
+            if fetch.is_empty() {
+                break;
+            }
+            for record in fetch.records().filter(|r| r.offset() >= from) {
+                let start = record
+                    .headers()
+                    .find(|h| h.key == b"window.start")
+                    .map(|h| String::from_utf8_lossy(h.value).into_owned());
+                out.push(format!(
+                    "{} {} @{}",
+                    String::from_utf8_lossy(record.key().unwrap_or_default()),
+                    String::from_utf8_lossy(record.value()),
+                    start.unwrap_or_else(|| record.timestamp().to_string())
+                ));
+            }
+            from = fetch.next_offset();
+        }
+    }
+    out
+}
+
+#[test]
+fn tumbling_final_counts_wait_for_grace_and_late_events_go_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "per-window", "late"], 1);
+    let topology = Topology::new("tumbling");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::tumbling(10).grace(5))
+        .emit_final()
+        .late_to("late")
+        .count()
+        .to("per-window");
+    send(&chronik, "clicks", &[("a", "", 1), ("b", "", 3), ("a", "", 12), ("a", "", 8)]);
+    // 8 is within grace of window [0, 10): observed 12 < 10 + 5.
+    send(&chronik, "clicks", &[("a", "", 15), ("b", "", 2), ("a", "", 31)]);
+    // At 15 window [0, 10) closes (a: 2, b: 1); b at 2 is then late; 31 closes [10, 20).
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "per-window"), ["a 2 @0", "b 1 @0", "a 2 @10"]);
+    assert_eq!(read(&chronik, "late"), ["b  @2"]);
+    assert_eq!(runner.late_records(), 1);
+    // Only the open window [30, 40) and the bookkeeping are left in the store.
+    let store = runner.store("count-0001", 0).unwrap();
+    assert_eq!(store.len(), 2, "{:?}", store.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn a_restart_goes_on_from_the_observed_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "per-window"], 2);
+    let build = || {
+        let topology = Topology::new("restart");
+        topology
+            .stream("clicks")
+            .group_by_key()
+            .window(Windows::tumbling(10))
+            .emit_final()
+            .count()
+            .to("per-window");
+        topology
+    };
+    send(&chronik, "clicks", &[("a", "", 1), ("a", "", 2), ("a", "", 25)]);
+    build().runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    // After the restart, 5 is late (observed 25 was kept), and 35 closes [20, 30).
+    send(&chronik, "clicks", &[("a", "", 5), ("a", "", 35)]);
+    let mut runner = build().runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "per-window"), ["a 2 @0", "a 1 @20"]);
+    assert_eq!(runner.late_records(), 1);
+}
+
+#[test]
+fn hopping_windows_update_every_window_of_an_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "sums"], 1);
+    let topology = Topology::new("hopping");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::hopping(10, 5))
+        .reduce(|a, b| {
+            let sum: u64 = parse_count(a) + parse_count(b);
+            sum.to_string().into_bytes()
+        })
+        .to("sums");
+    send(&chronik, "clicks", &[("a", "1", 7), ("a", "2", 9), ("a", "4", 12)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(
+        read(&chronik, "sums"),
+        ["a 1 @0", "a 1 @5", "a 3 @0", "a 3 @5", "a 7 @5", "a 4 @10"]
+    );
+}
+
+#[test]
+fn sessions_merge_when_an_event_bridges_them_and_close_after_gap_and_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "sessions"], 1);
+    let topology = Topology::new("sessions");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(10).grace(20))
+        .emit_final()
+        .count()
+        .to("sessions");
+    // a: 0 and 5 one session, 30 another; 20 comes late, within grace: 15 after 5 (more than
+    // the gap) and 10 before 30 (the gap): it joins 30's. b: one event.
+    send(&chronik, "clicks", &[("a", "", 0), ("a", "", 5), ("b", "", 6), ("a", "", 30)]);
+    send(&chronik, "clicks", &[("a", "", 20), ("a", "", 44), ("a", "", 100)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    // 44 starts a session (14 after 30) and closes [0, 5] (44 > 5 + 10 + 20) and b's [6];
+    // 100 closes [20, 30] and [44].
+    assert_eq!(read(&chronik, "sessions"), ["a 2 @0", "b 1 @6", "a 2 @20", "a 1 @44"]);
+}
+
+#[test]
+fn a_late_event_between_two_sessions_merges_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "sessions"], 1);
+    let topology = Topology::new("merge");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(10).grace(100))
+        .count()
+        .to("sessions");
+    send(&chronik, "clicks", &[("a", "", 0), ("a", "", 20), ("a", "", 10)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "sessions"), ["a 1 @0", "a 1 @20", "a 3 @0"]);
+}
+
+#[test]
+fn sliding_windows_end_at_each_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "recent"], 1);
+    let topology = Topology::new("sliding");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::sliding(10).grace(20))
+        .count()
+        .to("recent");
+    // Windows (t - 10, t]: at 5 {5}; at 12 {5, 12}; at 20 {12, 20}; then 9 arrives late but
+    // within grace: its own window {5, 9} and 12's {5, 9, 12} (20's starts after 10).
+    send(&chronik, "clicks", &[("a", "", 5), ("a", "", 12), ("a", "", 20), ("a", "", 9)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "recent"), ["a 1 @-4", "a 2 @3", "a 2 @11", "a 2 @0", "a 3 @3"]);
+}
+
+#[test]
+fn group_by_repartitions_through_an_internal_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "per-page"], 2);
+    let topology = Topology::new("pages");
+    topology
+        .stream("clicks")
+        .filter(|click| !click.value.starts_with(b"bot"))
+        .group_by(|click| click.value.clone())
+        .named("per-page")
+        .count()
+        .to("per-page");
+    let description = topology.describe();
+    assert!(description.contains("Stage 1 (reads pages-repartition-0002)"), "{description}");
+    let clicks: Vec<(String, String, i64)> = (0..40)
+        .map(|i| (format!("user-{}", i % 5), format!("/page/{}", i % 3), i))
+        .chain([("user-1".to_owned(), "bot/x".to_owned(), 50)])
+        .collect();
+    let clicks: Vec<(&str, &str, i64)> =
+        clicks.iter().map(|(k, v, t)| (k.as_str(), v.as_str(), *t)).collect();
+    send(&chronik, "clicks", &clicks);
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    let stats = runner.run_until_caught_up().unwrap();
+    assert_eq!(stats.records, 81, "40 + 1 clicks, then 40 repartitioned");
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for line in read(&chronik, "per-page") {
+        let mut parts = line.split(' ');
+        let page = parts.next().unwrap().to_owned();
+        last.insert(page, parts.next().unwrap().parse().unwrap());
+    }
+    assert_eq!(
+        last.into_iter().collect::<Vec<_>>(),
+        [("/page/0".to_owned(), 14), ("/page/1".to_owned(), 13), ("/page/2".to_owned(), 13)]
+    );
+    assert!(runner.store("per-page", 0).is_some());
+}
+
+#[test]
+fn a_stream_joins_the_table_as_of_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "users", "enriched", "all"], 1);
+    let topology = Topology::new("enrich");
+    let users = topology.table("users");
+    let clicks = topology.stream("clicks");
+    clicks.join(&users, |click, user| [user, b":", &click.value].concat()).to("enriched");
+    clicks
+        .left_join(&users, |click, user| [user.unwrap_or(b"?"), b":", &click.value].concat())
+        .to("all");
+    send(
+        &chronik,
+        "users",
+        &[("u1", "ann", 10), ("u1", "bob", 30), ("u2", "cy", 5), ("u2", "", 25)],
+    );
+    send(&chronik, "clicks", &[("u1", "a", 5), ("u1", "b", 20), ("u1", "c", 40), ("u2", "d", 26)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "enriched"), ["u1 ann:b @20", "u1 bob:c @40"]);
+    // Each input in offset order, the two merged by time: u2's row is deleted (at 25) before
+    // its click at 26.
+    assert_eq!(read(&chronik, "all"), ["u1 ?:a @5", "u1 ann:b @20", "u1 bob:c @40", "u2 ?:d @26"]);
+}
+
+#[test]
+fn two_streams_join_within_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["views", "clicks", "pairs"], 1);
+    let topology = Topology::new("pairs");
+    let views = topology.stream("views");
+    let clicks = topology.stream("clicks");
+    views
+        .join_stream(&clicks, JoinWindows::of(10), |view, click| {
+            [&view.value[..], b"+", &click.value].concat()
+        })
+        .to("pairs");
+    send(&chronik, "views", &[("a", "v1", 0), ("a", "v2", 15), ("b", "v3", 16)]);
+    send(&chronik, "clicks", &[("a", "c1", 8), ("a", "c2", 30), ("b", "c3", 40)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    // Merged by time: v1@0 c1@8 (joins v1) v2@15 (joins c1) v3@16 c2@30 (v2 is 15 away) c3@40.
+    assert_eq!(read(&chronik, "pairs"), ["a v1+c1 @8", "a v2+c1 @15"]);
+}
+
+#[test]
+fn topologies_that_cannot_run_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks"], 1);
+    let missing_output = Topology::new("missing");
+    missing_output.stream("clicks").to("nowhere");
+    let error = missing_output.runner(chronik.engine()).unwrap_err();
+    assert!(error.to_string().contains("nowhere"), "{error}");
+    let no_merge = Topology::new("no-merge");
+    no_merge
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(10))
+        .aggregate(Vec::new, |a, _| a.to_vec())
+        .to("clicks");
+    let error = no_merge.runner(chronik.engine()).unwrap_err();
+    assert!(error.to_string().contains("merge"), "{error}");
+    let bad_size = Topology::new("bad-size");
+    bad_size.stream("clicks").group_by_key().window(Windows::hopping(5, 10)).count().to("clicks");
+    let error = bad_size.runner(chronik.engine()).unwrap_err();
+    assert!(error.to_string().contains("advance"), "{error}");
+    let twice = Topology::new("twice");
+    let clicks = twice.stream("clicks");
+    let _ = clicks.join_stream(&clicks, JoinWindows::of(1), |a, _| a.value.clone());
+    assert!(twice.describe().contains("itself"), "{}", twice.describe());
+}

@@ -1,0 +1,253 @@
+//! Windows on event time, and how windowed state is laid out in an operator's store.
+//!
+//! Every key of a windowed operator's store starts with one tag byte; times are 8 bytes,
+//! big endian with the sign bit flipped (so byte order is time order); a key inside a store
+//! key is preceded by its length (4 bytes, big endian), so a key is never a prefix of another:
+//!
+//! | tag | rest of the store key | value |
+//! | --- | --- | --- |
+//! | `0x00` | (nothing) | observed time (8, sortable), late events (8), sequence (8) |
+//! | `K` | key | aggregate (aggregations without windows) |
+//! | `W` | window end, key | aggregate (tumbling, hopping, sliding windows) |
+//! | `S` | key length, key, session start | session end (8, sortable), aggregate |
+//! | `E` | session end, key length, key, session start | (empty): sessions by end |
+//! | `R` | side (1), key length, key, time, sequence (8) | value: events kept (sliding windows, joins) |
+//! | `T` | time, side (1), key length, key, sequence (8) | (empty): kept events by time |
+
+use std::fmt;
+
+/// A window `[start, end)` in milliseconds since the epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Window {
+    pub start: i64,
+    pub end: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Fixed windows of `size` advancing by `advance` (tumbling: advance = size), aligned to
+    /// the epoch.
+    Time { size: i64, advance: i64 },
+    /// For each event, the window of `size` ending at it: `(t - size, t]`.
+    Sliding { size: i64 },
+    /// Events of a key less than `gap` apart, in one window.
+    Session { gap: i64 },
+}
+
+/// How events are cut into windows, and how long a window waits for late events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub(crate) kind: Kind,
+    pub(crate) grace: i64,
+}
+
+impl Windows {
+    /// Back-to-back windows of `size_ms`, aligned to the epoch.
+    pub fn tumbling(size_ms: i64) -> Windows {
+        Windows { kind: Kind::Time { size: size_ms, advance: size_ms }, grace: 0 }
+    }
+
+    /// Windows of `size_ms` starting every `advance_ms` (overlapping when the advance is
+    /// smaller): an event falls in `size / advance` of them.
+    pub fn hopping(size_ms: i64, advance_ms: i64) -> Windows {
+        Windows { kind: Kind::Time { size: size_ms, advance: advance_ms }, grace: 0 }
+    }
+
+    /// For each event, the window of `size_ms` that ends at it, `(t - size, t]`, holding the
+    /// key's events in it (an event arriving out of order updates the windows of the later
+    /// events it falls in).
+    pub fn sliding(size_ms: i64) -> Windows {
+        Windows { kind: Kind::Sliding { size: size_ms }, grace: 0 }
+    }
+
+    /// Sessions: a key's events less than `gap_ms` apart are one window, from the first to
+    /// the last; an event between two sessions merges them.
+    pub fn session(gap_ms: i64) -> Windows {
+        Windows { kind: Kind::Session { gap: gap_ms }, grace: 0 }
+    }
+
+    /// How long after a window's end it still takes late events (default 0).
+    #[must_use]
+    pub fn grace(mut self, grace_ms: i64) -> Windows {
+        self.grace = grace_ms;
+        self
+    }
+
+    /// Whether the sizes are usable: positive, an advance no larger than the size, a grace
+    /// not negative.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let ok = match self.kind {
+            Kind::Time { size, advance } => size > 0 && advance > 0 && advance <= size,
+            Kind::Sliding { size } => size > 0,
+            Kind::Session { gap } => gap > 0,
+        };
+        if ok && self.grace >= 0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{self}: sizes must be positive, an advance at most the size, and the grace not negative"
+            ))
+        }
+    }
+
+    /// The time windows holding `t`, earliest first.
+    pub(crate) fn time_windows(size: i64, advance: i64, t: i64) -> impl Iterator<Item = Window> {
+        let last = t - t.rem_euclid(advance);
+        let first = last - (size - 1) / advance * advance;
+        (0..)
+            .map(move |i| first + i * advance)
+            .take_while(move |&start| start <= last)
+            .filter(move |&start| start + size > t)
+            .map(move |start| Window { start, end: start.saturating_add(size) })
+    }
+}
+
+impl fmt::Display for Windows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::Time { size, advance } if size == advance => {
+                write!(f, "tumbling windows of {size} ms")?;
+            }
+            Kind::Time { size, advance } => {
+                write!(f, "hopping windows of {size} ms every {advance} ms")?;
+            }
+            Kind::Sliding { size } => write!(f, "sliding windows of {size} ms")?,
+            Kind::Session { gap } => write!(f, "session windows with a {gap} ms gap")?,
+        }
+        write!(f, ", grace {} ms", self.grace)
+    }
+}
+
+/// How far apart in time two events of a stream-stream join may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JoinWindows {
+    pub(crate) size: i64,
+    pub(crate) grace: i64,
+}
+
+impl JoinWindows {
+    /// Events at most `size_ms` apart, either way, are joined.
+    pub fn of(size_ms: i64) -> JoinWindows {
+        JoinWindows { size: size_ms, grace: 0 }
+    }
+
+    /// How long events wait for late partners after the window (default 0).
+    #[must_use]
+    pub fn grace(mut self, grace_ms: i64) -> JoinWindows {
+        self.grace = grace_ms;
+        self
+    }
+}
+
+impl fmt::Display for JoinWindows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ms either way, grace {} ms", self.size, self.grace)
+    }
+}
+
+pub(crate) const META: &[u8] = &[0];
+pub(crate) const KEYED: u8 = b'K';
+pub(crate) const WINDOWS: u8 = b'W';
+pub(crate) const SESSIONS: u8 = b'S';
+pub(crate) const SESSION_ENDS: u8 = b'E';
+pub(crate) const KEPT: u8 = b'R';
+pub(crate) const KEPT_TIMES: u8 = b'T';
+
+/// A time as 8 bytes whose order is the time's.
+pub fn sortable(t: i64) -> [u8; 8] {
+    (t.cast_unsigned() ^ (1 << 63)).to_be_bytes()
+}
+
+/// The time `sortable` made these bytes from (`None`: not 8 bytes).
+pub fn unsortable(bytes: &[u8]) -> Option<i64> {
+    let bytes: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    Some((u64::from_be_bytes(bytes) ^ (1 << 63)).cast_signed())
+}
+
+/// A key inside a store key: its length first.
+pub(crate) fn push_key(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(key);
+}
+
+/// The key pushed at `bytes`' start, and what follows it.
+pub(crate) fn split_key(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let length = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let rest = &bytes[4..];
+    (rest.len() >= length).then(|| rest.split_at(length))
+}
+
+/// An operator's bookkeeping, kept at [`META`] in its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Meta {
+    /// The largest event time the operator has seen.
+    pub observed: i64,
+    /// Late events so far.
+    pub late: u64,
+    /// Events kept so far (sliding windows, joins): the last part of their store key.
+    pub sequence: u64,
+}
+
+impl Meta {
+    pub const NEW: Meta = Meta { observed: i64::MIN, late: 0, sequence: 0 };
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24);
+        out.extend_from_slice(&sortable(self.observed));
+        out.extend_from_slice(&self.late.to_be_bytes());
+        out.extend_from_slice(&self.sequence.to_be_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Meta> {
+        if bytes.len() != 24 {
+            return None;
+        }
+        Some(Meta {
+            observed: unsortable(&bytes[..8])?,
+            late: u64::from_be_bytes(bytes[8..16].try_into().ok()?),
+            sequence: u64::from_be_bytes(bytes[16..24].try_into().ok()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_windows_hold_the_time() {
+        let windows: Vec<Window> = Windows::time_windows(10, 10, 25).collect();
+        assert_eq!(windows, vec![Window { start: 20, end: 30 }]);
+        let windows: Vec<Window> = Windows::time_windows(10, 5, 25).collect();
+        assert_eq!(windows, vec![Window { start: 20, end: 30 }, Window { start: 25, end: 35 }]);
+        let windows: Vec<Window> = Windows::time_windows(10, 3, -1).collect();
+        assert!(windows.iter().all(|w| w.start <= -1 && w.end > -1), "{windows:?}");
+        assert_eq!(windows.len(), 3, "{windows:?}");
+        for t in -50..50 {
+            for (size, advance) in [(10, 10), (10, 3), (7, 7), (12, 5), (1, 1)] {
+                let found: Vec<Window> = Windows::time_windows(size, advance, t).collect();
+                let expected: Vec<Window> = (-100..100)
+                    .filter(|s: &i64| s.rem_euclid(advance) == 0 && *s <= t && s + size > t)
+                    .map(|start| Window { start, end: start + size })
+                    .collect();
+                assert_eq!(found, expected, "t {t} size {size} advance {advance}");
+            }
+        }
+    }
+
+    #[test]
+    fn sortable_times_sort_and_round_trip() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        for pair in times.windows(2) {
+            assert!(sortable(pair[0]) < sortable(pair[1]));
+        }
+        for t in times {
+            assert_eq!(unsortable(&sortable(t)), Some(t));
+        }
+        assert_eq!(unsortable(&[1, 2]), None);
+        let meta = Meta { observed: -3, late: 7, sequence: 9 };
+        assert_eq!(Meta::decode(&meta.encode()), Some(meta));
+        assert_eq!(Meta::decode(&[0; 5]), None);
+    }
+}
