@@ -905,6 +905,7 @@ pub(crate) fn simulate<'py>(
                 FailureKind::Outputs => "outputs",
                 FailureKind::Run => "run",
                 FailureKind::Tail => "tail",
+                FailureKind::Model => "model",
             };
             let mut message = failure.to_string();
             if let Some(raised) = spec.take_raised()

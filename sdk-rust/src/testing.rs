@@ -37,8 +37,11 @@
 //! A failure names its seed and how to replay only that one: set `CHRONIK_SIM_SEED=S` (the
 //! run then uses seed `S` alone), or pass `seeds: S..S + 1`.
 
-use crate::processor::{Processor, ProcessorConfig, ProcessorError, RestoreProgress, Runner};
-use crate::store::{DiskOptions, StoreError, StoreKind};
+use crate::dsl::{Topology, TopologyRunner};
+use crate::processor::{
+    Processor, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Runner,
+};
+use crate::store::{DiskOptions, Store, StoreError, StoreKind};
 use crate::{Durability, Offset, Options, Record, TopicConfig};
 use chronik_engine::Engine;
 use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
@@ -126,21 +129,131 @@ pub enum FailureKind {
     Outputs,
     /// The processor failed without a fault to blame, or the fault-free run failed.
     Run,
+    /// The fault-free run's outcome fails the caller's check
+    /// ([`Simulation::run_topology_checked`]): a model of what the application must produce.
+    Model,
     /// A restore read more of the changelog than lies past the offset its snapshot or disk
     /// store holds: the store's offset was not used, and restarts cost the whole state.
     Tail,
 }
 
 /// A store's entries, in key order.
-type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
 /// A partition's records: key and value, in offset order.
-type Records = Vec<(Option<Vec<u8>>, Vec<u8>)>;
+pub type Records = Vec<(Option<Vec<u8>>, Vec<u8>)>;
 
 /// Final stores (per store and partition) and outputs (per topic and partition, in order).
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Outcome {
-    stores: BTreeMap<(String, u32), Entries>,
-    outputs: BTreeMap<(String, u32), Records>,
+pub struct Outcome {
+    pub stores: BTreeMap<(String, u32), Entries>,
+    pub outputs: BTreeMap<(String, u32), Records>,
+}
+
+/// What a simulation runs and restarts: a processor application, or a topology's stages.
+trait App {
+    fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError>;
+    /// Every store, with its name and partition.
+    fn every_store(&self) -> Vec<(&str, u32, &Store)>;
+}
+
+impl<P: Processor> App for Runner<SimDisk, P> {
+    fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
+        Runner::run_until_caught_up(self)
+    }
+
+    fn every_store(&self) -> Vec<(&str, u32, &Store)> {
+        let mut all = Vec::new();
+        for name in &self.config().stores {
+            for partition in 0..self.positions().len() as u32 {
+                if let Some(store) = self.store(partition, name) {
+                    all.push((name.as_str(), partition, store));
+                }
+            }
+        }
+        all
+    }
+}
+
+impl App for TopologyRunner<SimDisk> {
+    fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
+        TopologyRunner::run_until_caught_up(self)
+    }
+
+    fn every_store(&self) -> Vec<(&str, u32, &Store)> {
+        self.stores()
+    }
+}
+
+/// Whether a run writes store snapshots, and how often.
+#[derive(Clone, Copy)]
+enum Snapshots {
+    AsConfigured,
+    Every(Option<u64>),
+}
+
+/// A seed's settings for every application (or stage) it runs: the commit cadence,
+/// snapshots, store kinds, and the tail oracle.
+#[derive(Clone)]
+struct Settings {
+    commit_every_records: u64,
+    /// The seed's snapshot cadence, replacing the configuration's (fault-free: kept).
+    snapshots: Snapshots,
+    /// The cache of every disk store, and whether memory stores become disk stores.
+    disk: Option<(usize, bool)>,
+    tail: Option<Arc<Mutex<Option<String>>>>,
+}
+
+impl Settings {
+    /// The fault-free run: commits after every record, the stores as configured.
+    const FAULT_FREE: Settings = Settings {
+        commit_every_records: 1,
+        snapshots: Snapshots::AsConfigured,
+        disk: None,
+        tail: None,
+    };
+
+    /// Draw a seed's settings; `memory` says whether its stores are memory stores by default.
+    fn draw(rng: &mut Rng, memory: bool, tail: Arc<Mutex<Option<String>>>) -> Settings {
+        // Commits every few records, so crashes land between commits as well as inside them;
+        // the outcome must not depend on where the commits fall.
+        let commit_every_records = rng.between(1, 64);
+        // Half the seeds restore from snapshots plus the changelog after them.
+        let snapshots = Snapshots::Every(rng.chance(500_000).then(|| rng.between(1, 6)));
+        // Memory stores on disk in half the seeds, and every disk store with a small cache.
+        let cache_bytes = rng.between(64, 4096) as usize;
+        let to_disk = memory && rng.chance(500_000);
+        Settings {
+            commit_every_records,
+            snapshots,
+            disk: Some((cache_bytes, to_disk)),
+            tail: Some(tail),
+        }
+    }
+
+    fn apply(&self, mut config: ProcessorConfig) -> ProcessorConfig {
+        config.commit_every_records = Some(self.commit_every_records);
+        if let Snapshots::Every(every) = self.snapshots {
+            config.snapshot_every_commits = every;
+        }
+        if let Some((cache_bytes, to_disk)) = self.disk {
+            let small = StoreKind::Disk(DiskOptions { cache_bytes });
+            if to_disk && config.store_kind == StoreKind::Memory {
+                config.store_kind = small;
+            }
+            if matches!(config.store_kind, StoreKind::Disk(_)) {
+                config.store_kind = small;
+            }
+            for kind in config.store_kinds.values_mut() {
+                if matches!(kind, StoreKind::Disk(_)) {
+                    *kind = small;
+                }
+            }
+        }
+        match &self.tail {
+            Some(tail) => with_tail_oracle(config, Arc::clone(tail)),
+            None => config,
+        }
+    }
 }
 
 type SimEngine = Engine<SimDisk>;
@@ -149,25 +262,6 @@ type SimEngine = Engine<SimDisk>;
 const DATA: &str = "/data";
 /// Chance that a bit of a synced store file (snapshot, run, manifest) rots before an attempt.
 const ROT_PER_MILLION: u32 = 500_000;
-
-/// The seed's stores: memory stores on disk in half the seeds, and every disk store with
-/// a cache of a few KiB.
-fn with_seed_stores(mut config: ProcessorConfig, rng: &mut Rng) -> ProcessorConfig {
-    let cache_bytes = rng.between(64, 4096) as usize;
-    let small = StoreKind::Disk(DiskOptions { cache_bytes });
-    if config.store_kind == StoreKind::Memory && rng.chance(500_000) {
-        config.store_kind = small;
-    }
-    if matches!(config.store_kind, StoreKind::Disk(_)) {
-        config.store_kind = small;
-    }
-    for kind in config.store_kinds.values_mut() {
-        if matches!(kind, StoreKind::Disk(_)) {
-            *kind = small;
-        }
-    }
-    config
-}
 
 /// Before an attempt that may fail: sometimes rot a bit of a store file, sometimes fail
 /// I/O, and cut the power after some of the disk calls.
@@ -250,6 +344,46 @@ impl Simulation {
         P: Processor,
         F: FnMut(u32) -> P,
     {
+        let memory = self.config.store_kind == StoreKind::Memory;
+        let config = &self.config;
+        let open = |engine: &SimEngine, settings: &Settings| {
+            Runner::new(engine, settings.apply(config.clone()), &mut factory)
+        };
+        self.run_app(&config.inputs, memory, open, |_| Ok(()))
+    }
+
+    /// Run `topology` instead of a processor: its stages, with each seed's settings applied
+    /// to every stage. `config` is not used (the topology has its own); input records go to
+    /// [`Topology::sources`], in order ([`InputRecord::on`] indexes them).
+    pub fn run_topology(&self, topology: &Topology) -> Result<SimulationReport, SimulationFailure> {
+        self.run_topology_checked(topology, |_| Ok(()))
+    }
+
+    /// [`Simulation::run_topology`], also checking the fault-free run's outcome with `check`
+    /// (every seed's must equal it): a model of what the topology must produce.
+    pub fn run_topology_checked(
+        &self,
+        topology: &Topology,
+        check: impl Fn(&Outcome) -> Result<(), String>,
+    ) -> Result<SimulationReport, SimulationFailure> {
+        let mut memory = false;
+        topology.configure(|config| {
+            memory = config.store_kind == StoreKind::Memory;
+            config
+        });
+        let open = |engine: &SimEngine, settings: &Settings| {
+            TopologyRunner::with(engine, topology, |config| settings.apply(config))
+        };
+        self.run_app(&topology.sources(), memory, open, check)
+    }
+
+    fn run_app<A: App>(
+        &self,
+        inputs: &[String],
+        memory: bool,
+        mut open: impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
+        check: impl Fn(&Outcome) -> Result<(), String>,
+    ) -> Result<SimulationReport, SimulationFailure> {
         let seeds = match std::env::var("CHRONIK_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
             Some(seed) => seed..seed + 1,
             None => self.seeds.clone(),
@@ -257,23 +391,28 @@ impl Simulation {
         let failure =
             |seed, detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
         let disk = SimDisk::new(Rng::new(0));
-        let engine = self.setup(&disk).map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
+        let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
+        let engine = self
+            .setup(&disk, &clock, inputs)
+            .map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
         let before = disk.stats().calls;
         // Committing after every record: the most disk calls a seed's run can make, the range
         // its power cuts are drawn from.
-        let config = ProcessorConfig { commit_every_records: Some(1), ..self.config.clone() };
-        let mut runner = Runner::new(&engine, config, &mut factory)
+        let mut app = open(&engine, &Settings::FAULT_FREE)
             .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
-        runner
-            .run_until_caught_up()
-            .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
+        app.run_until_caught_up().map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
         let calls = disk.stats().calls - before;
-        let expected = self.outcome(&engine, &runner).map_err(|e| failure(u64::MAX, e))?;
-        drop(runner);
+        let expected = self.outcome(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
+        check(&expected).map_err(|detail| SimulationFailure {
+            seed: u64::MAX,
+            kind: FailureKind::Model,
+            detail: format!("the fault-free run: {detail}"),
+        })?;
+        drop(app);
         drop(engine);
         let mut report = SimulationReport::default();
         for seed in seeds {
-            let found = self.run_seed(seed, calls, &mut factory, &mut report)?;
+            let found = self.run_seed(seed, calls, inputs, memory, &mut open, &mut report)?;
             if let Some((kind, detail)) = difference(&expected, &found) {
                 return Err(SimulationFailure { seed, kind, detail });
             }
@@ -282,24 +421,13 @@ impl Simulation {
         Ok(report)
     }
 
-    /// The seed's settings: its commit cadence, snapshots and stores, and the tail oracle.
-    fn seed_config(&self, rng: &mut Rng, tail: Arc<Mutex<Option<String>>>) -> ProcessorConfig {
-        // Commits every few records, so crashes land between commits as well as inside them;
-        // the outcome must not depend on where the commits fall.
-        let config = ProcessorConfig {
-            commit_every_records: Some(rng.between(1, 64)),
-            // Half the seeds restore from snapshots plus the changelog after them.
-            snapshot_every_commits: rng.chance(500_000).then(|| rng.between(1, 6)),
-            ..self.config.clone()
-        };
-        with_tail_oracle(with_seed_stores(config, rng), tail)
-    }
-
-    fn run_seed<P: Processor>(
+    fn run_seed<A: App>(
         &self,
         seed: u64,
         calls: u64,
-        factory: &mut impl FnMut(u32) -> P,
+        inputs: &[String],
+        memory: bool,
+        open: &mut impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
         report: &mut SimulationReport,
     ) -> Result<Outcome, SimulationFailure> {
         let failure = |detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
@@ -309,10 +437,11 @@ impl Simulation {
         let (crash_faults, io_faults) = seed_faults(&mut rng);
         disk.set_faults(crash_faults);
         let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
-        let config = self.seed_config(&mut rng, Arc::clone(&tail_violation));
+        let settings = Settings::draw(&mut rng, memory, Arc::clone(&tail_violation));
         let tail = || tail_violation.lock().expect("oracle lock").take();
         let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
-        let engine = self.setup_on(&disk, &clock).map_err(|e| failure(format!("setup: {e}")))?;
+        let engine =
+            self.setup(&disk, &clock, inputs).map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
         // A rotted store file may surface only in the last attempt; it then runs again.
         let mut damage_reruns = 2;
@@ -325,16 +454,15 @@ impl Simulation {
             }
             let live = match engine.take() {
                 Some(engine) => engine,
-                None => open(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
+                None => open_engine(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
             };
             if !last {
                 arm_faults(&disk, &mut rng, calls, io_faults);
             }
-            let result =
-                Runner::new(&live, config.clone(), &mut *factory).and_then(|mut runner| {
-                    let stats = runner.run_until_caught_up();
-                    stats.map(|stats| (runner, stats))
-                });
+            let result = open(&live, &settings).and_then(|mut runner| {
+                let stats = runner.run_until_caught_up();
+                stats.map(|stats| (runner, stats))
+            });
             disk.set_faults(crash_faults);
             if let Some(detail) = tail() {
                 return Err(tail_failure(detail));
@@ -346,7 +474,8 @@ impl Simulation {
                         disk.restore_power();
                     }
                     let outcome = self.outcome(&live, &runner).map_err(failure)?;
-                    let damaged = runner.stores().any(|store| store.check().is_err());
+                    let damaged =
+                        runner.every_store().iter().any(|(_, _, store)| store.check().is_err());
                     if !damaged {
                         return Ok(outcome);
                     }
@@ -402,15 +531,16 @@ impl Simulation {
         }
     }
 
-    /// A fault-free disk with the topics and the input.
-    fn setup(&self, disk: &SimDisk) -> Result<SimEngine, String> {
-        self.setup_on(disk, &SimClock::new(chronik_simdisk::clock::EPOCH_MS))
-    }
-
-    fn setup_on(&self, disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
-        let engine = open(disk, clock)?;
+    /// A disk with the topics and the input.
+    fn setup(
+        &self,
+        disk: &SimDisk,
+        clock: &SimClock,
+        inputs: &[String],
+    ) -> Result<SimEngine, String> {
+        let engine = open_engine(disk, clock)?;
         let input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
-        for topic in &self.config.inputs {
+        for topic in inputs {
             engine.create_topic(topic, input).map_err(|e| e.to_string())?;
         }
         for (topic, partitions) in &self.outputs {
@@ -422,34 +552,19 @@ impl Simulation {
             if let Some(timestamp) = record.timestamp {
                 view = view.with_timestamp(timestamp);
             }
-            engine
-                .append(
-                    self.config
-                        .inputs
-                        .get(record.input)
-                        .ok_or("an input record's input is not one of the inputs")?,
-                    record.partition,
-                    &[view],
-                )
-                .map_err(|e| e.to_string())?;
+            let topic = inputs
+                .get(record.input)
+                .ok_or("an input record's input is not one of the inputs")?;
+            engine.append(topic, record.partition, &[view]).map_err(|e| e.to_string())?;
         }
         Ok(engine)
     }
 
-    fn outcome<P: Processor>(
-        &self,
-        engine: &SimEngine,
-        runner: &Runner<SimDisk, P>,
-    ) -> Result<Outcome, String> {
+    fn outcome(&self, engine: &SimEngine, app: &impl App) -> Result<Outcome, String> {
         let mut outcome = Outcome::default();
-        for store in &self.config.stores {
-            for partition in 0..self.input_partitions {
-                let entries = runner
-                    .store(partition, store)
-                    .map(|s| s.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect())
-                    .unwrap_or_default();
-                outcome.stores.insert((store.clone(), partition), entries);
-            }
+        for (name, partition, store) in app.every_store() {
+            let entries = store.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            outcome.stores.insert((name.to_owned(), partition), entries);
         }
         for (topic, partitions) in &self.outputs {
             for partition in 0..*partitions {
@@ -473,7 +588,7 @@ impl Simulation {
     }
 }
 
-fn open(disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
+fn open_engine(disk: &SimDisk, clock: &SimClock) -> Result<SimEngine, String> {
     let options = Options { durability: Durability::Sync, ..Options::default() };
     Engine::open(disk.clone(), clock.shared(), Path::new(DATA), options)
         .map(|(engine, _)| engine)

@@ -33,6 +33,7 @@ pub mod reactor;
 pub mod run;
 pub mod shrink;
 pub mod trace;
+pub mod windows;
 pub mod workload;
 
 pub use chronik_simdisk::Rng;

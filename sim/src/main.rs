@@ -432,11 +432,11 @@ fn check_determinism(first: u64, count: u64, ops: u64) -> anyhow::Result<bool> {
 /// Hunt every canary (single-threaded: the active canary is process-global) and print a table.
 fn run_processors(start: u64, seeds: u64) -> bool {
     let started = Instant::now();
-    let (mut crashes, mut counting) = (0, 0);
+    let mut crashes = 0;
+    let mut workloads: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for seed in start..start.saturating_add(seeds) {
-        if chronik_sim::processors::draw(seed).0 == chronik_sim::processors::Workload::Counting {
-            counting += 1;
-        }
+        let workload = chronik_sim::processors::draw(seed).workload;
+        *workloads.entry(format!("{workload:?}").to_lowercase()).or_default() += 1;
         match chronik_sim::processors::run_seed(seed) {
             Ok(report) => crashes += report.crashes,
             Err(violation) => {
@@ -447,10 +447,10 @@ fn run_processors(start: u64, seeds: u64) -> bool {
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let mix: Vec<String> = workloads.iter().map(|(name, n)| format!("{name} {n}")).collect();
     println!(
-        "processors: seeds={seeds} (counting {counting}, join {}) crashes={crashes} \
-         seeds/s={:.1} failures=0",
-        seeds - counting,
+        "processors: seeds={seeds} ({}) crashes={crashes} seeds/s={:.1} failures=0",
+        mix.join(", "),
         seeds as f64 / elapsed.max(1e-9)
     );
     true

@@ -17,6 +17,7 @@
 
 use crate::oracle::Violation;
 use crate::rng::{PER_MILLION, Rng};
+use crate::windows::{self, Shape};
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
 use chronik::testing::{FailureKind, InputRecord, Simulation, SimulationReport};
@@ -26,6 +27,13 @@ use chronik::testing::{FailureKind, InputRecord, Simulation, SimulationReport};
 pub enum Workload {
     Counting,
     Join,
+    /// A topology: counts per key in tumbling or hopping windows with grace, late events
+    /// aside.
+    Windows,
+    /// A topology: counts per key in session windows with grace.
+    Sessions,
+    /// A topology: clicks left-joined with a users table.
+    TableJoin,
 }
 
 /// Counts per key in "counts"; at `limit`, emits the key to "done" and deletes it. Counts
@@ -86,29 +94,51 @@ impl Processor for Join {
     }
 }
 
+/// What a seed draws: its workload, the simulation, the counting limit, and the windows of
+/// a topology workload.
+#[derive(Debug)]
+pub struct Drawn {
+    pub workload: Workload,
+    pub simulation: Simulation,
+    pub limit: u8,
+    pub shape: Shape,
+}
+
 /// The simulation a seed draws, and its workload.
-pub fn draw(seed: u64) -> (Workload, Simulation, u8) {
+pub fn draw(seed: u64) -> Drawn {
     let mut rng = Rng::new(seed ^ 0x7072_6f63_6573_736f);
-    let workload = if rng.chance(PER_MILLION / 2) { Workload::Counting } else { Workload::Join };
+    let workload = match rng.below(5) {
+        0 => Workload::Counting,
+        1 => Workload::Join,
+        2 => Workload::Windows,
+        3 => Workload::Sessions,
+        _ => Workload::TableJoin,
+    };
     let partitions = rng.between(1, 4) as u32;
     let keys = rng.between(1, 40);
     let records = rng.between(20, 400);
     let limit = rng.between(2, 6) as u8;
+    let shape = Shape::draw(&mut rng, workload == Workload::Sessions);
     let mut input = Vec::with_capacity(records as usize);
     let mut time = 1_704_067_200_000_i64;
     for i in 0..records {
         let key = format!("k{}", rng.below(keys));
         let partition = chronik::partition_for_key(key.as_bytes(), partitions);
         time += rng.below(5).cast_signed();
+        // Windowed workloads: some events out of order, some of them beyond grace.
+        let late = matches!(workload, Workload::Windows | Workload::Sessions)
+            && rng.chance(PER_MILLION / 6);
+        let timestamp = if late { time - rng.below(shape.reach()).cast_signed() } else { time };
         let value = format!("v{i}").into_bytes();
-        let table_update = workload == Workload::Join && rng.chance(PER_MILLION / 4);
+        let table_update =
+            matches!(workload, Workload::Join | Workload::TableJoin) && rng.chance(PER_MILLION / 4);
         let record = if table_update {
             let value = if rng.chance(PER_MILLION / 5) { Vec::new() } else { value };
             InputRecord::new(partition, Some(key.into_bytes()), value).on(1)
         } else {
             InputRecord::new(partition, Some(key.into_bytes()), value)
         };
-        input.push(record.at(time));
+        input.push(record.at(timestamp));
     }
     let (config, outputs) = match workload {
         Workload::Counting => (
@@ -119,6 +149,10 @@ pub fn draw(seed: u64) -> (Workload, Simulation, u8) {
             ProcessorConfig::new("join", "clicks").input("users").store("users"),
             vec![("enriched".to_owned(), partitions)],
         ),
+        Workload::Windows | Workload::Sessions | Workload::TableJoin => {
+            let outputs = windows::outputs(partitions, &mut rng);
+            (ProcessorConfig::new("topology", "events"), outputs)
+        }
     };
     let simulation = Simulation {
         config,
@@ -128,15 +162,18 @@ pub fn draw(seed: u64) -> (Workload, Simulation, u8) {
         seeds: seed..seed + 1,
         crashes_max: rng.between(1, 6) as u32,
     };
-    (workload, simulation, limit)
+    Drawn { workload, simulation, limit, shape }
 }
 
 /// Run one seed's processor workload; the oracle that failed, if any.
 pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
-    let (workload, simulation, limit) = draw(seed);
+    let Drawn { workload, simulation, limit, shape } = draw(seed);
     let result = match workload {
         Workload::Counting => simulation.run(|_| Counting { limit }),
         Workload::Join => simulation.run(|_| Join),
+        Workload::Windows | Workload::Sessions | Workload::TableJoin => {
+            windows::run(workload, &simulation, shape)
+        }
     };
     result.map_err(|failure| {
         let oracle = match failure.kind {
@@ -144,6 +181,7 @@ pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
             FailureKind::Outputs => "exactly_once_outputs",
             FailureKind::Run => "processor_runs",
             FailureKind::Tail => "restore_reads_tail",
+            FailureKind::Model => "topology_model",
         };
         Violation::new(oracle, format!("{workload:?}: {}", failure.detail))
     })

@@ -1,0 +1,363 @@
+//! Topology workloads ([`chronik::dsl`]) and their models: what a windowed count, a session
+//! count and a stream-table join must produce from the seed's input, worked out here on plain
+//! maps, independently of the operators. The fault-free run's outputs and stores must equal
+//! the model's (oracle `topology_model`); every faulted run's must equal the fault-free
+//! run's (`restore_equivalence`, `exactly_once_outputs`).
+
+use crate::processors::Workload;
+use crate::rng::{PER_MILLION, Rng};
+use chronik::dsl::{Emit, Topology, Windows};
+use chronik::testing::SimulationReport;
+use chronik::testing::{Entries, InputRecord, Outcome, Records, Simulation, SimulationFailure};
+use std::collections::BTreeMap;
+
+/// The windows of a windowed workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Window size (tumbling, hopping) or inactivity gap (sessions), milliseconds.
+    pub size: i64,
+    /// Hopping windows' advance; the size for tumbling ones.
+    pub advance: i64,
+    pub grace: i64,
+    pub emit: Emit,
+    /// Go through a repartition topic first (a map that may change keys, here keeping them):
+    /// two stages, the second reading what the first committed.
+    pub repartition: bool,
+}
+
+impl Shape {
+    pub fn draw(rng: &mut Rng, sessions: bool) -> Shape {
+        let size = rng.between(5, 80).cast_signed();
+        let advance = if !sessions && rng.chance(PER_MILLION / 2) {
+            rng.between(1, size.cast_unsigned()).cast_signed()
+        } else {
+            size
+        };
+        let grace = if rng.chance(PER_MILLION / 4) { 0 } else { rng.between(1, 60).cast_signed() };
+        let emit = if rng.chance(PER_MILLION / 2) { Emit::Final } else { Emit::Updates };
+        let repartition = rng.chance(PER_MILLION / 2);
+        Shape { size, advance, grace, emit, repartition }
+    }
+
+    /// How far back of the stream's time a late event may be drawn.
+    pub fn reach(&self) -> u64 {
+        (self.size + self.grace + 20).cast_unsigned()
+    }
+
+    fn windows(&self, sessions: bool) -> Windows {
+        let windows = if sessions {
+            Windows::session(self.size)
+        } else {
+            Windows::hopping(self.size, self.advance)
+        };
+        windows.grace(self.grace)
+    }
+}
+
+/// The output topics of a topology workload: results and late events.
+pub fn outputs(_partitions: u32, rng: &mut Rng) -> Vec<(String, u32)> {
+    vec![
+        ("results".to_owned(), rng.between(1, 3) as u32),
+        ("late".to_owned(), rng.between(1, 3) as u32),
+    ]
+}
+
+/// The workload's topology.
+pub fn topology(workload: Workload, shape: Shape) -> Topology {
+    let topology = Topology::new("topology");
+    let events = topology.stream("events");
+    match workload {
+        Workload::Windows | Workload::Sessions => {
+            let sessions = workload == Workload::Sessions;
+            let events = if shape.repartition { events.map(|event| event) } else { events };
+            events
+                .group_by_key()
+                .named(if sessions { "sessions" } else { "windows" })
+                .window(shape.windows(sessions))
+                .emit(shape.emit)
+                .late_to("late")
+                .count()
+                .map_values(|result| {
+                    let window = result.window.expect("a windowed result");
+                    let count = String::from_utf8_lossy(&result.value);
+                    format!("{count}@{}-{}", window.start, window.end).into_bytes()
+                })
+                .to("results");
+        }
+        _ => {
+            let users = topology.table("users");
+            events
+                .left_join(&users, |click, user| {
+                    [user.unwrap_or(b"?"), b":", &click.value].concat()
+                })
+                .to("results");
+        }
+    }
+    topology
+}
+
+/// Run the seed's topology, checking the fault-free run against the model.
+pub fn run(
+    workload: Workload,
+    simulation: &Simulation,
+    shape: Shape,
+) -> Result<SimulationReport, SimulationFailure> {
+    let expected = model(workload, simulation, shape);
+    simulation.run_topology_checked(&topology(workload, shape), |found| compare(&expected, found))
+}
+
+/// The first difference between the model's outputs and stores and the run's.
+fn compare(expected: &Outcome, found: &Outcome) -> Result<(), String> {
+    for (key, records) in &expected.outputs {
+        let other = found.outputs.get(key).map(Vec::as_slice).unwrap_or_default();
+        if records.as_slice() != other {
+            let at = records
+                .iter()
+                .zip(other)
+                .position(|(a, b)| a != b)
+                .unwrap_or(records.len().min(other.len()));
+            return Err(format!(
+                "output {key:?} differs from the model: {} records, the model {}; at record {at}: \
+                 {:?}, the model {:?}",
+                other.len(),
+                records.len(),
+                other.get(at).map(show),
+                records.get(at).map(show),
+            ));
+        }
+    }
+    for (key, entries) in &expected.stores {
+        let other = found.stores.get(key).map(Vec::as_slice).unwrap_or_default();
+        if entries.as_slice() != other {
+            return Err(format!(
+                "store {key:?} differs from the model: {} entries, the model {} (closed windows \
+                 left, open ones missing, or wrong counts)",
+                other.len(),
+                entries.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn show(record: &(Option<Vec<u8>>, Vec<u8>)) -> String {
+    let key = record.0.as_deref().map(String::from_utf8_lossy).unwrap_or_default();
+    format!("{key} {}", String::from_utf8_lossy(&record.1))
+}
+
+/// What the model emits, topic by topic.
+struct Emitted<'a> {
+    simulation: &'a Simulation,
+    outputs: BTreeMap<(String, u32), Records>,
+}
+
+impl Emitted<'_> {
+    fn emit(&mut self, topic: &str, key: &[u8], value: Vec<u8>) {
+        let partitions = self
+            .simulation
+            .outputs
+            .iter()
+            .find(|(name, _)| name == topic)
+            .map_or(1, |(_, partitions)| *partitions);
+        let partition = chronik::partition_for_key(key, partitions);
+        let records = self.outputs.entry((topic.to_owned(), partition)).or_default();
+        records.push((Some(key.to_vec()), value));
+    }
+}
+
+/// The model's outcome: every output partition, and the stateful operator's stores.
+fn model(workload: Workload, simulation: &Simulation, shape: Shape) -> Outcome {
+    let mut emitted = Emitted { simulation, outputs: BTreeMap::new() };
+    for (topic, partitions) in &simulation.outputs {
+        for partition in 0..*partitions {
+            emitted.outputs.insert((topic.clone(), partition), Vec::new());
+        }
+    }
+    let mut stores = BTreeMap::new();
+    for partition in 0..simulation.input_partitions {
+        let of = |input: usize| -> Vec<&InputRecord> {
+            simulation
+                .input
+                .iter()
+                .filter(|r| r.partition == partition && r.input == input)
+                .collect()
+        };
+        let (name, entries) = match workload {
+            Workload::Windows => ("windows", time_windows(&of(0), shape, &mut emitted)),
+            Workload::Sessions => ("sessions", sessions(&of(0), shape, &mut emitted)),
+            _ => ("table-users", table_join(&of(0), &of(1), &mut emitted)),
+        };
+        stores.insert((name.to_owned(), partition), entries);
+    }
+    Outcome { stores, outputs: emitted.outputs }
+}
+
+fn time_of(record: &InputRecord) -> i64 {
+    record.timestamp.expect("the workloads set every time")
+}
+
+fn key_of(record: &InputRecord) -> &[u8] {
+    record.key.as_deref().unwrap_or_default()
+}
+
+/// A time as the stores lay it out (docs/format.md): big endian, sign bit flipped.
+fn sortable(t: i64) -> [u8; 8] {
+    (t.cast_unsigned() ^ (1 << 63)).to_be_bytes()
+}
+
+/// The bookkeeping entry: observed time, late events, kept events (none here).
+fn meta(observed: i64, late: u64) -> (Vec<u8>, Vec<u8>) {
+    let mut value = sortable(observed).to_vec();
+    value.extend_from_slice(&late.to_be_bytes());
+    value.extend_from_slice(&0_u64.to_be_bytes());
+    (vec![0], value)
+}
+
+fn time_windows(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -> Entries {
+    if records.is_empty() {
+        return Vec::new();
+    }
+    let (mut observed, mut late) = (i64::MIN, 0);
+    // (end, key) -> count: closing order is end, then key.
+    let mut open: BTreeMap<(i64, Vec<u8>), u64> = BTreeMap::new();
+    for record in records {
+        let (t, key) = (time_of(record), key_of(record));
+        observed = observed.max(t);
+        let mut starts: Vec<i64> = Vec::new();
+        let mut start = t.div_euclid(shape.advance) * shape.advance;
+        while start + shape.size > t {
+            starts.push(start);
+            start -= shape.advance;
+        }
+        starts.reverse();
+        let mut folded = false;
+        for start in starts {
+            let end = start + shape.size;
+            if end + shape.grace <= observed {
+                continue;
+            }
+            let count = open.entry((end, key.to_vec())).or_default();
+            *count += 1;
+            folded = true;
+            if shape.emit == Emit::Updates {
+                let value = format!("{count}@{start}-{end}").into_bytes();
+                out.emit("results", key, value);
+            }
+        }
+        if !folded {
+            late += 1;
+            out.emit("late", key, record.value.clone());
+        }
+        let closing: Vec<(i64, Vec<u8>)> =
+            open.keys().take_while(|(end, _)| end + shape.grace <= observed).cloned().collect();
+        for (end, key) in closing {
+            let count = open.remove(&(end, key.clone())).expect("listed");
+            if shape.emit == Emit::Final {
+                let value = format!("{count}@{}-{end}", end - shape.size).into_bytes();
+                out.emit("results", &key, value);
+            }
+        }
+    }
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late)]);
+    for ((end, key), count) in open {
+        let mut store_key = vec![b'W'];
+        store_key.extend_from_slice(&sortable(end));
+        store_key.extend_from_slice(&key);
+        entries.insert(store_key, count.to_string().into_bytes());
+    }
+    entries.into_iter().collect()
+}
+
+fn with_length(key: &[u8]) -> Vec<u8> {
+    let mut out = (key.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(key);
+    out
+}
+
+fn sessions(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -> Entries {
+    if records.is_empty() {
+        return Vec::new();
+    }
+    let (gap, grace) = (shape.size, shape.grace);
+    let (mut observed, mut late) = (i64::MIN, 0);
+    // (key, start) -> (end, count)
+    let mut open: BTreeMap<(Vec<u8>, i64), (i64, u64)> = BTreeMap::new();
+    for record in records {
+        let (t, key) = (time_of(record), key_of(record));
+        observed = observed.max(t);
+        if t + grace < observed {
+            late += 1;
+            out.emit("late", key, record.value.clone());
+            continue;
+        }
+        let touching: Vec<(i64, i64, u64)> = open
+            .iter()
+            .filter(|((k, start), (end, _))| k == key && *start <= t + gap && end + gap >= t)
+            .map(|((_, start), (end, count))| (*start, *end, *count))
+            .collect();
+        let (mut start, mut end, mut count) = (t, t, 1);
+        for (s, e, c) in touching {
+            open.remove(&(key.to_vec(), s));
+            start = start.min(s);
+            end = end.max(e);
+            count += c;
+        }
+        open.insert((key.to_vec(), start), (end, count));
+        if shape.emit == Emit::Updates {
+            out.emit("results", key, format!("{count}@{start}-{}", end + 1).into_bytes());
+        }
+        let mut closing: Vec<(i64, Vec<u8>, i64)> = open
+            .iter()
+            .filter(|(_, (end, _))| end + gap + grace < observed)
+            .map(|((key, start), (end, _))| (*end, key.clone(), *start))
+            .collect();
+        closing.sort_by_key(|a| (a.0, with_length(&a.1), a.2));
+        for (end, key, start) in closing {
+            let (_, count) = open.remove(&(key.clone(), start)).expect("listed");
+            if shape.emit == Emit::Final {
+                out.emit("results", &key, format!("{count}@{start}-{}", end + 1).into_bytes());
+            }
+        }
+    }
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late)]);
+    for ((key, start), (end, count)) in open {
+        let mut session = vec![b'S'];
+        session.extend_from_slice(&with_length(&key));
+        session.extend_from_slice(&sortable(start));
+        let mut value = sortable(end).to_vec();
+        value.extend_from_slice(count.to_string().as_bytes());
+        entries.insert(session, value);
+        let mut by_end = vec![b'E'];
+        by_end.extend_from_slice(&sortable(end));
+        by_end.extend_from_slice(&with_length(&key));
+        by_end.extend_from_slice(&sortable(start));
+        entries.insert(by_end, Vec::new());
+    }
+    entries.into_iter().collect()
+}
+
+/// Clicks and table updates merged by time (a tie: the click first), each click joined with
+/// its user's row as of then.
+fn table_join(clicks: &[&InputRecord], users: &[&InputRecord], out: &mut Emitted<'_>) -> Entries {
+    let mut table: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let (mut c, mut u) = (0, 0);
+    while c < clicks.len() || u < users.len() {
+        let click_next =
+            u >= users.len() || (c < clicks.len() && time_of(clicks[c]) <= time_of(users[u]));
+        if click_next {
+            let click = clicks[c];
+            let row = table.get(key_of(click)).map_or(&b"?"[..], Vec::as_slice);
+            out.emit("results", key_of(click), [row, b":", &click.value].concat());
+            c += 1;
+        } else {
+            let user = users[u];
+            if user.value.is_empty() {
+                table.remove(key_of(user));
+            } else {
+                table.insert(key_of(user).to_vec(), user.value.clone());
+            }
+            u += 1;
+        }
+    }
+    table.into_iter().collect()
+}
