@@ -19,6 +19,7 @@ mod codec;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod processor;
+mod topology;
 
 pyo3::create_exception!(_chronik, ChronikError, PyException, "Any Chronik error.");
 pyo3::create_exception!(_chronik, CorruptionError, ChronikError, "Damaged data was found.");
@@ -113,7 +114,7 @@ fn parse_durability(text: &str) -> PyResult<Durability> {
 pub(crate) struct Shared {
     chronik: RwLock<Option<Arc<Chronik>>>,
     /// Applications, whose runners hold engine handles of their own.
-    apps: Mutex<Vec<Weak<processor::AppState>>>,
+    apps: Mutex<Vec<Weak<dyn processor::Close + Send + Sync>>>,
 }
 
 impl Shared {
@@ -122,10 +123,11 @@ impl Shared {
         chronik.clone().ok_or_else(|| ClosedError::new_err("the data directory is closed"))
     }
 
-    pub(crate) fn register(&self, app: &Arc<processor::AppState>) {
+    pub(crate) fn register<A: processor::Close + Send + Sync + 'static>(&self, app: &Arc<A>) {
         if let Ok(mut apps) = self.apps.lock() {
             apps.retain(|a| a.strong_count() > 0);
-            apps.push(Arc::downgrade(app));
+            let weak: Weak<A> = Arc::downgrade(app);
+            apps.push(weak);
         }
     }
 
@@ -865,6 +867,7 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<processor::PyContext>()?;
     m.add_class::<processor::PyStore>()?;
     m.add_function(wrap_pyfunction!(processor::simulate, m)?)?;
+    topology::register(m)?;
     m.add_function(wrap_pyfunction!(partition_for_key, m)?)?;
     m.add_function(wrap_pyfunction!(encode, m)?)?;
     m.add("SimulationFailure", py.get_type::<processor::SimulationFailure>())?;

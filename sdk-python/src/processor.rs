@@ -562,6 +562,22 @@ pub(crate) fn setup(
         }
         formats.push((name, codec));
     }
+    apply_options(&mut config, options)?;
+    let spec = Spec {
+        factory,
+        key_format: Codec::parse(key_format)?,
+        value_format: Codec::parse(value_format)?,
+        stores: formats,
+        raised: Mutex::new(None),
+    };
+    Ok((config, Arc::new(spec)))
+}
+
+/// The processor settings among `options` (keyword arguments), onto `config`.
+pub(crate) fn apply_options(
+    config: &mut ProcessorConfig,
+    options: &Bound<'_, PyDict>,
+) -> PyResult<()> {
     for (key, value) in options.iter() {
         let key: String = key.extract()?;
         if value.is_none() {
@@ -583,14 +599,7 @@ pub(crate) fn setup(
             }
         }
     }
-    let spec = Spec {
-        factory,
-        key_format: Codec::parse(key_format)?,
-        value_format: Codec::parse(value_format)?,
-        stores: formats,
-        raised: Mutex::new(None),
-    };
-    Ok((config, Arc::new(spec)))
+    Ok(())
 }
 
 /// A store's format and kind from its spec: `+`-separated words, each a format (`json`, the
@@ -615,9 +624,17 @@ fn store_spec(name: &str, spec: &str) -> PyResult<(Codec, Option<StoreKind>)> {
 
 /// A run's end as a Python exception: the handler's own exception when it raised one.
 pub(crate) fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
+    run_error_raising(|| spec.take_raised(), error)
+}
+
+/// [`run_error`] with the handler's exception from `raised`.
+pub(crate) fn run_error_raising(
+    raised: impl FnOnce() -> Option<PyErr>,
+    error: ProcessorError,
+) -> PyErr {
     match error {
         ProcessorError::Process { .. } => {
-            spec.take_raised().unwrap_or_else(|| ChronikError::new_err(error.to_string()))
+            raised().unwrap_or_else(|| ChronikError::new_err(error.to_string()))
         }
         ProcessorError::Config(_) => InvalidArgumentError::new_err(error.to_string()),
         ProcessorError::Topic(e) => crate::error(e.into()),
@@ -646,17 +663,71 @@ pub(crate) fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, 
 
 type AppRunner = Runner<SystemIo, PyProcessor>;
 
-/// An application's runner and stop flag, reachable from the data directory's close.
-pub(crate) struct AppState {
-    /// Made (and the stores restored) at the first run; kept between runs.
-    runner: Mutex<Option<AppRunner>>,
-    stop: AtomicBool,
-    closed: AtomicBool,
+/// Run `work` (which runs until `stop` is set) on another thread until it ends, `seconds`
+/// have passed or Ctrl-C (then `stop` is set, and KeyboardInterrupt raised once it ended).
+pub(crate) fn run_stoppable(
+    py: Python<'_>,
+    stop: &AtomicBool,
+    seconds: Option<f64>,
+    work: impl FnOnce() -> PyResult<RunStats> + Send,
+) -> PyResult<RunStats> {
+    stop.store(false, Ordering::Relaxed);
+    let deadline = seconds.map(|s| Instant::now() + Duration::from_secs_f64(s.clamp(0.0, 1e9)));
+    let done = AtomicBool::new(false);
+    let mut interrupted: Option<PyErr> = None;
+    let stats = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let result = work();
+            done.store(true, Ordering::Release);
+            result
+        });
+        while !done.load(Ordering::Acquire) {
+            py.detach(|| std::thread::sleep(Duration::from_millis(20)));
+            if interrupted.is_none()
+                && let Err(e) = py.check_signals()
+            {
+                interrupted = Some(e);
+                stop.store(true, Ordering::Relaxed);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                stop.store(true, Ordering::Relaxed);
+            }
+        }
+        py.detach(|| worker.join())
+            .unwrap_or_else(|_| Err(ChronikError::new_err("the processor thread panicked")))
+    });
+    if let Some(e) = interrupted {
+        return Err(e);
+    }
+    stats
 }
 
-impl AppState {
+/// What the data directory's close does to an application on it.
+pub(crate) trait Close {
     /// Stop a run in progress, wait for it, and drop the runner (its engine handle).
-    pub(crate) fn close(&self) {
+    fn close(&self);
+}
+
+/// An application's runner and stop flag, reachable from the data directory's close.
+pub(crate) struct AppState<R = AppRunner> {
+    /// Made (and the stores restored) at the first run; kept between runs.
+    pub(crate) runner: Mutex<Option<R>>,
+    pub(crate) stop: AtomicBool,
+    pub(crate) closed: AtomicBool,
+}
+
+impl<R> AppState<R> {
+    pub(crate) fn new() -> AppState<R> {
+        AppState {
+            runner: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<R: Send> Close for AppState<R> {
+    fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
         self.stop.store(true, Ordering::Relaxed);
         let runner = self.runner.lock().map(|mut runner| runner.take());
@@ -733,11 +804,7 @@ impl PyApp {
         let (config, spec) =
             setup(application, inputs, factory, stores, key_format, value_format, options)?;
         db.get()?;
-        let state = Arc::new(AppState {
-            runner: Mutex::new(None),
-            stop: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-        });
+        let state = Arc::new(AppState::new());
         db.shared.register(&state);
         Ok(PyApp { shared: Arc::clone(&db.shared), config, spec, state })
     }
@@ -753,37 +820,10 @@ impl PyApp {
     /// or Ctrl-C (then the processors close and commit, and KeyboardInterrupt is raised).
     #[pyo3(signature = (seconds = None))]
     fn run<'py>(&self, py: Python<'py>, seconds: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
-        self.state.stop.store(false, Ordering::Relaxed);
-        let deadline = seconds.map(|s| Instant::now() + Duration::from_secs_f64(s.clamp(0.0, 1e9)));
-        let done = AtomicBool::new(false);
-        let mut interrupted: Option<PyErr> = None;
-        let stats = std::thread::scope(|scope| {
-            let worker = scope.spawn(|| {
-                let result = Python::attach(|py| {
-                    self.with_runner(py, |runner| runner.run_until(&self.state.stop))
-                });
-                done.store(true, Ordering::Release);
-                result
-            });
-            while !done.load(Ordering::Acquire) {
-                py.detach(|| std::thread::sleep(Duration::from_millis(20)));
-                if interrupted.is_none()
-                    && let Err(e) = py.check_signals()
-                {
-                    interrupted = Some(e);
-                    self.state.stop.store(true, Ordering::Relaxed);
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    self.state.stop.store(true, Ordering::Relaxed);
-                }
-            }
-            py.detach(|| worker.join())
-                .unwrap_or_else(|_| Err(ChronikError::new_err("the processor thread panicked")))
-        });
-        if let Some(e) = interrupted {
-            return Err(e);
-        }
-        stats_dict(py, stats?)
+        let stats = run_stoppable(py, &self.state.stop, seconds, || {
+            Python::attach(|py| self.with_runner(py, |runner| runner.run_until(&self.state.stop)))
+        })?;
+        stats_dict(py, stats)
     }
 
     /// Ask a `run` in progress (on another thread, or from a signal handler) to stop.
@@ -842,7 +882,7 @@ impl PyApp {
 }
 
 /// A simulated input record: input index, partition, key, value, timestamp.
-type SimulatedRecord = (usize, u32, Option<Vec<u8>>, Vec<u8>, Option<i64>);
+pub(crate) type SimulatedRecord = (usize, u32, Option<Vec<u8>>, Vec<u8>, Option<i64>);
 
 /// Run a processor under the simulator (see `chronik.testing.simulate`).
 #[pyfunction]
@@ -863,25 +903,13 @@ pub(crate) fn simulate<'py>(
     seeds: (u64, u64),
     crashes_max: u32,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use chronik::testing::{FailureKind, InputRecord, Simulation};
+    use chronik::testing::Simulation;
     let (config, spec) =
         setup(application, inputs, factory, stores, key_format, value_format, options)?;
     if input_partitions == 0 {
         return Err(InvalidArgumentError::new_err("input_partitions must be at least 1"));
     }
-    let mut input = Vec::with_capacity(records.len());
-    for (which, partition, key, value, timestamp) in records {
-        if which >= config.inputs.len() || partition >= input_partitions {
-            return Err(InvalidArgumentError::new_err(format!(
-                "a record for input {which} partition {partition}: there are {} inputs of \
-                 {input_partitions} partitions",
-                config.inputs.len()
-            )));
-        }
-        let mut record = InputRecord::new(partition, key, value).on(which);
-        record.timestamp = timestamp;
-        input.push(record);
-    }
+    let input = simulated_input(records, config.inputs.len(), input_partitions)?;
     let simulation = Simulation {
         config,
         input_partitions,
@@ -891,6 +919,38 @@ pub(crate) fn simulate<'py>(
         crashes_max,
     };
     let result = py.detach(|| simulation.run(|p| PyProcessor::new(&spec, p)));
+    simulation_result(py, result, || spec.take_raised())
+}
+
+/// Simulated records as the simulator takes them, checked against the inputs and partitions.
+pub(crate) fn simulated_input(
+    records: Vec<SimulatedRecord>,
+    inputs: usize,
+    input_partitions: u32,
+) -> PyResult<Vec<chronik::testing::InputRecord>> {
+    let mut input = Vec::with_capacity(records.len());
+    for (which, partition, key, value, timestamp) in records {
+        if which >= inputs || partition >= input_partitions {
+            return Err(InvalidArgumentError::new_err(format!(
+                "a record for input {which} partition {partition}: there are {inputs} inputs of \
+                 {input_partitions} partitions"
+            )));
+        }
+        let mut record = chronik::testing::InputRecord::new(partition, key, value).on(which);
+        record.timestamp = timestamp;
+        input.push(record);
+    }
+    Ok(input)
+}
+
+/// A simulation's report as a dict, or its failure as `SimulationFailure` (with the
+/// exception the application's Python code raised, if any).
+pub(crate) fn simulation_result(
+    py: Python<'_>,
+    result: Result<chronik::testing::SimulationReport, chronik::testing::SimulationFailure>,
+    raised: impl FnOnce() -> Option<PyErr>,
+) -> PyResult<Bound<'_, PyDict>> {
+    use chronik::testing::FailureKind;
     match result {
         Ok(report) => {
             let out = PyDict::new(py);
@@ -908,7 +968,7 @@ pub(crate) fn simulate<'py>(
                 FailureKind::Model => "model",
             };
             let mut message = failure.to_string();
-            if let Some(raised) = spec.take_raised()
+            if let Some(raised) = raised()
                 && failure.kind == FailureKind::Run
             {
                 message = format!("{message}\nthe processor raised: {raised}");

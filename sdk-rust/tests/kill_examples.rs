@@ -102,3 +102,13 @@ fn the_click_counter_on_a_disk_store_killed_in_a_loop_restarts_to_exact_counts()
 fn the_join_killed_in_a_loop_enriches_every_click_once_with_the_right_version() {
     kill_loop("clicks_join");
 }
+
+/// The three topologies (tumbling windows with final results and late clicks, sessions, a
+/// stream-table join), each killed in a loop: every result once, equal to what the example
+/// works out from the clicks.
+#[test]
+fn the_windowed_topologies_killed_in_a_loop_emit_every_result_exactly_once() {
+    for topology in ["per-minute", "sessions", "enriched"] {
+        kill_loop_with("clicks_windows", &[("CLICKS_TOPOLOGY", topology)]);
+    }
+}

@@ -23,6 +23,16 @@ Stateful processors (exactly once, state restored after a crash):
 
     app.run_for(10)
 
+Windows, aggregations and joins as operators (a topology), exactly once:
+
+    topology = chronik.Topology(db, "per-minute", key_format="str")
+    (topology.stream("clicks")
+        .group_by_key()
+        .window(chronik.Windows.tumbling(60_000, grace_ms=5_000), emit="final")
+        .count()
+        .to("clicks-per-minute"))
+    topology.run_until_caught_up()
+
 The engine is the Rust crate `chronik`; this package is its Python face (pyo3). Calls that
 wait on the disk release the GIL. Errors are `ChronikError` and its subclasses.
 """
@@ -37,6 +47,8 @@ from chronik._chronik import (
     Consumer,
     Context,
     CorruptionError,
+    Event,
+    Grouped,
     InvalidArgumentError,
     IoError,
     LockedError,
@@ -46,6 +58,11 @@ from chronik._chronik import (
     Producer,
     Record,
     Store,
+    Stream,
+    Table,
+    Topology,
+    Windowed,
+    Windows,
     open,
     partition_for_key,
 )
@@ -61,6 +78,8 @@ __all__ = [
     "Consumer",
     "Context",
     "CorruptionError",
+    "Event",
+    "Grouped",
     "InvalidArgumentError",
     "IoError",
     "LockedError",
@@ -72,6 +91,11 @@ __all__ = [
     "Record",
     "Spec",
     "Store",
+    "Stream",
+    "Table",
+    "Topology",
+    "Windowed",
+    "Windows",
     "connect",
     "open",
     "partition_for_key",

@@ -1,7 +1,7 @@
 """Type stubs of the extension module `chronik._chronik`."""
 
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 BytesLike = Union[bytes, bytearray, memoryview, str]
 Headers = Union[Mapping[BytesLike, BytesLike], Iterable[Tuple[BytesLike, BytesLike]]]
@@ -179,3 +179,114 @@ def _encode(format: str, value: Any) -> bytes: ...
 
 def open(path: str, durability: str = "sync") -> Chronik:
     """Open (creating if needed) a data directory; durability "sync", "os" or "interval:MS"."""
+
+class Event:
+    """A record as a topology's functions see it: key and value in the topology's formats,
+    timestamp (ms), and for a windowed aggregation's result its window (start, end) in ms.
+    Return one from `map` or `flat_map` (or a `(key, value)` pair)."""
+
+    key: Any
+    value: Any
+    timestamp: int
+    window: Optional[Tuple[int, int]]
+    def __init__(self, key: Any, value: Any, timestamp: int = 0) -> None: ...
+
+class Windows:
+    """How events are cut into windows, each with `grace_ms` for late events."""
+
+    @staticmethod
+    def tumbling(size_ms: int, grace_ms: int = 0) -> "Windows":
+        """Back-to-back windows of `size_ms`, aligned to the epoch."""
+    @staticmethod
+    def hopping(size_ms: int, advance_ms: int, grace_ms: int = 0) -> "Windows":
+        """Windows of `size_ms` starting every `advance_ms`."""
+    @staticmethod
+    def sliding(size_ms: int, grace_ms: int = 0) -> "Windows":
+        """For each event, the window of `size_ms` ending at it: (t - size, t]."""
+    @staticmethod
+    def session(gap_ms: int, grace_ms: int = 0) -> "Windows":
+        """A key's events less than `gap_ms` apart, in one window."""
+
+class Table:
+    """A topic's latest value per key (an empty value deletes), to join streams with."""
+
+class Stream:
+    """A stream of events; each operator returns a new stream."""
+
+    def filter(self, keep: Callable[[Event], bool]) -> "Stream": ...
+    def map(self, f: Callable[[Event], Union[Event, Tuple[Any, Any]]]) -> "Stream":
+        """Each event replaced by f's (the key may change: group_by_key then repartitions)."""
+    def map_values(self, f: Callable[[Event], Any]) -> "Stream": ...
+    def flat_map(self, f: Callable[[Event], Iterable[Union[Event, Tuple[Any, Any]]]]) -> "Stream": ...
+    def peek(self, f: Callable[[Event], Any]) -> "Stream": ...
+    def group_by(self, key: Callable[[Event], Any]) -> "Grouped":
+        """Grouped by key(event), repartitioned through an internal topic."""
+    def group_by_key(self) -> "Grouped": ...
+    def join(self, table: Table, f: Callable[[Event, Any], Any]) -> "Stream":
+        """Joined with the key's row as of the event's time; events without a row dropped."""
+    def left_join(self, table: Table, f: Callable[[Event, Optional[Any]], Any]) -> "Stream": ...
+    def join_stream(
+        self, other: "Stream", window_ms: int, f: Callable[[Event, Event], Any], grace_ms: int = 0
+    ) -> "Stream":
+        """Pairs of same-key events of both streams at most window_ms apart."""
+    def to(self, topic: str) -> None:
+        """Write to `topic`; windowed results carry headers window.start and window.end."""
+
+class Grouped:
+    """A grouped stream, to aggregate in windows or not."""
+
+    def named(self, store: str) -> "Grouped": ...
+    def store_kind(self, kind: str) -> "Grouped": ...
+    def window(
+        self, windows: Windows, emit: str = "updates", late_to: Optional[str] = None
+    ) -> "Windowed":
+        """emit: "updates" (after each event) or "final" (once, when the window closes)."""
+    def count(self) -> Stream: ...
+    def reduce(self, f: Callable[[Any, Any], Any]) -> Stream: ...
+    def aggregate(self, init: Callable[[], Any], add: Callable[[Any, Event], Any]) -> Stream: ...
+
+class Windowed:
+    """A grouped stream in windows, to aggregate."""
+
+    def count(self) -> Stream: ...
+    def reduce(self, f: Callable[[Any, Any], Any]) -> Stream: ...
+    def aggregate(
+        self,
+        init: Callable[[], Any],
+        add: Callable[[Any, Event], Any],
+        merge: Optional[Callable[[Any, Any], Any]] = None,
+    ) -> Stream:
+        """Session windows need merge(a, b) for two sessions an event bridges."""
+
+class Topology:
+    """Streams, tables and their operators, run exactly once on a data directory (or `None`
+    to only simulate it). Settings: commit_interval_ms, commit_every_records,
+    snapshot_every_commits, threads, store_kind."""
+
+    key_format: str
+    value_format: str
+    def __init__(
+        self,
+        db: Optional[Chronik],
+        name: str,
+        key_format: str = "str",
+        value_format: str = "json",
+        **settings: Any,
+    ) -> None: ...
+    def stream(self, topic: str) -> Stream: ...
+    def table(self, topic: str) -> Table: ...
+    def describe(self) -> str: ...
+    def sources(self) -> list[str]: ...
+    def run_until_caught_up(self) -> Dict[str, int]: ...
+    def run(self, seconds: Optional[float] = None) -> Dict[str, int]: ...
+    def stop(self) -> None: ...
+    def late_records(self) -> int: ...
+
+def simulate_topology(
+    topology: Topology,
+    input_partitions: int,
+    outputs: Sequence[Tuple[str, int]],
+    records: Sequence[Tuple[int, int, Optional[bytes], bytes, Optional[int]]],
+    seeds: Tuple[int, int],
+    crashes_max: int,
+) -> Dict[str, int]: ...

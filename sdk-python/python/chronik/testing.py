@@ -21,12 +21,13 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Union
 
 from chronik._app import Spec
-from chronik._chronik import SimulationFailure, _encode, partition_for_key, simulate as _simulate
+from chronik._chronik import SimulationFailure, Topology, _encode, partition_for_key
+from chronik._chronik import simulate as _simulate, simulate_topology as _simulate_topology
 
 __all__ = ["SimulationFailure", "simulate"]
 
 
-def _input_records(spec: Spec, records: Iterable[Any], partitions: int):
+def _input_records(spec: Any, records: Iterable[Any], partitions: int, inputs: Sequence[str]):
     out = []
     for item in records:
         if isinstance(item, Mapping):
@@ -39,7 +40,7 @@ def _input_records(spec: Spec, records: Iterable[Any], partitions: int):
             timestamp = rest[0] if rest else None
             partition, which = None, 0
         if isinstance(which, str):
-            which = spec.inputs.index(which)
+            which = list(inputs).index(which)
         key_bytes = None if key is None else _encode(spec.key_format, key)
         if partition is None:
             partition = 0 if key_bytes is None else partition_for_key(key_bytes, partitions)
@@ -63,7 +64,8 @@ def simulate(
     """Run `processor` over `records` under crashes, once per seed; raise `SimulationFailure`
     at the first seed whose final stores or outputs differ from a run without faults.
 
-    `processor`: an `App` or `Spec` (its handler and settings are used), or a function
+    `processor`: a `Topology` (its stages run; records go to its `sources()`, `input`
+    indexing them), an `App` or `Spec` (its handler and settings are used), or a function
     `(record, ctx)` (`batch=True`: `(records, ctx)`) or a `Processor` subclass with the
     settings as keywords (`stores`, `key_format`, `value_format`, `punctuate_stream_ms`...;
     `input` names the input topic, default "input"). `records`: `(key, value)` or `(key,
@@ -72,6 +74,20 @@ def simulate(
     not given. `outputs`: every topic the processor emits to, with its partition count.
     `seeds`: a count or a range. Returns `seeds`, `crashes`, `records_processed`.
     """
+    seed_range = range(seeds) if isinstance(seeds, int) else seeds
+    if seed_range.step != 1:
+        raise ValueError("seeds: a count or a range with step 1")
+    if isinstance(processor, Topology):
+        if settings or timer is not None or batch or input is not None:
+            raise TypeError("settings come from the Topology given")
+        return _simulate_topology(
+            processor,
+            input_partitions,
+            list((outputs or {}).items()),
+            _input_records(processor, records, input_partitions, processor.sources()),
+            (seed_range.start, seed_range.stop),
+            crashes_max,
+        )
     if isinstance(processor, Spec):
         if settings or timer is not None or batch:
             raise TypeError("settings come from the App or Spec given")
@@ -81,14 +97,11 @@ def simulate(
         spec.processor(processor, batch=batch)
         if timer is not None:
             spec.timer(timer)
-    seed_range = range(seeds) if isinstance(seeds, int) else seeds
-    if seed_range.step != 1:
-        raise ValueError("seeds: a count or a range with step 1")
     return _simulate(
         *spec._arguments(),
         input_partitions,
         list((outputs or {}).items()),
-        _input_records(spec, records, input_partitions),
+        _input_records(spec, records, input_partitions, spec.inputs),
         (seed_range.start, seed_range.stop),
         crashes_max,
     )
