@@ -375,3 +375,8 @@ impl Iterator for Consumer {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/operators.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operators.md")]
+pub struct OperatorDoctests;

@@ -41,6 +41,8 @@ mod window;
 pub use runner::TopologyRunner;
 pub use window::{JoinWindows, Window, Windows};
 
+// The operators, each with an example: docs/operators.md.
+
 use crate::processor::{ProcessorConfig, ProcessorError};
 use crate::store::StoreKind;
 use std::collections::BTreeMap;
