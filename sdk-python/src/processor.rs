@@ -658,6 +658,7 @@ pub(crate) fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, 
     out.set_item("snapshots_written", stats.snapshots_written)?;
     out.set_item("stores_opened", stats.stores_opened)?;
     out.set_item("stores_rebuilt", stats.stores_rebuilt)?;
+    out.set_item("late_records", stats.late_records)?;
     Ok(out)
 }
 

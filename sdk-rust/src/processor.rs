@@ -648,6 +648,8 @@ pub struct RunStats {
     /// those found missing, stale, foreign or damaged and rebuilt from the changelog.
     pub stores_opened: u64,
     pub stores_rebuilt: u64,
+    /// Events a topology's windowed operators found too late, committed in this run.
+    pub late_records: u64,
 }
 
 impl RunStats {
@@ -660,6 +662,7 @@ impl RunStats {
         self.snapshots_written += other.snapshots_written;
         self.stores_opened += other.stores_opened;
         self.stores_rebuilt += other.stores_rebuilt;
+        self.late_records += other.late_records;
     }
 }
 

@@ -183,6 +183,7 @@ impl StageTask {
         if let Some(meta) = self.metas.get_mut(&node) {
             meta.late += 1;
         }
+        (self.plan.late_metric)(1);
         if let Some(topic) = late_to {
             ctx.emit_with(topic, event.key, event.value, Some(event.timestamp), Vec::new());
         }

@@ -16,6 +16,8 @@ pub(crate) struct Plan {
     pub nodes: Vec<Node>,
     pub stages: Vec<StagePlan>,
     pub around_batch: Option<AroundBatch>,
+    /// Counts late events in the engine's metrics (`late_records`).
+    pub late_metric: Box<dyn Fn(u64) + Send + Sync>,
 }
 
 /// The operators connected without a repartition between them: one application of the
@@ -199,10 +201,17 @@ impl<I: Io> TopologyRunner<I> {
                 adjust(config)
             })
             .collect();
+        let metrics = engine.clone();
         let plan = Arc::new(Plan {
             nodes: graph.nodes.clone(),
             stages,
             around_batch: graph.around_batch.clone(),
+            late_metric: Box::new(move |late| {
+                chronik_engine::metrics::Metrics::add(
+                    &metrics.metrics_registry().late_records,
+                    late,
+                );
+            }),
         });
         drop(graph);
         let mut runners = Vec::with_capacity(configs.len());
@@ -218,6 +227,7 @@ impl<I: Io> TopologyRunner<I> {
     /// Run every stage on the calling thread until all have processed their input (a later
     /// stage's input grows as an earlier one runs), committing. Deterministic.
     pub fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
+        let late = self.late_records();
         let mut total = RunStats::default();
         loop {
             let mut pass = RunStats::default();
@@ -226,6 +236,7 @@ impl<I: Io> TopologyRunner<I> {
             }
             total.add(pass);
             if pass.records == 0 {
+                total.late_records = self.late_records().saturating_sub(late);
                 return Ok(total);
             }
         }
@@ -234,6 +245,7 @@ impl<I: Io> TopologyRunner<I> {
     /// Run every stage (each on its configuration's threads) until `stop` is set; then close
     /// and commit.
     pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunStats, ProcessorError> {
+        let late = self.late_records();
         let outcomes: Vec<Result<RunStats, ProcessorError>> = std::thread::scope(|scope| {
             let workers: Vec<_> = self
                 .runners
@@ -246,6 +258,7 @@ impl<I: Io> TopologyRunner<I> {
         for outcome in outcomes {
             total.add(outcome?);
         }
+        total.late_records = self.late_records().saturating_sub(late);
         Ok(total)
     }
 

@@ -71,10 +71,12 @@ fn tumbling_final_counts_wait_for_grace_and_late_events_go_aside() {
     send(&chronik, "clicks", &[("a", "", 15), ("b", "", 2), ("a", "", 31)]);
     // At 15 window [0, 10) closes (a: 2, b: 1); b at 2 is then late; 31 closes [10, 20).
     let mut runner = topology.runner(chronik.engine()).unwrap();
-    runner.run_until_caught_up().unwrap();
+    let stats = runner.run_until_caught_up().unwrap();
     assert_eq!(read(&chronik, "per-window"), ["a 2 @0", "b 1 @0", "a 2 @10"]);
     assert_eq!(read(&chronik, "late"), ["b  @2"]);
     assert_eq!(runner.late_records(), 1);
+    assert_eq!(stats.late_records, 1);
+    assert_eq!(chronik.metrics().late_records, 1);
     // Only the open window [30, 40) and the bookkeeping are left in the store.
     let store = runner.store("count-0001", 0).unwrap();
     assert_eq!(store.len(), 2, "{:?}", store.iter().collect::<Vec<_>>());
