@@ -349,7 +349,9 @@ impl StageTask {
         let kept =
             kept_between(store, 0, event.key(), t.saturating_sub(size), t.saturating_add(size))
                 .map_err(|()| damaged(&op.store))?;
-        let mut ends: Vec<i64> = kept.iter().map(|(time, _)| *time).filter(|&e| e >= t).collect();
+        // The windows holding the event end at it or at a later event less than a size after.
+        let mut ends: Vec<i64> =
+            kept.iter().map(|(time, _)| *time).filter(|&e| e >= t && e - size < t).collect();
         ends.dedup();
         let mut updates = Vec::new();
         for end in ends {

@@ -117,6 +117,13 @@ pub(crate) fn stages(graph: &Graph) -> Result<Vec<StagePlan>, String> {
         if streams.is_empty() {
             return Err(format!("a table ({}) is joined with no stream", tables.join(", ")));
         }
+        // A topic read as a stream and as a table is one input, read once.
+        // An event goes to a topic's streams before its table takes it: a stream joined with
+        // its own topic's table sees the row as it was before the event.
+        for readers in sources.values_mut() {
+            readers.sort_by_key(|&id| (matches!(graph.nodes[id].op, Op::Table { .. }), id));
+        }
+        tables.retain(|table| !streams.contains(table));
         streams.extend(tables);
         stages.push(StagePlan { nodes, inputs: streams, sources, stores: stage_stores });
     }

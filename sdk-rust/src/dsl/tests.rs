@@ -300,3 +300,20 @@ fn topologies_that_cannot_run_are_refused() {
     let _ = clicks.join_stream(&clicks, JoinWindows::of(1), |a, _| a.value.clone());
     assert!(twice.describe().contains("itself"), "{}", twice.describe());
 }
+
+#[test]
+fn a_topic_read_as_a_stream_and_a_table_is_read_once_each_event_before_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["users", "changes"], 1);
+    let topology = Topology::new("changes");
+    let users = topology.table("users");
+    topology
+        .stream("users")
+        .left_join(&users, |user, before| [before.unwrap_or(b"?"), b"->", &user.value].concat())
+        .to("changes");
+    send(&chronik, "users", &[("a", "1", 1), ("a", "2", 2), ("b", "3", 3)]);
+    let stats = topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(stats.records, 3, "one input, read once");
+    assert_eq!(read(&chronik, "changes"), ["a ?->1 @1", "a 1->2 @2", "b ?->3 @3"]);
+}
