@@ -18,6 +18,7 @@
 use chronik::dsl::{Topology, Windows};
 use chronik::{Connection, Durability, Options, OwnedRecord, Record, TransactionWrite};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::time::Instant;
 
 const PARTITIONS: u32 = 4;
@@ -27,23 +28,26 @@ const GRACE_MS: i64 = 5_000;
 const MINUTE_MS: i64 = 60_000;
 const GAP_MS: i64 = 30_000;
 
+/// A click or a plan change: the user, the page or plan, the time.
+type Row = (String, String, i64);
+
 /// Click `i`: its user, page and time.
-fn click(i: u64) -> (String, String, i64) {
+fn click(i: u64) -> Row {
     let block = i / 20_000;
     let user = format!("user-{:04}", (block % 10) * 100 + (i * 7919) % 100);
-    let mut time = START_MS + 3 * i as i64;
-    if i % 101 == 0 {
+    let mut time = START_MS + 3 * i.cast_signed();
+    if i.is_multiple_of(101) {
         time -= 2_000;
     }
-    if i % 997 == 0 {
+    if i.is_multiple_of(997) {
         time -= 120_000;
     }
     (user, format!("/page/{}", i % 50), time)
 }
 
 /// The plan changes made in the batch starting at click `i`: (user, plan, time).
-fn plan_changes(i: u64) -> Vec<(String, String, i64)> {
-    let time = START_MS + 3 * i as i64;
+fn plan_changes(i: u64) -> Vec<Row> {
+    let time = START_MS + 3 * i.cast_signed();
     if i == 0 {
         return (0..1000).map(|u| (format!("user-{u:04}"), "free".to_owned(), time - 1)).collect();
     }
@@ -65,7 +69,7 @@ fn produce(log: &Connection, clicks: u64) -> Result<(), Box<dyn std::error::Erro
         (0..PARTITIONS).map(|p| log.record_count("clicks", p)).sum::<Result<u64, _>>()?;
     let started = Instant::now();
     for batch in (done..clicks).step_by(BATCH as usize) {
-        let mut by_topic: BTreeMap<(&str, u32), Vec<(String, String, i64)>> = BTreeMap::new();
+        let mut by_topic: BTreeMap<(&str, u32), Vec<Row>> = BTreeMap::new();
         for (user, plan, time) in plan_changes(batch) {
             let partition = chronik::partition_for_key(user.as_bytes(), PARTITIONS);
             by_topic.entry(("users", partition)).or_default().push((user, plan, time));
@@ -149,7 +153,7 @@ fn line(record: &OwnedRecord) -> String {
         String::from_utf8_lossy(&record.value)
     );
     if let (Some(start), Some(end)) = (header(b"window.start"), header(b"window.end")) {
-        text.push_str(&format!(" [{start}, {end})"));
+        let _ = write!(text, " [{start}, {end})");
     }
     text
 }
@@ -157,8 +161,8 @@ fn line(record: &OwnedRecord) -> String {
 /// Per partition, what the topology must emit, worked out on plain maps: clicks (and plan
 /// changes) in each partition's order, as the tasks read them.
 fn expected(name: &str, clicks: u64) -> BTreeMap<u32, Vec<String>> {
-    let mut inputs: BTreeMap<u32, (Vec<(String, String, i64)>, Vec<(String, String, i64)>)> =
-        BTreeMap::new();
+    // Per partition: its clicks, and its plan changes.
+    let mut inputs: BTreeMap<u32, (Vec<Row>, Vec<Row>)> = BTreeMap::new();
     for batch in (0..clicks).step_by(BATCH as usize) {
         for change in plan_changes(batch) {
             let partition = chronik::partition_for_key(change.0.as_bytes(), PARTITIONS);
@@ -186,7 +190,7 @@ fn expected(name: &str, clicks: u64) -> BTreeMap<u32, Vec<String>> {
 }
 
 /// The results, and a `user late` line for each click beyond grace.
-fn per_minute(clicks: &[(String, String, i64)]) -> Vec<String> {
+fn per_minute(clicks: &[Row]) -> Vec<String> {
     let (mut observed, mut lines) = (i64::MIN, Vec::new());
     let mut open: BTreeMap<(i64, String), u64> = BTreeMap::new();
     for (user, _, time) in clicks {
@@ -205,7 +209,7 @@ fn per_minute(clicks: &[(String, String, i64)]) -> Vec<String> {
     lines
 }
 
-fn sessions(clicks: &[(String, String, i64)]) -> Vec<String> {
+fn sessions(clicks: &[Row]) -> Vec<String> {
     let (mut observed, mut lines) = (i64::MIN, Vec::new());
     // Per user, open sessions: start -> (end, count).
     let mut open: BTreeMap<String, BTreeMap<i64, (i64, u64)>> = BTreeMap::new();
@@ -243,7 +247,7 @@ fn sessions(clicks: &[(String, String, i64)]) -> Vec<String> {
     lines
 }
 
-fn enriched(clicks: &[(String, String, i64)], changes: &[(String, String, i64)]) -> Vec<String> {
+fn enriched(clicks: &[Row], changes: &[Row]) -> Vec<String> {
     let (mut plans, mut lines) = (BTreeMap::new(), Vec::new());
     let (mut c, mut u) = (0, 0);
     while c < clicks.len() {
