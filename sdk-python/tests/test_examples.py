@@ -59,11 +59,12 @@ def test_word_count_killed_with_sigkill_and_restarted_gives_the_uninterrupted_co
     assert json.loads(final.read_text()) == expected
 
 
-def test_clicks_window_checks_its_own_windows(tmp_path):
-    done = run_example(EXAMPLES / "clicks_window.py", tmp_path / "data", "--clicks", "50000")
+def test_timer_windows_check_their_own_windows(tmp_path):
+    script = Path(__file__).resolve().parent / "timer_windows_app.py"
+    done = run_example(script, tmp_path / "data", "--clicks", "50000")
     assert done.returncode == 0, done.stderr
     assert "every click is in exactly one window" in done.stdout
     # Run again: nothing new to process, the open window is restored, the check still holds.
-    again = run_example(EXAMPLES / "clicks_window.py", tmp_path / "data", "--clicks", "50000")
+    again = run_example(script, tmp_path / "data", "--clicks", "50000")
     assert again.returncode == 0, again.stderr
     assert "processed 0 clicks" in again.stdout

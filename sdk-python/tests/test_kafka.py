@@ -73,8 +73,8 @@ def final_state(done):
     return [line for line in done.stdout.splitlines() if line.startswith("final state:")]
 
 
-def test_clicks_window_on_the_broker_closes_the_embedded_windows(tmp_path, broker):
-    script = EXAMPLES / "clicks_window.py"
+def test_timer_windows_on_the_broker_close_the_embedded_windows(tmp_path, broker):
+    script = Path(__file__).resolve().parent / "timer_windows_app.py"
     embedded = final_state(run_example(script, tmp_path / "data", "--clicks", "20000"))
     assert len(embedded) == 1
     env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once")

@@ -1,7 +1,9 @@
-"""Clicks per user in tumbling one-minute windows (event time), exactly once.
+"""Clicks per user in tumbling one-minute windows (event time), exactly once, written by hand
+with stream-time timers: the test program of the timers, on a data directory and on a
+Kafka-protocol cluster (topologies, `examples/clicks_windows.py`, run embedded only).
 
-    python clicks_window.py DATA_DIR [--clicks N]
-    python clicks_window.py kafka://HOST:PORT [--clicks N]
+    python timer_windows_app.py DATA_DIR [--clicks N]
+    python timer_windows_app.py kafka://HOST:PORT [--clicks N]
 
 Produces N synthetic clicks (deterministic: user = click mod 97, one click every 50 ms of
 event time) to `clicks` (2 partitions, keyed by user), unless an earlier run did. The
