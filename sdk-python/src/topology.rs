@@ -15,7 +15,7 @@ use chronik::processor::{ProcessError, ProcessorError, RunStats, StoreKind};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 type Runner = TopologyRunner<SystemIo>;
 
@@ -29,18 +29,26 @@ pub(crate) struct Functions {
 impl Functions {
     /// Call Python; an exception is kept (the batch then fails) and `None` returned. Once one
     /// is kept, no more Python runs in the batch.
+    ///
+    /// The lock is never held while Python runs: Python may hand the GIL to another task's
+    /// thread mid-call, and that thread may call here too.
     fn call<T>(&self, f: impl FnOnce(Python<'_>) -> PyResult<T>) -> Option<T> {
-        let mut raised = self.raised.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if raised.is_some() {
+        if self.failed() {
             return None;
         }
         match Python::attach(f) {
             Ok(value) => Some(value),
             Err(e) => {
-                *raised = Some(e);
+                let mut raised = self.raised.lock().unwrap_or_else(PoisonError::into_inner);
+                raised.get_or_insert(e);
                 None
             }
         }
+    }
+
+    /// Whether a function raised (and the batch must fail).
+    fn failed(&self) -> bool {
+        self.raised.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     fn take_raised(&self) -> Option<PyErr> {
