@@ -350,17 +350,24 @@ impl StageTask {
             kept_between(store, 0, event.key(), t.saturating_sub(size), t.saturating_add(size))
                 .map_err(|()| damaged(&op.store))?;
         // The windows holding the event end at it or at a later event less than a size after.
-        let mut ends: Vec<i64> =
-            kept.iter().map(|(time, _)| *time).filter(|&e| e >= t && e - size < t).collect();
+        let mut ends: Vec<i64> = kept
+            .iter()
+            .map(|(time, _)| *time)
+            .filter(|&e| e >= t && e.saturating_sub(size) < t)
+            .collect();
         ends.dedup();
         let mut updates = Vec::new();
         for end in ends {
             if closed(end.saturating_add(1), grace, observed) {
                 continue;
             }
-            let window = Window { start: end - size + 1, end: end.saturating_add(1) };
+            let window = Window {
+                start: end.saturating_sub(size).saturating_add(1),
+                end: end.saturating_add(1),
+            };
             let mut aggregate: Option<Vec<u8>> = None;
-            for (time, value) in kept.iter().filter(|(time, _)| *time > end - size && *time <= end)
+            for (time, value) in
+                kept.iter().filter(|(time, _)| *time > end.saturating_sub(size) && *time <= end)
             {
                 let member = Event::new(event.key.clone(), value.clone(), *time);
                 aggregate = Some(op.aggregator.fold(aggregate.as_deref(), &member));
@@ -429,15 +436,17 @@ impl StageTask {
                         split_key(&key[9..]).ok_or_else(|| damaged(&op.store))?;
                     let start = unsortable(rest).ok_or_else(|| damaged(&op.store))?;
                     let window = Window { start, end: end.saturating_add(1) };
-                    closing.push((user_key.to_vec(), Vec::new(), window));
+                    closing.push((user_key.to_vec(), sortable(end).to_vec(), window));
                 }
                 for (key, value, window) in &mut closing {
+                    // `value` holds the session's end until its aggregate replaces it.
+                    let end = unsortable(value).ok_or_else(|| damaged(&op.store))?;
                     let session = session_key(key, window.start);
                     let stored = store.get(&session).ok_or_else(|| damaged(&op.store))?;
                     *value = stored.get(8..).ok_or_else(|| damaged(&op.store))?.to_vec();
                     if expire {
                         store.delete(&session);
-                        store.delete(&session_end_key(window.end - 1, key, window.start));
+                        store.delete(&session_end_key(end, key, window.start));
                     }
                 }
             }
@@ -445,7 +454,8 @@ impl StageTask {
         if let Kind::Sliding { size } = windows.kind {
             let limit = observed.saturating_sub(size).saturating_sub(windows.grace);
             let kept_next = expire_kept(store, limit).map_err(|()| damaged(&op.store))?;
-            let kept_next = kept_next.map(|time| time.saturating_add(size + windows.grace));
+            let kept_next =
+                kept_next.map(|time| time.saturating_add(size).saturating_add(windows.grace));
             next = match (next, kept_next) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -517,9 +527,12 @@ impl StageTask {
         if self.is_due(node, meta.observed) {
             let store = ctx.store(&op.store)?;
             let next = expire_kept(store, limit).map_err(|()| damaged(&op.store))?;
-            self.next_due.insert(node, next.map(|time| time.saturating_add(size + grace + 1)));
+            self.next_due.insert(
+                node,
+                next.map(|time| time.saturating_add(size).saturating_add(grace).saturating_add(1)),
+            );
         }
-        self.due(node, t.saturating_add(size + grace + 1));
+        self.due(node, t.saturating_add(size).saturating_add(grace).saturating_add(1));
         for (time, value) in partners.into_iter().filter(|(time, _)| *time > limit) {
             let partner = Event::new(event.key.clone(), value, time);
             let value =
@@ -562,7 +575,8 @@ fn damaged(store: &str) -> ProcessError {
 }
 
 fn result(key: &[u8], value: Vec<u8>, window: Window) -> Event {
-    Event { key: Some(key.to_vec()), value, timestamp: window.end - 1, window: Some(window) }
+    let timestamp = window.end.saturating_sub(1);
+    Event { key: Some(key.to_vec()), value, timestamp, window: Some(window) }
 }
 
 fn window_key(end: i64, key: &[u8]) -> Vec<u8> {

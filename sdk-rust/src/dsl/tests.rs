@@ -295,6 +295,15 @@ fn topologies_that_cannot_run_are_refused() {
     bad_size.stream("clicks").group_by_key().window(Windows::hopping(5, 10)).count().to("clicks");
     let error = bad_size.runner(chronik.engine()).unwrap_err();
     assert!(error.to_string().contains("advance"), "{error}");
+    let too_many = Topology::new("too-many");
+    too_many
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::hopping(1 << 40, 1))
+        .count()
+        .to("clicks");
+    let error = too_many.runner(chronik.engine()).unwrap_err();
+    assert!(error.to_string().contains("size / advance"), "{error}");
     let twice = Topology::new("twice");
     let clicks = twice.stream("clicks");
     let _ = clicks.join_stream(&clicks, JoinWindows::of(1), |a, _| a.value.clone());
@@ -316,4 +325,37 @@ fn a_topic_read_as_a_stream_and_a_table_is_read_once_each_event_before_its_row()
     let stats = topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
     assert_eq!(stats.records, 3, "one input, read once");
     assert_eq!(read(&chronik, "changes"), ["a ?->1 @1", "a 1->2 @2", "b ?->3 @3"]);
+}
+
+#[test]
+fn times_at_the_ends_of_the_range_neither_panic_nor_wrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["events", "out"], 1);
+    let topology = Topology::new("extremes");
+    let events = topology.stream("events");
+    for (i, windows) in [
+        Windows::tumbling(10).grace(i64::MAX),
+        Windows::hopping(i64::MAX, i64::MAX / 3),
+        Windows::sliding(i64::MAX).grace(i64::MAX),
+        Windows::session(i64::MAX).grace(i64::MAX),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        events
+            .group_by_key()
+            .named(&format!("w{i}"))
+            .window(windows)
+            .emit_final()
+            .count()
+            .to("out");
+    }
+    let other = topology.stream("out");
+    events.join_stream(&other, JoinWindows::of(i64::MAX).grace(i64::MAX), |a, _| a.value.clone());
+    let times = [i64::MIN, i64::MAX, 0, -1, i64::MIN + 1, i64::MAX - 1, i64::MIN];
+    send(&chronik, "events", &times.map(|t| ("k", "v", t)));
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert!(runner.stores().iter().all(|(_, _, store)| store.check().is_ok()));
 }

@@ -34,6 +34,9 @@ pub(crate) enum Kind {
     Session { gap: i64 },
 }
 
+/// Hopping windows an event may fall in at most (size / advance).
+pub const WINDOWS_PER_EVENT_MAX: i64 = 10_000;
+
 /// How events are cut into windows, and how long a window waits for late events.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Windows {
@@ -77,7 +80,12 @@ impl Windows {
     /// not negative.
     pub(crate) fn check(&self) -> Result<(), String> {
         let ok = match self.kind {
-            Kind::Time { size, advance } => size > 0 && advance > 0 && advance <= size,
+            Kind::Time { size, advance } => {
+                size > 0
+                    && advance > 0
+                    && advance <= size
+                    && size / advance <= WINDOWS_PER_EVENT_MAX
+            }
             Kind::Sliding { size } => size > 0,
             Kind::Session { gap } => gap > 0,
         };
@@ -85,20 +93,28 @@ impl Windows {
             Ok(())
         } else {
             Err(format!(
-                "{self}: sizes must be positive, an advance at most the size, and the grace not negative"
+                "{self}: sizes must be positive, an advance at most the size (and at least \
+                 1/{WINDOWS_PER_EVENT_MAX} of it: an event falls in size / advance windows), \
+                 and the grace not negative"
             ))
         }
     }
 
-    /// The time windows holding `t`, earliest first.
+    /// The time windows holding `t`, earliest first (`size` and `advance` positive). Windows
+    /// whose bounds do not fit an `i64` (times at the ends of its range) are left out.
     pub(crate) fn time_windows(size: i64, advance: i64, t: i64) -> impl Iterator<Item = Window> {
+        let (size, advance, t) = (i128::from(size), i128::from(advance), i128::from(t));
         let last = t - t.rem_euclid(advance);
         let first = last - (size - 1) / advance * advance;
         (0..)
             .map(move |i| first + i * advance)
             .take_while(move |&start| start <= last)
             .filter(move |&start| start + size > t)
-            .map(move |start| Window { start, end: start.saturating_add(size) })
+            .filter_map(move |start| {
+                let start = i64::try_from(start).ok()?;
+                let end = i64::try_from(i128::from(start) + size).ok()?;
+                Some(Window { start, end })
+            })
     }
 }
 
