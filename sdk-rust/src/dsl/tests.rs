@@ -352,7 +352,8 @@ fn times_at_the_ends_of_the_range_neither_panic_nor_wrap() {
             .to("out");
     }
     let other = topology.stream("out");
-    events.join_stream(&other, JoinWindows::of(i64::MAX).grace(i64::MAX), |a, _| a.value.clone());
+    let _joined = events
+        .join_stream(&other, JoinWindows::of(i64::MAX).grace(i64::MAX), |a, _| a.value.clone());
     let times = [i64::MIN, i64::MAX, 0, -1, i64::MIN + 1, i64::MAX - 1, i64::MIN];
     send(&chronik, "events", &times.map(|t| ("k", "v", t)));
     let mut runner = topology.runner(chronik.engine()).unwrap();
