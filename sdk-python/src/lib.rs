@@ -349,7 +349,10 @@ impl PyChronik {
             topic: topic.to_owned(),
             partition,
             group: group.map(str::to_owned),
-            state: Mutex::new(ConsumerState { position, buffered: Vec::new() }),
+            state: Mutex::new(ConsumerState {
+                position,
+                buffered: std::collections::VecDeque::new(),
+            }),
         })
     }
 }
@@ -665,7 +668,7 @@ impl PyRecord {
 struct ConsumerState {
     position: Offset,
     /// Records fetched and not yet handed out by iteration, in order.
-    buffered: Vec<Py<PyRecord>>,
+    buffered: std::collections::VecDeque<Py<PyRecord>>,
 }
 
 /// Reads one partition in order (an iterator: `for record in consumer`, until caught up).
@@ -764,18 +767,17 @@ impl PyConsumer {
         timeout: Option<f64>,
     ) -> PyResult<Vec<Py<PyRecord>>> {
         let mut state = self.lock()?;
-        let mut records: Vec<Py<PyRecord>> = std::mem::take(&mut state.buffered);
-        if records.is_empty() {
+        if state.buffered.is_empty() {
             let (fetched, next) = self.fetch(py, state.position, timeout)?;
-            records = fetched;
-            if records.is_empty() {
+            if fetched.is_empty() {
                 state.position = next;
-                return Ok(records);
+                return Ok(fetched);
             }
+            state.buffered = fetched.into();
         }
-        if let Some(max) = max_records.filter(|&m| m < records.len()) {
-            state.buffered = records.split_off(max);
-        }
+        // From the front of the buffered fetch: iterating one record at a time stays linear.
+        let take = max_records.map_or(state.buffered.len(), |max| max.min(state.buffered.len()));
+        let records: Vec<Py<PyRecord>> = state.buffered.drain(..take).collect();
         if let Some(last) = records.last() {
             state.position = Offset::new(last.get().offset + 1);
         }

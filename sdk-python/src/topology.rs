@@ -135,34 +135,40 @@ impl PyEvent {
 #[derive(Clone)]
 pub(crate) struct PyWindows(Windows);
 
+/// `windows`, or `InvalidArgumentError` if its sizes cannot work.
+fn checked(windows: Windows) -> PyResult<PyWindows> {
+    windows.check().map_err(InvalidArgumentError::new_err)?;
+    Ok(PyWindows(windows))
+}
+
 #[pymethods]
 impl PyWindows {
     /// Back-to-back windows of `size_ms`, aligned to the epoch.
     #[staticmethod]
     #[pyo3(signature = (size_ms, grace_ms = 0))]
-    fn tumbling(size_ms: i64, grace_ms: i64) -> PyWindows {
-        PyWindows(Windows::tumbling(size_ms).grace(grace_ms))
+    fn tumbling(size_ms: i64, grace_ms: i64) -> PyResult<PyWindows> {
+        checked(Windows::tumbling(size_ms).grace(grace_ms))
     }
 
     /// Windows of `size_ms` starting every `advance_ms`.
     #[staticmethod]
     #[pyo3(signature = (size_ms, advance_ms, grace_ms = 0))]
-    fn hopping(size_ms: i64, advance_ms: i64, grace_ms: i64) -> PyWindows {
-        PyWindows(Windows::hopping(size_ms, advance_ms).grace(grace_ms))
+    fn hopping(size_ms: i64, advance_ms: i64, grace_ms: i64) -> PyResult<PyWindows> {
+        checked(Windows::hopping(size_ms, advance_ms).grace(grace_ms))
     }
 
     /// For each event, the window of `size_ms` ending at it.
     #[staticmethod]
     #[pyo3(signature = (size_ms, grace_ms = 0))]
-    fn sliding(size_ms: i64, grace_ms: i64) -> PyWindows {
-        PyWindows(Windows::sliding(size_ms).grace(grace_ms))
+    fn sliding(size_ms: i64, grace_ms: i64) -> PyResult<PyWindows> {
+        checked(Windows::sliding(size_ms).grace(grace_ms))
     }
 
-    /// A key's events less than `gap_ms` apart, in one window.
+    /// A key's events at most `gap_ms` apart, in one window.
     #[staticmethod]
     #[pyo3(signature = (gap_ms, grace_ms = 0))]
-    fn session(gap_ms: i64, grace_ms: i64) -> PyWindows {
-        PyWindows(Windows::session(gap_ms).grace(grace_ms))
+    fn session(gap_ms: i64, grace_ms: i64) -> PyResult<PyWindows> {
+        checked(Windows::session(gap_ms).grace(grace_ms))
     }
 
     fn __repr__(&self) -> String {
@@ -250,7 +256,11 @@ impl PyStream {
         let grouped = self.stream.group_by(move |event| {
             fs.call(|py| {
                 let key = key.call1(py, (fs.event(py, event)?,))?;
-                fs.key.encode(key.bind(py))
+                fs.key.encode(key.bind(py)).map_err(|e| {
+                    PyTypeError::new_err(format!(
+                        "group_by's function returned a key the key format refuses: {e}"
+                    ))
+                })
             })
             .unwrap_or_default()
         });

@@ -49,7 +49,7 @@ class Producer:
         self, records: Iterable[Sequence[object]], partition: Optional[int] = None
     ) -> list[Tuple[int, int, int]]:
         """Append `(key, value)`, `(key, value, headers)` or `(key, value, headers, timestamp)`
-        tuples, one batch per partition; `(partition, first offset, count)` per batch."""
+        tuples, one batch per partition; `(partition, first offset, last offset)` per batch."""
     def send_async(
         self,
         key: Optional[BytesLike],
@@ -205,7 +205,7 @@ class Windows:
         """For each event, the window of `size_ms` ending at it: (t - size, t]."""
     @staticmethod
     def session(gap_ms: int, grace_ms: int = 0) -> "Windows":
-        """A key's events less than `gap_ms` apart, in one window."""
+        """A key's events at most `gap_ms` apart, in one window."""
 
 class Table:
     """A topic's latest value per key (an empty value deletes), to join streams with."""

@@ -264,7 +264,7 @@ impl StageTask {
         Ok(updates)
     }
 
-    /// Merge the event with the key's sessions less than a gap away, or start one.
+    /// Merge the event with the key's sessions at most a gap away, or start one.
     #[allow(clippy::too_many_arguments)]
     fn fold_session(
         &mut self,
@@ -335,8 +335,21 @@ impl StageTask {
         ctx: &mut Context<'_>,
     ) -> Result<Vec<Event>, ProcessError> {
         let t = event.timestamp;
-        if closed(t.saturating_add(1), grace, observed) && !canary::active(Canary::LateRecordFolded)
-        {
+        let store = ctx.store(&op.store)?;
+        // The key's kept events from one window before the event to one after.
+        let mut kept =
+            kept_between(store, 0, event.key(), t.saturating_sub(size), t.saturating_add(size))
+                .map_err(|()| damaged(&op.store))?;
+        // The windows holding the event: its own, and those ending at the key's later events
+        // less than a size after it; the event is late only if all of them are closed.
+        let folded = canary::active(Canary::LateRecordFolded);
+        let mut ends: Vec<i64> = std::iter::once(t)
+            .chain(kept.iter().map(|(time, _)| *time).filter(|&e| e > t && in_sliding(t, e, size)))
+            .filter(|&end| folded || !closed(end.saturating_add(1), grace, observed))
+            .collect();
+        ends.sort_unstable();
+        ends.dedup();
+        if ends.is_empty() {
             self.late(node, op.late_to.as_ref(), event, ctx);
             return Ok(Vec::new());
         }
@@ -345,34 +358,22 @@ impl StageTask {
         self.metas.insert(node, meta);
         let store = ctx.store(&op.store)?;
         keep(store, 0, &event, meta.sequence);
-        // The key's kept events from one window before the event to one after.
-        let kept =
-            kept_between(store, 0, event.key(), t.saturating_sub(size), t.saturating_add(size))
-                .map_err(|()| damaged(&op.store))?;
-        // The windows holding the event end at it or at a later event less than a size after.
-        let mut ends: Vec<i64> = kept
-            .iter()
-            .map(|(time, _)| *time)
-            .filter(|&e| e >= t && e.saturating_sub(size) < t)
-            .collect();
-        ends.dedup();
+        // In time order, and after the events kept before it at its time.
+        let at = kept.partition_point(|(time, _)| *time <= t);
+        kept.insert(at, (t, event.value.clone()));
         let mut updates = Vec::new();
         for end in ends {
-            if closed(end.saturating_add(1), grace, observed) {
-                continue;
-            }
             let window = Window {
                 start: end.saturating_sub(size).saturating_add(1),
                 end: end.saturating_add(1),
             };
             let mut aggregate: Option<Vec<u8>> = None;
-            for (time, value) in
-                kept.iter().filter(|(time, _)| *time > end.saturating_sub(size) && *time <= end)
-            {
+            for (time, value) in kept.iter().filter(|(time, _)| in_sliding(*time, end, size)) {
                 let member = Event::new(event.key.clone(), value.clone(), *time);
                 aggregate = Some(op.aggregator.fold(aggregate.as_deref(), &member));
             }
-            let aggregate = aggregate.expect("the window holds the event it ends at");
+            // A window ends at an event it holds.
+            let aggregate = aggregate.ok_or_else(|| damaged(&op.store))?;
             store.put(&window_key(window.end, event.key()), &aggregate);
             self.due(node, window.end.saturating_add(grace));
             updates.push(result(event.key(), aggregate, window));
@@ -563,6 +564,12 @@ impl Processor for StageTask {
             None => self.run_batch(records, ctx),
         }
     }
+}
+
+/// Whether the sliding window of `size` ending at `end`, `(end - size, end]`, holds `time`.
+fn in_sliding(time: i64, end: i64, size: i64) -> bool {
+    let (time, end) = (i128::from(time), i128::from(end));
+    time > end - i128::from(size) && time <= end
 }
 
 /// A window ending at `end` is closed once the observed time reaches its end plus grace.

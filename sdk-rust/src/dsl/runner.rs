@@ -9,7 +9,11 @@ use crate::{Io, TopicConfig, TopicError};
 use chronik_engine::Engine;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// How often `run_until` looks at the caller's stop flag.
+const HALT_POLL: Duration = Duration::from_millis(10);
 
 /// A topology's operators and stages, shared by its tasks.
 pub(crate) struct Plan {
@@ -70,8 +74,9 @@ pub(crate) fn stages(graph: &Graph) -> Result<Vec<StagePlan>, String> {
                 Op::Source { topic } | Op::Table { topic, .. } => {
                     if readers.insert(topic, stage).is_some_and(|other| other != stage) {
                         return Err(format!(
-                            "topic {topic} is read by two stages (operators connected only \
-                             through a repartition): read it once and share the stream"
+                            "topic {topic} is read by two parts of the topology that are not \
+                             connected (or only through a repartition): read it once with \
+                             `stream` and use that stream for both"
                         ));
                     }
                     let list = if matches!(node.op, Op::Table { .. }) {
@@ -249,16 +254,35 @@ impl<I: Io> TopologyRunner<I> {
         }
     }
 
-    /// Run every stage (each on its configuration's threads) until `stop` is set; then close
-    /// and commit.
+    /// Run every stage (each on its configuration's threads) until `stop` is set, or until a
+    /// stage fails (the others then stop too); then close and commit.
     pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunStats, ProcessorError> {
         let late = self.late_records();
+        // Set when `stop` is, or when a stage fails.
+        let halt = AtomicBool::new(false);
+        let running = AtomicUsize::new(self.runners.len());
         let outcomes: Vec<Result<RunStats, ProcessorError>> = std::thread::scope(|scope| {
+            let (halt, running) = (&halt, &running);
             let workers: Vec<_> = self
                 .runners
                 .iter_mut()
-                .map(|runner| scope.spawn(move || runner.run_until(stop)))
+                .map(|runner| {
+                    scope.spawn(move || {
+                        let outcome = runner.run_until(halt);
+                        if outcome.is_err() {
+                            halt.store(true, Ordering::Relaxed);
+                        }
+                        running.fetch_sub(1, Ordering::Release);
+                        outcome
+                    })
+                })
                 .collect();
+            while running.load(Ordering::Acquire) > 0 {
+                if stop.load(Ordering::Relaxed) {
+                    halt.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(HALT_POLL);
+            }
             workers.into_iter().map(|w| w.join().unwrap_or(Err(ProcessorError::Panicked))).collect()
         });
         let mut total = RunStats::default();

@@ -30,7 +30,7 @@ pub(crate) enum Kind {
     Time { size: i64, advance: i64 },
     /// For each event, the window of `size` ending at it: `(t - size, t]`.
     Sliding { size: i64 },
-    /// Events of a key less than `gap` apart, in one window.
+    /// Events of a key at most `gap` apart, in one window.
     Session { gap: i64 },
 }
 
@@ -63,7 +63,7 @@ impl Windows {
         Windows { kind: Kind::Sliding { size: size_ms }, grace: 0 }
     }
 
-    /// Sessions: a key's events less than `gap_ms` apart are one window, from the first to
+    /// Sessions: a key's events at most `gap_ms` apart are one window, from the first to
     /// the last; an event between two sessions merges them.
     pub fn session(gap_ms: i64) -> Windows {
         Windows { kind: Kind::Session { gap: gap_ms }, grace: 0 }
@@ -78,7 +78,7 @@ impl Windows {
 
     /// Whether the sizes are usable: positive, an advance no larger than the size, a grace
     /// not negative.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), String> {
         let ok = match self.kind {
             Kind::Time { size, advance } => {
                 size > 0
