@@ -181,9 +181,15 @@ def sessions(clicks):
     due = None  # the earliest time past which some session closes
     for user, _, at in clicks:
         observed = at if observed is None else max(observed, at)
-        if at + GRACE_MS >= observed:
-            mine = open_sessions.setdefault(user, {})
-            touching = [s for s, (e, _) in mine.items() if s <= at + GAP_MS and e + GAP_MS >= at]
+        mine = open_sessions.setdefault(user, {})
+        # The user's open sessions within a gap of the click (one this click's time just closed
+        # is closed already); a click with none, whose own session would close at once, is late.
+        touching = [
+            s
+            for s, (e, _) in mine.items()
+            if s <= at + GAP_MS and e + GAP_MS >= at and e + GAP_MS + GRACE_MS >= observed
+        ]
+        if touching or at + GAP_MS + GRACE_MS >= observed:
             start, end, count = at, at, 1
             for s in touching:
                 e, c = mine.pop(s)

@@ -40,7 +40,11 @@ impl Functions {
             Ok(value) => Some(value),
             Err(e) => {
                 let mut raised = self.raised.lock().unwrap_or_else(PoisonError::into_inner);
-                raised.get_or_insert(e);
+                let later = if raised.is_none() { raised.replace(e) } else { Some(e) };
+                // A second exception is dropped after the lock is let go: dropping it may run
+                // Python code, which may hand the GIL to a thread waiting for this lock.
+                drop(raised);
+                drop(later);
                 None
             }
         }
@@ -62,24 +66,26 @@ impl Functions {
         };
         let value = self.value.decode(py, &event.value)?.unbind();
         let window = event.window.map(|w| (w.start, w.end));
-        Bound::new(py, PyEvent { key, value, timestamp: event.timestamp, window })
+        Bound::new(py, PyEvent { key, value, timestamp: Some(event.timestamp), window })
     }
 
     fn encode_key(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
         if key.is_none() { Ok(None) } else { self.key.encode(key).map(Some) }
     }
 
-    /// What a `map` or `flat_map` function returned for an event at `timestamp`: an `Event`,
-    /// or a `(key, value)` pair.
-    fn returned(&self, item: &Bound<'_, PyAny>, timestamp: i64) -> PyResult<Event> {
+    /// What a `map` or `flat_map` function returned for `input`: an `Event` (without a time
+    /// of its own, it keeps the input's), or a `(key, value)` pair (keeping the input's time).
+    /// Either keeps the input's window.
+    fn returned(&self, item: &Bound<'_, PyAny>, input: &Event) -> PyResult<Event> {
+        let (timestamp, window) = (input.timestamp, input.window);
         if let Ok(event) = item.cast::<PyEvent>() {
             let event = event.borrow();
             let py = item.py();
             return Ok(Event {
                 key: self.encode_key(event.key.bind(py))?,
                 value: self.value.encode(event.value.bind(py))?,
-                timestamp: event.timestamp,
-                window: None,
+                timestamp: event.timestamp.unwrap_or(timestamp),
+                window,
             });
         }
         let pair = item.cast::<PyTuple>().ok().filter(|t| t.len() == 2).ok_or_else(|| {
@@ -89,22 +95,25 @@ impl Functions {
             key: self.encode_key(&pair.get_item(0)?)?,
             value: self.value.encode(&pair.get_item(1)?)?,
             timestamp,
-            window: None,
+            window,
         })
     }
 }
 
 /// A record as a topology's functions see it: `key` and `value` in the topology's formats,
 /// `timestamp` (ms), and for an aggregation's result its `window`, `(start, end)` in ms.
-/// Make one to return from `map` or `flat_map`: `Event(key, value, timestamp)`.
+/// Make one to return from `map` or `flat_map`: `Event(key, value)` keeps the time of the
+/// event it replaces, `Event(key, value, timestamp)` sets one.
 #[pyclass(name = "Event", module = "chronik._chronik")]
 pub(crate) struct PyEvent {
     #[pyo3(get, set)]
     key: Py<PyAny>,
     #[pyo3(get, set)]
     value: Py<PyAny>,
+    /// Milliseconds; `None` in an `Event` made without one (it then takes the time of the
+    /// event it replaces).
     #[pyo3(get, set)]
-    timestamp: i64,
+    timestamp: Option<i64>,
     #[pyo3(get)]
     window: Option<(i64, i64)>,
 }
@@ -112,18 +121,18 @@ pub(crate) struct PyEvent {
 #[pymethods]
 impl PyEvent {
     #[new]
-    #[pyo3(signature = (key, value, timestamp = 0))]
-    fn new(key: Py<PyAny>, value: Py<PyAny>, timestamp: i64) -> PyEvent {
+    #[pyo3(signature = (key, value, timestamp = None))]
+    fn new(key: Py<PyAny>, value: Py<PyAny>, timestamp: Option<i64>) -> PyEvent {
         PyEvent { key, value, timestamp, window: None }
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let window = self.window.map(|(s, e)| format!(", window=({s}, {e})")).unwrap_or_default();
+        let timestamp = self.timestamp.map_or_else(|| "None".to_owned(), |t| t.to_string());
         Ok(format!(
-            "Event(key={}, value={}, timestamp={}{window})",
+            "Event(key={}, value={}, timestamp={timestamp}{window})",
             self.key.bind(py).repr()?,
             self.value.bind(py).repr()?,
-            self.timestamp
         ))
     }
 }
@@ -209,8 +218,7 @@ impl PyStream {
     fn map(&self, f: Py<PyAny>) -> PyStream {
         let fs = Arc::clone(&self.functions);
         self.next(self.stream.map(move |event| {
-            let time = event.timestamp;
-            fs.call(|py| fs.returned(f.call1(py, (fs.event(py, &event)?,))?.bind(py), time))
+            fs.call(|py| fs.returned(f.call1(py, (fs.event(py, &event)?,))?.bind(py), &event))
                 .unwrap_or(event)
         }))
     }
@@ -228,12 +236,11 @@ impl PyStream {
     fn flat_map(&self, f: Py<PyAny>) -> PyStream {
         let fs = Arc::clone(&self.functions);
         self.next(self.stream.flat_map(move |event| {
-            let time = event.timestamp;
             fs.call(|py| {
                 let items = f.call1(py, (fs.event(py, &event)?,))?;
                 let mut out = Vec::new();
                 for item in items.bind(py).try_iter()? {
-                    out.push(fs.returned(&item?, time)?);
+                    out.push(fs.returned(&item?, &event)?);
                 }
                 Ok(out)
             })
@@ -536,7 +543,9 @@ impl PyTopology {
         });
         drop(chronik);
         *guard = runner;
-        result.map_err(|e| run_error_raising(|| self.functions.take_raised(), e))
+        // Taken whatever the error: an exception left in the slot would fail later runs.
+        let raised = self.functions.take_raised();
+        result.map_err(|e| run_error_raising(|| raised, e))
     }
 }
 

@@ -329,7 +329,7 @@ def test_session_final_counts_close_after_gap_and_grace(db):
     # Gap 10, grace 20. a: 0 and 5 one session, 30 another; 20 comes within grace, 15 after
     # 5 (more than the gap) and 10 before 30: it joins 30's. b: one event at 6. 44 starts
     # a session (14 after 30) and closes a's [0, 5] (5 + 10 + 20 < 44) and b's [6]; 100
-    # closes [20, 30] and [44]; then b@50 is late (50 + 20 < 100).
+    # closes [20, 30] and [44]; then b@50 is late (b has no open session, and 50 + 10 + 20 < 100).
     send(db, "clicks", [("a", "", 0), ("a", "", 5), ("b", "", 6), ("a", "", 30)])
     send(db, "clicks", [("a", "", 20), ("a", "", 44), ("a", "", 100), ("b", "", 50)])
     topology = chronik.Topology(db, "sessions", key_format="str", value_format="str")
@@ -685,3 +685,23 @@ def test_topologies_that_cannot_run_are_refused(db):
         missing.run_until_caught_up()
     with pytest.raises(chronik.InvalidArgumentError, match="no data directory"):
         chronik.Topology(None, "only-simulated").run_until_caught_up()
+
+
+def test_an_event_made_without_a_time_keeps_the_time_and_window_it_replaces(db):
+    create(db, "clicks", "rekeyed", "per-window")
+    send(db, "clicks", [("a", "x", 7), ("b", "y", 12)])
+    topology = chronik.Topology(db, "keep-time", key_format="str", value_format="str")
+    clicks = topology.stream("clicks")
+    # Made without a time: each keeps its click's (7 and 12), so the windows are [0, 10) and
+    # [10, 20), not the epoch's.
+    clicks.map(lambda e: chronik.Event(e.key.upper(), e.value)).to("rekeyed")
+    (
+        clicks.group_by_key()
+        .window(Windows.tumbling(10))
+        .count()
+        .map(lambda e: chronik.Event(e.key + "!", e.value))  # the window goes on with it
+        .to("per-window")
+    )
+    topology.run_until_caught_up()
+    assert read(db, "rekeyed") == [("A", "x", 7), ("B", "y", 12)]
+    assert read(db, "per-window") == [("a!", "1", (0, 10)), ("b!", "1", (10, 20))]

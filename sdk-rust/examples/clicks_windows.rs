@@ -215,13 +215,20 @@ fn sessions(clicks: &[Row]) -> Vec<String> {
     let mut open: BTreeMap<String, BTreeMap<i64, (i64, u64)>> = BTreeMap::new();
     for (user, _, time) in clicks {
         observed = observed.max(*time);
-        if time + GRACE_MS >= observed {
-            let mine = open.entry(user.clone()).or_default();
-            let touching: Vec<i64> = mine
-                .iter()
-                .filter(|(start, (end, _))| **start <= time + GAP_MS && end + GAP_MS >= *time)
-                .map(|(start, _)| *start)
-                .collect();
+        let mine = open.entry(user.clone()).or_default();
+        // The user's open sessions within a gap of the click (one this click's time just
+        // closed is closed already); a click with none, whose own session would be closed
+        // at once, is late.
+        let touching: Vec<i64> = mine
+            .iter()
+            .filter(|(start, (end, _))| {
+                **start <= time + GAP_MS
+                    && end + GAP_MS >= *time
+                    && end + GAP_MS + GRACE_MS >= observed
+            })
+            .map(|(start, _)| *start)
+            .collect();
+        if !touching.is_empty() || time + GAP_MS + GRACE_MS >= observed {
             let (mut start, mut end, mut count) = (*time, *time, 1);
             for s in touching {
                 let (e, c) = mine.remove(&s).expect("listed");

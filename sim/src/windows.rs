@@ -285,16 +285,20 @@ fn sessions(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -> En
     for record in records {
         let (t, key) = (time_of(record), key_of(record));
         observed = observed.max(t);
-        if t + grace < observed {
+        // The key's open sessions within a gap of the event (one the event's time just
+        // closed is closed already).
+        let touching: Vec<(i64, i64, u64)> = open
+            .iter()
+            .filter(|((k, start), (end, _))| {
+                k == key && *start <= t + gap && end + gap >= t && end + gap + grace >= observed
+            })
+            .map(|((_, start), (end, count))| (*start, *end, *count))
+            .collect();
+        if touching.is_empty() && t + gap + grace < observed {
             late += 1;
             out.emit("late", key, record.value.clone());
             continue;
         }
-        let touching: Vec<(i64, i64, u64)> = open
-            .iter()
-            .filter(|((k, start), (end, _))| k == key && *start <= t + gap && end + gap >= t)
-            .map(|((_, start), (end, count))| (*start, *end, *count))
-            .collect();
         let (mut start, mut end, mut count) = (t, t, 1);
         for (s, e, c) in touching {
             open.remove(&(key.to_vec(), s));

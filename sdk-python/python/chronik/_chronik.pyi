@@ -187,9 +187,10 @@ class Event:
 
     key: Any
     value: Any
-    timestamp: int
+    timestamp: Optional[int]
     window: Optional[Tuple[int, int]]
-    def __init__(self, key: Any, value: Any, timestamp: int = 0) -> None: ...
+    def __init__(self, key: Any, value: Any, timestamp: Optional[int] = None) -> None:
+        """Without a timestamp, it keeps the time of the event it replaces."""
 
 class Windows:
     """How events are cut into windows, each with `grace_ms` for late events."""

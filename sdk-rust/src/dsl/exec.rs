@@ -277,17 +277,15 @@ impl StageTask {
         ctx: &mut Context<'_>,
     ) -> Result<Vec<Event>, ProcessError> {
         let t = event.timestamp;
-        if t.saturating_add(grace) < observed && !canary::active(Canary::LateRecordFolded) {
-            self.late(node, op.late_to.as_ref(), event, ctx);
-            return Ok(Vec::new());
-        }
+        let folded = canary::active(Canary::LateRecordFolded);
         let store = ctx.store(&op.store)?;
         let mut prefix = vec![SESSIONS];
         push_key(&mut prefix, event.key());
         let mut high = prefix.clone();
         high.extend_from_slice(&sortable(t.saturating_add(gap)));
-        // The key's sessions starting at most a gap after the event, ending at most a gap
-        // before it.
+        // The key's open sessions starting at most a gap after the event, ending at most a gap
+        // before it. A closed one still in the store (its close not yet run) is left alone:
+        // what an event does must not depend on when closing last ran.
         let mut merged: Vec<(i64, i64, Vec<u8>)> = Vec::new();
         for (key, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
             Bound::Included(&prefix),
@@ -295,9 +293,15 @@ impl StageTask {
         )) {
             let start = unsortable(&key[prefix.len()..]).ok_or_else(|| damaged(&op.store))?;
             let end = unsortable(&value).ok_or_else(|| damaged(&op.store))?;
-            if end.saturating_add(gap) >= t {
+            let open = folded || !session_closed(end, gap, grace, observed);
+            if open && end.saturating_add(gap) >= t {
                 merged.push((start, end, value[8..].to_vec()));
             }
+        }
+        // Late: no open session to join, and a session of the event alone would be closed.
+        if merged.is_empty() && session_closed(t, gap, grace, observed) && !folded {
+            self.late(node, op.late_to.as_ref(), event, ctx);
+            return Ok(Vec::new());
         }
         let (mut start, mut end) = (t, t);
         let mut aggregate: Option<Vec<u8>> = None;
@@ -322,7 +326,8 @@ impl StageTask {
         Ok(vec![result(event.key(), aggregate, window)])
     }
 
-    /// Keep the event, and recompute the windows ending at the key's events it falls in.
+    /// Keep the event, make its own window from the key's kept events, and fold it into the
+    /// open windows of the key's later events it falls in.
     #[allow(clippy::too_many_arguments)]
     fn fold_sliding(
         &mut self,
@@ -367,14 +372,22 @@ impl StageTask {
                 start: end.saturating_sub(size).saturating_add(1),
                 end: end.saturating_add(1),
             };
-            let mut aggregate: Option<Vec<u8>> = None;
-            for (time, value) in kept.iter().filter(|(time, _)| in_sliding(*time, end, size)) {
-                let member = Event::new(event.key.clone(), value.clone(), *time);
-                aggregate = Some(op.aggregator.fold(aggregate.as_deref(), &member));
-            }
-            // A window ends at an event it holds.
-            let aggregate = aggregate.ok_or_else(|| damaged(&op.store))?;
-            store.put(&window_key(window.end, event.key()), &aggregate);
+            let stored_key = window_key(window.end, event.key());
+            let aggregate = if end == t {
+                // Its own window: the kept events in it, in time order.
+                let mut aggregate: Option<Vec<u8>> = None;
+                for (time, value) in kept.iter().filter(|(time, _)| in_sliding(*time, end, size)) {
+                    let member = Event::new(event.key.clone(), value.clone(), *time);
+                    aggregate = Some(op.aggregator.fold(aggregate.as_deref(), &member));
+                }
+                aggregate.ok_or_else(|| damaged(&op.store))?
+            } else {
+                // A later event's window takes it in, as it came: one fold, not a recount.
+                // (A window missing was closed when its event came, and is closed now.)
+                let Some(stored) = store.get(&stored_key) else { continue };
+                op.aggregator.fold(Some(&stored), &event)
+            };
+            store.put(&stored_key, &aggregate);
             self.due(node, window.end.saturating_add(grace));
             updates.push(result(event.key(), aggregate, window));
         }
@@ -514,9 +527,12 @@ impl StageTask {
         let store = ctx.store(&op.store)?;
         let (own_side, other_side) = if left { (0, 1) } else { (1, 0) };
         keep(store, own_side, &event, meta.sequence);
-        // Partners past their wait are not joined, whether or not they were deleted yet: the
-        // result must not depend on when expiry last ran.
-        let limit = meta.observed.saturating_sub(size).saturating_sub(grace).saturating_sub(1);
+        // An event on time (`t + size + grace` not before the observed time) joins partners
+        // back to `t - size`: events are kept while `p + 2 size + grace` is not before it.
+        // Partners past that are not joined, whether or not they were deleted yet: the result
+        // must not depend on when expiry last ran.
+        let wait = size.saturating_mul(2).saturating_add(grace);
+        let limit = meta.observed.saturating_sub(wait).saturating_sub(1);
         let partners = kept_between(
             store,
             other_side,
@@ -528,12 +544,10 @@ impl StageTask {
         if self.is_due(node, meta.observed) {
             let store = ctx.store(&op.store)?;
             let next = expire_kept(store, limit).map_err(|()| damaged(&op.store))?;
-            self.next_due.insert(
-                node,
-                next.map(|time| time.saturating_add(size).saturating_add(grace).saturating_add(1)),
-            );
+            self.next_due
+                .insert(node, next.map(|time| time.saturating_add(wait).saturating_add(1)));
         }
-        self.due(node, t.saturating_add(size).saturating_add(grace).saturating_add(1));
+        self.due(node, t.saturating_add(wait).saturating_add(1));
         for (time, value) in partners.into_iter().filter(|(time, _)| *time > limit) {
             let partner = Event::new(event.key.clone(), value, time);
             let value =
@@ -564,6 +578,11 @@ impl Processor for StageTask {
             None => self.run_batch(records, ctx),
         }
     }
+}
+
+/// A session ending at `end` is closed once the observed time is past its end, gap and grace.
+fn session_closed(end: i64, gap: i64, grace: i64, observed: i64) -> bool {
+    i128::from(end) + i128::from(gap) + i128::from(grace) < i128::from(observed)
 }
 
 /// Whether the sliding window of `size` ending at `end`, `(end - size, end]`, holds `time`.

@@ -21,7 +21,7 @@
 //!
 //! A topology is cut into **stages** where records change partition: `group_by` (and
 //! `group_by_key` after an operator that changed keys) writes to an internal repartition topic
-//! `<application>-<operator>-repartition`, which the next stage reads. Each stage is one
+//! `<application>-repartition-<n>`, which the next stage reads. Each stage is one
 //! processor application of the runtime (tasks per partition, commits, restores); all stages
 //! commit their input positions in the consumer group named after the application, and each
 //! stateful operator has a store with its changelog `<application>-<store>-changelog`.

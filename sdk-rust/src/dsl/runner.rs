@@ -132,7 +132,41 @@ pub(crate) fn stages(graph: &Graph) -> Result<Vec<StagePlan>, String> {
         streams.extend(tables);
         stages.push(StagePlan { nodes, inputs: streams, sources, stores: stage_stores });
     }
-    Ok(stages)
+    Ok(upstream_first(graph, stages))
+}
+
+/// `stages` ordered so that a stage comes after every stage writing a repartition topic it
+/// reads (otherwise, in the order built): a pass of `run_until_caught_up` then hands each
+/// stage all its upstream input before it runs, and a join of a repartitioned stream never
+/// races ahead of its other side.
+fn upstream_first(graph: &Graph, stages: Vec<StagePlan>) -> Vec<StagePlan> {
+    let writer: BTreeMap<&str, usize> = stages
+        .iter()
+        .enumerate()
+        .flat_map(|(i, stage)| stage.nodes.iter().map(move |&node| (node, i)))
+        .filter_map(|(node, i)| match &graph.nodes[node].op {
+            Op::Repartition { topic, .. } => Some((topic.as_str(), i)),
+            _ => None,
+        })
+        .collect();
+    let upstream: Vec<Vec<usize>> = stages
+        .iter()
+        .enumerate()
+        .map(|(i, stage)| {
+            let inputs = stage.inputs.iter().filter_map(|topic| writer.get(topic.as_str()));
+            inputs.copied().filter(|&w| w != i).collect()
+        })
+        .collect();
+    let mut order: Vec<usize> = Vec::with_capacity(stages.len());
+    while order.len() < stages.len() {
+        // The first stage not placed whose upstream stages all are; a cycle (impossible when
+        // repartitions only feed later operators) falls back to the first not placed.
+        let unplaced = (0..stages.len()).filter(|i| !order.contains(i));
+        let ready = unplaced.clone().find(|&i| upstream[i].iter().all(|u| order.contains(u)));
+        order.push(ready.or_else(|| unplaced.min()).expect("a stage not placed yet"));
+    }
+    let mut slots: Vec<Option<StagePlan>> = stages.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// A topology's stages, restored and ready to run, each a [`Runner`] of its own.

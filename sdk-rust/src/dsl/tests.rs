@@ -360,3 +360,63 @@ fn times_at_the_ends_of_the_range_neither_panic_nor_wrap() {
     runner.run_until_caught_up().unwrap();
     assert!(runner.stores().iter().all(|(_, _, store)| store.check().is_ok()));
 }
+
+#[test]
+fn a_stage_runs_after_the_stage_writing_its_repartition_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["impressions", "clicks", "pairs"], 1);
+    let topology = Topology::new("order");
+    let impressions = topology.stream("impressions");
+    // Built second, but upstream: the join's stage reads what this one repartitions.
+    let clicks = topology.stream("clicks").map(|click| click);
+    impressions
+        .join_stream(&clicks, JoinWindows::of(10), |i, c| [&i.value[..], b"+", &c.value].concat())
+        .to("pairs");
+    send(&chronik, "impressions", &[("a", "i0", 0), ("a", "i100", 100)]);
+    send(&chronik, "clicks", &[("a", "c5", 5)]);
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "pairs"), ["a i0+c5 @5"]);
+    assert_eq!(runner.late_records(), 0);
+}
+
+#[test]
+fn an_out_of_order_event_inside_an_open_session_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "sessions"], 1);
+    let topology = Topology::new("in-session");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(30_000))
+        .emit_final()
+        .count()
+        .to("sessions");
+    // 5_000 comes after 10_000, but session [0, 10_000] is open until 40_000 is passed.
+    send(&chronik, "clicks", &[("a", "", 0), ("a", "", 10_000), ("a", "", 5_000)]);
+    // 41_000 closes it; 1_000 then is late: no open session, and its own would be closed.
+    send(&chronik, "clicks", &[("a", "", 41_000), ("a", "", 1_000)]);
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "sessions"), ["a 3 @0"]);
+    assert_eq!(runner.late_records(), 1);
+}
+
+#[test]
+fn a_stream_join_keeps_events_for_partners_of_events_still_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["left", "right", "pairs"], 1);
+    let topology = Topology::new("wait");
+    let left = topology.stream("left");
+    let right = topology.stream("right");
+    left.join_stream(&right, JoinWindows::of(10), |l, r| [&l.value[..], b"+", &r.value].concat())
+        .to("pairs");
+    send(&chronik, "left", &[("a", "v1", 0)]);
+    // x@15 moves the observed time to 15; c1@8 is on time (8 + 10 >= 15) and 8 from v1@0.
+    send(&chronik, "right", &[("b", "x", 15), ("a", "c1", 8)]);
+    topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "pairs"), ["a v1+c1 @8"]);
+}

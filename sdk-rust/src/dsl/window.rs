@@ -200,7 +200,8 @@ pub(crate) struct Meta {
     pub observed: i64,
     /// Late events so far.
     pub late: u64,
-    /// Events kept so far (sliding windows, joins): the last part of their store key.
+    /// The sequence number of the last event kept (sliding windows, joins): the last part of
+    /// their store keys.
     pub sequence: u64,
 }
 
