@@ -4,6 +4,7 @@
 
 mod compact;
 mod consume;
+mod delete_records;
 mod demo;
 mod inspect;
 #[cfg(feature = "kafka")]
@@ -47,6 +48,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Compact every partition of a compacted topic now; print the sizes before and after.
     Compact(compact::CompactArgs),
+    /// Delete the records below an offset in one or every partition, a whole sealed segment
+    /// at a time; print each new log start.
+    DeleteRecords(delete_records::DeleteRecordsArgs),
     /// Check every file of the data directory without opening it (checksums, offsets, indexes,
     /// metadata); exit 3 if anything durable is damaged.
     Verify(inspect::VerifyArgs),
@@ -144,6 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => consume::run(&data()?, &args),
         Command::Demo(args) => demo::run(&data()?, &args),
         Command::Compact(args) => compact::run(&data()?, &args),
+        Command::DeleteRecords(args) => delete_records::run(&data()?, &args),
         Command::Verify(args) => inspect::run_verify(&data()?, &args),
         Command::Dump(args) => inspect::run_dump(cli.data.as_deref(), &args),
         Command::Stats(args) => stats::run(&data()?, &args),

@@ -135,3 +135,33 @@ fn compact_command_keeps_the_latest_of_every_key() {
     let refused = chronik(&data, &["compact", "plain"], None);
     assert_eq!(refused.status.code(), Some(2));
 }
+
+/// `chronik delete-records` moves each partition's log start to the first segment holding the
+/// offset asked for, consumers then start there, and a bad partition is a usage error.
+#[test]
+fn delete_records_command_moves_the_log_start() {
+    let directory = tempfile::tempdir().unwrap();
+    let data = directory.path().join("data");
+    let create = ["topic", "create", "events", "--config", "segment_bytes=4096"];
+    stdout(&chronik(&data, &create, None));
+    for round in 0..5 {
+        let mut lines = String::new();
+        for i in 0..200 {
+            writeln!(lines, "value-{round}-{i:04}-{}", "x".repeat(40)).unwrap();
+        }
+        stdout(&chronik(&data, &["produce", "events"], Some(&lines)));
+    }
+    let printed = stdout(&chronik(&data, &["delete-records", "events", "--before", "500"], None));
+    let start: u64 = printed
+        .strip_prefix("events/0: log start 0 -> ")
+        .and_then(|rest| rest.split([' ', '\n']).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(start > 0 && start <= 500, "{printed}");
+    let consumed = stdout(&chronik(&data, &["consume", "events"], None));
+    assert_eq!(consumed.lines().count() as u64, 1000 - start);
+    assert!(consumed.lines().any(|line| line.starts_with("value-2-0100-")), "offset 500 kept");
+    let refused =
+        chronik(&data, &["delete-records", "events", "--before", "1", "--partition", "1"], None);
+    assert_eq!(refused.status.code(), Some(2));
+}

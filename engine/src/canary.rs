@@ -125,11 +125,17 @@ pub enum Canary {
     /// A task with several inputs drains its later inputs (tables) before the first, whatever
     /// their timestamps, so a join reads the table ahead of the stream's time.
     JoinTableAheadOfStream = 46,
+    /// `Engine::delete_records` removes one segment more than every record below the offset
+    /// asked for (when one more sealed segment is there).
+    DeleteRecordsOneTooMany = 47,
+    /// Topologies purge a repartition topic up to where its stage has processed, not up to
+    /// the position the stage committed.
+    RepartitionPurgedPastCommit = 48,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 46] = [
+    pub const ALL: [Canary; 48] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -176,6 +182,8 @@ impl Canary {
         Canary::LateRecordFolded,
         Canary::WindowStateNotExpired,
         Canary::JoinTableAheadOfStream,
+        Canary::DeleteRecordsOneTooMany,
+        Canary::RepartitionPurgedPastCommit,
     ];
 }
 

@@ -191,3 +191,51 @@ fn a_lost_segment_after_the_log_start_is_reported() {
     let line = &report.lines()[0];
     assert!(line.contains(&format!("where {} was expected", start.get())), "{line}");
 }
+
+#[test]
+fn delete_records_removes_whole_segments_below_the_offset_on_any_policy() {
+    let directory = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(common::EPOCH_MS);
+    let (engine, _) = common::open_with_clock(directory.path(), Durability::Sync, clock.clone());
+    // Neither retention nor compaction would remove anything here.
+    engine
+        .create_topic(TOPIC, TopicConfig { cleanup: Cleanup::Compact, ..small(None, None) })
+        .unwrap();
+    fill(&engine, 300, &clock);
+    let before = describe(&engine);
+    assert!(before.segment_count > 5, "{before:?}");
+    assert_eq!(engine.delete_records(TOPIC, 0, Offset::ZERO).unwrap(), Offset::ZERO);
+    let start = engine.delete_records(TOPIC, 0, Offset::new(100)).unwrap();
+    let after = describe(&engine);
+    assert_eq!(after.log_start_offset, start);
+    assert!(start > Offset::ZERO && start <= Offset::new(100), "{start:?}");
+    assert_eq!(after.log_end_offset, before.log_end_offset);
+    // The first segment kept holds offset 100 or starts at it: no segment wholly below 100
+    // is left, none holding 100 or above went.
+    let kept = common::read_all(&engine, TOPIC, 0, start.get(), 1 << 20);
+    assert_eq!(kept[0].offset, start.get());
+    assert!(kept.iter().any(|r| r.offset == 100));
+    match engine.read(TOPIC, 0, Offset::ZERO, 1 << 20) {
+        Err(ReadError::OffsetOutOfRange { start: s, .. }) => assert_eq!(s, start.get()),
+        other => panic!("a read below the log start: {other:?}"),
+    }
+    // Never back; never the active segment, whatever is asked.
+    assert_eq!(engine.delete_records(TOPIC, 0, Offset::new(10)).unwrap(), start);
+    let end = engine.delete_records(TOPIC, 0, Offset::new(u64::MAX)).unwrap();
+    let last = describe(&engine);
+    assert_eq!((last.log_start_offset, last.segment_count), (end, 1));
+    assert!(end < last.log_end_offset);
+    drop(engine);
+
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert!(report.is_clean(), "{:?}", report.lines());
+    assert_eq!(describe(&engine).log_start_offset, end);
+    assert!(matches!(
+        engine.delete_records("missing", 0, Offset::ZERO),
+        Err(chronik_engine::AppendError::TopicNotFound { .. })
+    ));
+    assert!(matches!(
+        engine.delete_records(TOPIC, 3, Offset::ZERO),
+        Err(chronik_engine::AppendError::PartitionNotFound { .. })
+    ));
+}

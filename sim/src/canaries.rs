@@ -72,6 +72,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::LateRecordFolded => "late-record-folded",
         Canary::WindowStateNotExpired => "window-state-not-expired",
         Canary::JoinTableAheadOfStream => "join-table-ahead-of-stream",
+        Canary::DeleteRecordsOneTooMany => "delete-records-one-too-many",
+        Canary::RepartitionPurgedPastCommit => "repartition-purged-past-commit",
     }
 }
 
@@ -125,7 +127,7 @@ pub const TARGETED: [(Canary, &str); 1] =
 
 /// Canaries of the stream-processor runtime, hunted with [`crate::processors`] workloads
 /// instead of engine runs.
-pub const PROCESSOR_CANARIES: [Canary; 12] = [
+pub const PROCESSOR_CANARIES: [Canary; 13] = [
     Canary::InputCommittedBeforeOutputs,
     Canary::RestoreSkipsTombstone,
     Canary::SnapshotAheadOfChangelog,
@@ -138,6 +140,7 @@ pub const PROCESSOR_CANARIES: [Canary; 12] = [
     Canary::LateRecordFolded,
     Canary::WindowStateNotExpired,
     Canary::JoinTableAheadOfStream,
+    Canary::RepartitionPurgedPastCommit,
 ];
 
 /// Canaries of the write path's partition log and reactor, hunted with [`crate::reactor`]

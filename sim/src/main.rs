@@ -362,7 +362,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
          faulty_opens={} direct_opens={} sharded_opens={} failed_opens={} bit_flips={} \
          rot_reported={} tail_reads={} \
-         liveness_checks={} topic_changes={} retention_moves={} commits={} compaction_passes={} \
+         liveness_checks={} topic_changes={} retention_moves={} deletes={} delete_moves={} commits={} compaction_passes={} \
          compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
          oracle_checks={}",
         totals.crashes,
@@ -379,6 +379,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.liveness_checks,
         c.topic_changes,
         c.retention_moves,
+        c.deletes,
+        c.delete_moves,
         c.commits,
         c.compaction_passes,
         c.compactions_abandoned,

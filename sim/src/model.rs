@@ -39,6 +39,9 @@ pub struct PartitionModel {
     /// The highest log start the engine reported: retention removed every offset below it,
     /// and it never moves back.
     pub log_start: u64,
+    /// The highest offset `Engine::delete_records` was asked to delete below (answered or
+    /// not): the log start may reach it.
+    pub deleted_before: u64,
     /// The group `sim`'s committed position: the last acknowledged commit.
     pub committed: Option<u64>,
     /// A commit that failed: the engine may hold it or `committed`.
@@ -46,7 +49,8 @@ pub struct PartitionModel {
 }
 
 impl PartitionModel {
-    /// The highest log start retention may have reached by `now_ms` under these settings:
+    /// The highest log start retention and deletes may have reached by `now_ms` under these
+    /// settings: up to the highest offset a delete asked for, and for retention:
     /// never past the end (the active segment is never removed), with `retention_ms` never
     /// past a record younger than that (its segment's newest record
     /// is younger still), and with neither setting never past 0.
@@ -60,7 +64,7 @@ impl PartitionModel {
         compacted: bool,
     ) -> u64 {
         if retention_ms.is_none() && retention_bytes.is_none() {
-            return 0;
+            return self.deleted_before;
         }
         let batches: Vec<&ModelBatch> = self.batches.iter().chain(&self.uncertain).collect();
         // Not the start of the last batch: a crash may leave the active segment empty (its
@@ -83,7 +87,7 @@ impl PartitionModel {
                 bound = bound.min(offset as u64);
             }
         }
-        bound
+        bound.max(self.deleted_before)
     }
 
     /// Bytes of the batches from offset `start` (a batch boundary) to the end of what was

@@ -439,7 +439,7 @@ pub fn retention_violation(
     }
     let bound = model.retention_bound(partition, now_ms);
     (start > seen && start > bound)
-        .then(|| format!("log start {start} past what retention may remove ({bound})"))
+        .then(|| format!("log start {start} past what retention and deletes may remove ({bound})"))
 }
 
 /// On a compacted topic, compaction removes only records a later record of the same key

@@ -68,6 +68,8 @@ const GROUP: &str = "sim";
 const TICK_POWER_CUT_PER_MILLION: u32 = 250_000;
 /// The same for a forced compaction, which always has work to do.
 const COMPACT_POWER_CUT_PER_MILLION: u32 = 500_000;
+/// Chance that a delete step arms a power cut inside the call.
+const DELETE_POWER_CUT_PER_MILLION: u32 = 300_000;
 /// Largest power-cut delay armed by a tick, in disk calls, as a power of two: a compaction
 /// pass makes tens to hundreds of calls, a tick with nothing to do a handful.
 const TICK_POWER_CUT_CALLS_MAX_LOG2: u64 = 9;
@@ -235,6 +237,9 @@ pub struct Counters {
     pub topic_changes: u64,
     /// Ticks after which retention had moved a log start.
     pub retention_moves: u64,
+    /// `Engine::delete_records` calls, and those that moved a log start.
+    pub deletes: u64,
+    pub delete_moves: u64,
     /// Consumer-offset commits tried.
     pub commits: u64,
     /// Compaction passes run by ticks.
@@ -273,6 +278,8 @@ impl Counters {
         self.liveness_checks += other.liveness_checks;
         self.topic_changes += other.topic_changes;
         self.retention_moves += other.retention_moves;
+        self.deletes += other.deletes;
+        self.delete_moves += other.delete_moves;
         self.commits += other.commits;
         self.compaction_passes += other.compaction_passes;
         self.compactions_abandoned += other.compactions_abandoned;
@@ -1086,6 +1093,9 @@ impl Sim {
             }
             Step::Scratch => self.scratch(engine)?,
             Step::Compact { partition } => self.compact(engine, partition)?,
+            Step::DeleteRecords { partition, offset_per_million } => {
+                self.delete_records(engine, partition, offset_per_million)?
+            }
             Step::Transaction { writes, commit_partition, offset_per_million } => {
                 self.transaction(engine, writes, commit_partition, offset_per_million)?
             }
@@ -1643,6 +1653,47 @@ impl Sim {
     /// A forced compaction of one partition. An I/O error may abandon the pass without
     /// poisoning (the log is as it was, which the next reads check) or, after a commit,
     /// poison the engine.
+    /// `Engine::delete_records` below a visible offset: the log start it answers is never
+    /// past the offset asked for (nor past an earlier request or retention's bound), never
+    /// back, and readers then see it.
+    fn delete_records(
+        &mut self,
+        engine: &SimEngine,
+        partition: u32,
+        offset_per_million: u32,
+    ) -> Result<Flow, Violation> {
+        if engine.partition_count(TOPIC).is_none() {
+            return Ok(Flow::Continue);
+        }
+        self.counters.deletes += 1;
+        let watermark = engine.high_watermark(TOPIC, partition).map_or(0, Offset::get);
+        let before = watermark * u64::from(offset_per_million) / 1_000_000;
+        let index = partition as usize;
+        let model = &mut self.model.partitions[index];
+        model.deleted_before = model.deleted_before.max(before);
+        self.maybe_cut_power_in_maintenance("a delete", DELETE_POWER_CUT_PER_MILLION);
+        let result = engine.delete_records(TOPIC, partition, Offset::new(before));
+        self.end_maintenance_cut();
+        self.trace.event(format!("delete p{partition} below {before} -> {result:?}"));
+        match result {
+            Ok(start) => {
+                let start = start.get();
+                let now = self.now_ms();
+                if let Some(why) = oracle::retention_violation(&self.model, index, start, now) {
+                    let detail = format!("partition {partition}: delete below {before}: {why}");
+                    return Err(Violation::new("retention_bounds", detail));
+                }
+                let model = &mut self.model.partitions[index];
+                if start > model.log_start {
+                    self.counters.delete_moves += 1;
+                    model.log_start = start;
+                }
+                Ok(Flow::Continue)
+            }
+            Err(error) => self.after_error(engine, Some(error)),
+        }
+    }
+
     fn compact(&mut self, engine: &SimEngine, partition: u32) -> Result<Flow, Violation> {
         self.maybe_cut_power_in_maintenance("a forced compaction", COMPACT_POWER_CUT_PER_MILLION);
         let calls = self.disk.stats().calls;

@@ -6,6 +6,7 @@
 
 use crate::processors::Workload;
 use crate::rng::{PER_MILLION, Rng};
+use chronik::TopicConfig;
 use chronik::dsl::{Emit, Topology, Windows};
 use chronik::testing::SimulationReport;
 use chronik::testing::{Entries, InputRecord, Outcome, Records, Simulation, SimulationFailure};
@@ -65,6 +66,8 @@ pub fn outputs(_partitions: u32, rng: &mut Rng) -> Vec<(String, u32)> {
 /// The workload's topology.
 pub fn topology(workload: Workload, shape: Shape) -> Topology {
     let topology = Topology::new("topology");
+    // Small repartition segments, so that the runner purges them as the next stage commits.
+    topology.repartition_config(TopicConfig { segment_bytes: 4096, ..TopicConfig::default() });
     let events = topology.stream("events");
     match workload {
         Workload::Windows | Workload::Sessions => {

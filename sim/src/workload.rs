@@ -76,6 +76,8 @@ pub struct Swarm {
     pub keys: u64,
     /// Weight of pipelined steps: several appends queued before any is waited for.
     pub pipelined_weight: u64,
+    /// Weight of `Engine::delete_records` steps.
+    pub delete_weight: u64,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -159,6 +161,7 @@ impl Swarm {
             transaction_weight: 0,
             keys: KEYS_MAX,
             pipelined_weight: 0,
+            delete_weight: 0,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
         // third of the seeds keep records by age, a third by size, the rest forever.
@@ -186,6 +189,8 @@ impl Swarm {
         }
         // Drawn last, so the draws above stay what they were before pipelined appends.
         swarm.pipelined_weight = if rng.chance(PER_MILLION / 2) { rng.between(2, 20) } else { 0 };
+        // Drawn last, so the draws above stay what they were before deletes.
+        swarm.delete_weight = if rng.chance(PER_MILLION / 3) { rng.between(1, 6) } else { 0 };
         swarm
     }
 }
@@ -221,6 +226,8 @@ pub enum Step {
         commit_partition: u32,
         offset_per_million: u32,
     },
+    /// `Engine::delete_records` below an offset (taken modulo what is visible).
+    DeleteRecords { partition: u32, offset_per_million: u32 },
 }
 
 impl Swarm {
@@ -233,6 +240,7 @@ impl Swarm {
             self.compact_weight,
             self.transaction_weight,
             self.pipelined_weight,
+            self.delete_weight,
         ];
         let weights = [self.weights.as_slice(), &extra].concat();
         let total: u64 = weights.iter().sum();
@@ -273,6 +281,10 @@ impl Swarm {
                     .collect();
                 Step::Pipelined { appends }
             }
+            11 => Step::DeleteRecords {
+                partition,
+                offset_per_million: rng.between(0, u64::from(PER_MILLION)) as u32,
+            },
             _ => {
                 // Some of the partitions, each once, in a random order.
                 let mut partitions: Vec<u32> = (0..self.topic.partitions).collect();

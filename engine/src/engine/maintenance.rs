@@ -2,6 +2,7 @@
 //! read-only engine's refresh.
 
 use super::Engine;
+use crate::Offset;
 use crate::error::{AppendError, ReadError};
 use crate::io::Io;
 use crate::log::Durability;
@@ -95,6 +96,27 @@ impl<I: Io> Engine<I> {
         partition: u32,
     ) -> Result<Option<CompactionFailure>, AppendError> {
         Ok(self.partition_for_append(topic, partition)?.compaction_failure())
+    }
+
+    /// Delete the records of a partition below `before`, as far as whole segments allow:
+    /// every sealed segment all of whose records lie below `before` (and below the high
+    /// watermark) is removed, the new log start made durable first. Returns the log start
+    /// after the call: at most `before`, so records of the first kept segment below `before`
+    /// stay readable until a later call, once that segment is sealed and wholly below it.
+    /// Any cleanup policy. The log start never moves back; a crash at any moment leaves it
+    /// where it was or where it was going. Kafka's `DeleteRecords` at segment granularity:
+    /// topologies purge their repartition topics with it once the records are committed.
+    pub fn delete_records(
+        &self,
+        topic: &str,
+        partition: u32,
+        before: Offset,
+    ) -> Result<Offset, AppendError> {
+        self.inner.context.poison.check()?;
+        if self.inner.options.read_only {
+            return Err(AppendError::ReadOnly);
+        }
+        self.partition_for_append(topic, partition)?.delete_before(before)
     }
 
     /// Compact one partition now, as [`Engine::compact_topic`] does each.

@@ -117,13 +117,57 @@ impl<I: Io> Partition<I> {
             }
             (count, state.segments[count].base_offset)
         };
+        self.remove_front(count, log_start)
+    }
+
+    /// Delete records: remove the sealed segments every record of which lies below `before`
+    /// (and below the high watermark), a prefix of the log, never the active segment. The
+    /// log start becomes the base of the first segment kept, at most `before`: records of
+    /// that segment below `before` stay readable until a later call removes it. Works on any
+    /// cleanup policy, in the same crash-safe order as [`Partition::apply_retention`].
+    /// Returns the log start after the call.
+    pub fn delete_before(&self, before: Offset) -> Result<Offset, AppendError> {
+        if self.writer.is_none() {
+            return Err(AppendError::ReadOnly);
+        }
+        let _maintenance = self.maintenance.lock();
+        self.poison.check()?;
+        let (count, log_start) = {
+            let state = self.state.lock();
+            let first = state.segments[0].base_offset;
+            if state.deleted {
+                return Ok(first);
+            }
+            let limit = before.min(self.high_watermark());
+            // Segment `i` holds offsets below the base of segment `i + 1`.
+            let mut count =
+                state.segments.windows(2).take_while(|w| w[1].base_offset <= limit).count();
+            if canary::active(Canary::DeleteRecordsOneTooMany)
+                && count > 0
+                && count + 1 < state.segments.len()
+            {
+                count += 1;
+            }
+            if count == 0 {
+                return Ok(first);
+            }
+            (count, state.segments[count].base_offset)
+        };
+        self.remove_front(count, log_start)?;
+        Ok(log_start)
+    }
+
+    /// Remove the first `count` segments, `log_start` being the base of the next: the log
+    /// start made durable first, then the segments out of the list, then their files.
+    fn remove_front(&self, count: usize, log_start: Offset) -> Result<usize, AppendError> {
         let removed = (|| {
             if !canary::active(Canary::RetentionSkipsLogStart) {
                 log_start::write(&*self.io, &self.directory, log_start)?;
             }
             let removed: Vec<Segment<I>> = {
                 let mut state = self.state.lock();
-                // Only retention, serialised by `maintenance`, takes segments from the front.
+                // Only retention and deletes, serialised by `maintenance`, take segments from
+                // the front.
                 assert_eq!(state.segments[count].base_offset, log_start);
                 state.segments.drain(..count).collect()
             };

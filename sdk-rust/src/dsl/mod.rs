@@ -43,6 +43,7 @@ pub use window::{JoinWindows, Window, Windows};
 
 // The operators, each with an example: docs/operators.md.
 
+use crate::TopicConfig;
 use crate::processor::{ProcessorConfig, ProcessorError};
 use crate::store::StoreKind;
 use std::collections::BTreeMap;
@@ -200,6 +201,20 @@ pub(crate) struct Graph {
     /// Tables, by topic: their node.
     pub tables: BTreeMap<String, usize>,
     pub around_batch: Option<exec::AroundBatch>,
+    /// Settings of the repartition topics the runner creates (their partitions are the
+    /// upstream input's).
+    pub repartition_config: TopicConfig,
+}
+
+/// Repartition topics' settings unless [`Topology::repartition_config`] says otherwise:
+/// deleted, never compacted, in segments of 64 MiB rolled at least every 10 minutes, so that
+/// the runner can purge what the next stage committed soon after it did.
+pub fn default_repartition_config() -> TopicConfig {
+    TopicConfig {
+        segment_bytes: 64 * 1024 * 1024,
+        segment_ms: 10 * 60 * 1000,
+        ..TopicConfig::default()
+    }
 }
 
 impl Graph {
@@ -256,6 +271,7 @@ impl Topology {
             store_kinds: BTreeMap::new(),
             tables: BTreeMap::new(),
             around_batch: None,
+            repartition_config: default_repartition_config(),
         };
         Topology { graph: Arc::new(Mutex::new(graph)) }
     }
@@ -271,6 +287,17 @@ impl Topology {
         let mut graph = self.lock();
         let template = std::mem::replace(&mut graph.template, ProcessorConfig::new("", ""));
         graph.template = adjust(template);
+        self
+    }
+
+    /// Settings of the repartition topics the runner creates, when it creates them (an
+    /// existing topic keeps its own): segment size and age, retention. Their partitions are
+    /// always the upstream input's. The runner deletes a repartition topic's records once the
+    /// stage reading them has committed past them, a sealed segment at a time
+    /// ([`chronik_engine::Engine::delete_records`]), so their segments bound the disk a
+    /// repartition takes.
+    pub fn repartition_config(&self, config: TopicConfig) -> &Topology {
+        self.lock().repartition_config = config;
         self
     }
 

@@ -5,8 +5,9 @@ use super::window::{Kind, META, Meta};
 use super::{Graph, Node, Op, Topology, store_of};
 use crate::processor::{ProcessorConfig, ProcessorError, RunStats, Runner};
 use crate::store::Store;
-use crate::{Io, TopicConfig, TopicError};
+use crate::{CommitError, Io, TopicConfig, TopicError};
 use chronik_engine::Engine;
+use chronik_engine::internals::canary::{self, Canary};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,6 +15,9 @@ use std::time::Duration;
 
 /// How often `run_until` looks at the caller's stop flag.
 const HALT_POLL: Duration = Duration::from_millis(10);
+
+/// `run_until` purges the repartition topics every this many polls (about a second).
+const PURGE_EVERY_POLLS: u32 = 100;
 
 /// A topology's operators and stages, shared by its tasks.
 pub(crate) struct Plan {
@@ -171,8 +175,13 @@ fn upstream_first(graph: &Graph, stages: Vec<StagePlan>) -> Vec<StagePlan> {
 
 /// A topology's stages, restored and ready to run, each a [`Runner`] of its own.
 pub struct TopologyRunner<I: Io> {
+    engine: Engine<I>,
     plan: Arc<Plan>,
     runners: Vec<Runner<I, StageTask>>,
+    /// The application: the group whose commits say what may be purged.
+    application: String,
+    /// Repartition topics, with their partition counts.
+    repartitions: Vec<(String, u32)>,
 }
 
 impl<I: Io> std::fmt::Debug for TopologyRunner<I> {
@@ -214,7 +223,7 @@ impl<I: Io> TopologyRunner<I> {
                         .partition_count(upstream)
                         .ok_or_else(|| TopicError::NotFound { name: upstream.clone() })?;
                     if engine.partition_count(topic).is_none() {
-                        let config = TopicConfig { partitions, ..TopicConfig::default() };
+                        let config = TopicConfig { partitions, ..graph.repartition_config };
                         match engine.create_topic(topic, config) {
                             Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
                             Err(error) => return Err(error.into()),
@@ -259,6 +268,7 @@ impl<I: Io> TopologyRunner<I> {
                 );
             }),
         });
+        let plan_application = graph.application.clone();
         drop(graph);
         let mut runners = Vec::with_capacity(configs.len());
         for (stage, config) in configs.into_iter().enumerate() {
@@ -267,7 +277,17 @@ impl<I: Io> TopologyRunner<I> {
                 StageTask::new(Arc::clone(&plan_of_stage), stage)
             })?);
         }
-        Ok(TopologyRunner { plan, runners })
+        let mut repartitions = Vec::new();
+        for node in &plan.nodes {
+            if let Op::Repartition { topic, .. } = &node.op {
+                let partitions = engine
+                    .partition_count(topic)
+                    .ok_or_else(|| TopicError::NotFound { name: topic.clone() })?;
+                repartitions.push((topic.clone(), partitions));
+            }
+        }
+        let application = plan_application;
+        Ok(TopologyRunner { engine: engine.clone(), plan, runners, application, repartitions })
     }
 
     /// Run every stage on the calling thread until all have processed their input (a later
@@ -279,6 +299,7 @@ impl<I: Io> TopologyRunner<I> {
             let mut pass = RunStats::default();
             for runner in &mut self.runners {
                 pass.add(runner.run_until_caught_up()?);
+                purge(&self.engine, &self.application, &self.repartitions)?;
             }
             total.add(pass);
             if pass.records == 0 {
@@ -295,7 +316,7 @@ impl<I: Io> TopologyRunner<I> {
         // Set when `stop` is, or when a stage fails.
         let halt = AtomicBool::new(false);
         let running = AtomicUsize::new(self.runners.len());
-        let outcomes: Vec<Result<RunStats, ProcessorError>> = std::thread::scope(|scope| {
+        let (outcomes, purged) = std::thread::scope(|scope| {
             let (halt, running) = (&halt, &running);
             let workers: Vec<_> = self
                 .runners
@@ -311,18 +332,34 @@ impl<I: Io> TopologyRunner<I> {
                     })
                 })
                 .collect();
+            let mut polls = 0u32;
+            let mut purged = Ok(());
             while running.load(Ordering::Acquire) > 0 {
                 if stop.load(Ordering::Relaxed) {
                     halt.store(true, Ordering::Relaxed);
                 }
                 std::thread::sleep(HALT_POLL);
+                polls += 1;
+                if polls.is_multiple_of(PURGE_EVERY_POLLS) && purged.is_ok() {
+                    purged = purge(&self.engine, &self.application, &self.repartitions);
+                    // A failed purge (the engine poisoned, say) stops the stages too.
+                    if purged.is_err() {
+                        halt.store(true, Ordering::Relaxed);
+                    }
+                }
             }
-            workers.into_iter().map(|w| w.join().unwrap_or(Err(ProcessorError::Panicked))).collect()
+            let outcomes: Vec<Result<RunStats, ProcessorError>> = workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or(Err(ProcessorError::Panicked)))
+                .collect();
+            (outcomes, purged)
         });
         let mut total = RunStats::default();
         for outcome in outcomes {
             total.add(outcome?);
         }
+        purged?;
+        purge(&self.engine, &self.application, &self.repartitions)?;
         total.late_records = self.late_records().saturating_sub(late);
         Ok(total)
     }
@@ -373,6 +410,30 @@ impl<I: Io> TopologyRunner<I> {
         }
         late
     }
+}
+
+/// Delete what each repartition topic's reading stage committed past (whole sealed segments,
+/// [`Engine::delete_records`]). A commit is durable when it returns, so a restart resumes at
+/// or after the new log start.
+fn purge<I: Io>(
+    engine: &Engine<I>,
+    application: &str,
+    repartitions: &[(String, u32)],
+) -> Result<(), ProcessorError> {
+    for (topic, partitions) in repartitions {
+        for partition in 0..*partitions {
+            let before = if canary::active(Canary::RepartitionPurgedPastCommit) {
+                engine.high_watermark(topic, partition)?
+            } else {
+                match engine.committed_offset(application, topic, partition) {
+                    Some(offset) => offset,
+                    None => continue,
+                }
+            };
+            engine.delete_records(topic, partition, before).map_err(CommitError::from)?;
+        }
+    }
+    Ok(())
 }
 
 fn require<I: Io>(engine: &Engine<I>, topic: &str) -> Result<(), ProcessorError> {

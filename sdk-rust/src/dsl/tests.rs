@@ -420,3 +420,46 @@ fn a_stream_join_keeps_events_for_partners_of_events_still_on_time() {
     topology.runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
     assert_eq!(read(&chronik, "pairs"), ["a v1+c1 @8"]);
 }
+
+#[test]
+fn repartition_topics_are_purged_once_the_reading_stage_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let clicks: Vec<(String, String, i64)> =
+        (0..2_000).map(|i| (format!("user-{}", i % 7), format!("/page/{}", i % 5), i)).collect();
+    let clicks: Vec<(&str, &str, i64)> =
+        clicks.iter().map(|(k, v, t)| (k.as_str(), v.as_str(), *t)).collect();
+    let build = || {
+        let topology = Topology::new("purge");
+        topology.repartition_config(TopicConfig { segment_bytes: 4096, ..TopicConfig::default() });
+        // A commit every 50 records: batches of 50 in the repartition topic, which roll.
+        topology.configure(|config| ProcessorConfig { commit_every_records: Some(50), ..config });
+        topology.stream("clicks").group_by(|click| click.value.clone()).count().to("per-page");
+        topology
+    };
+    let repartition = "purge-repartition-0001";
+    {
+        let chronik = open(dir.path());
+        topics(&chronik, &["clicks", "per-page"], 1);
+        send(&chronik, "clicks", &clicks[..1_000]);
+        build().runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+        let described = chronik.describe_topic(repartition).unwrap();
+        let partition = &described.partitions[0];
+        assert_eq!(described.config.segment_bytes, 4096);
+        assert_eq!(partition.log_end_offset.get(), 1_000);
+        // Every sealed segment went: the active one is all that is left.
+        assert_eq!(partition.segment_count, 1, "{partition:?}");
+        assert!(partition.log_start_offset.get() > 900, "{partition:?}");
+    }
+    // A restart goes on from the commit, above the log start, and counts on.
+    let chronik = open(dir.path());
+    send(&chronik, "clicks", &clicks[1_000..]);
+    build().runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for line in read(&chronik, "per-page") {
+        let mut parts = line.split(' ');
+        last.insert(parts.next().unwrap().to_owned(), parts.next().unwrap().parse().unwrap());
+    }
+    assert_eq!(last.values().copied().collect::<Vec<_>>(), [400; 5]);
+    let start = chronik.describe_topic(repartition).unwrap().partitions[0].log_start_offset;
+    assert!(start.get() > 1_900, "{start:?}");
+}
