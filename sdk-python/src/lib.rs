@@ -320,6 +320,21 @@ impl PyChronik {
         self.get()?.high_watermark(topic, partition).map(Offset::get).map_err(|e| error(e.into()))
     }
 
+    /// Delete the records of a partition below `before`, whole sealed segments at a time
+    /// (Kafka's DeleteRecords); returns the new log start, at most `before`.
+    fn delete_records(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        partition: u32,
+        before: u64,
+    ) -> PyResult<u64> {
+        let chronik = self.get()?;
+        py.detach(|| chronik.delete_records(topic, partition, Offset::new(before)))
+            .map(Offset::get)
+            .map_err(|e| error(e.into()))
+    }
+
     /// Sync everything written so far.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         let chronik = self.get()?;

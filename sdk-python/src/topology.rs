@@ -69,6 +69,14 @@ impl Functions {
         Bound::new(py, PyEvent { key, value, timestamp: Some(event.timestamp), window })
     }
 
+    /// An event, or `None` for a stream join's missing side.
+    fn maybe_event(&self, py: Python<'_>, event: Option<&Event>) -> PyResult<Py<PyAny>> {
+        match event {
+            Some(event) => Ok(self.event(py, event)?.into_any().unbind()),
+            None => Ok(py.None()),
+        }
+    }
+
     fn encode_key(&self, key: &Bound<'_, PyAny>) -> PyResult<Option<Vec<u8>>> {
         if key.is_none() { Ok(None) } else { self.key.encode(key).map(Some) }
     }
@@ -324,6 +332,49 @@ impl PyStream {
             fs.call(|py| {
                 let joined = f.call1(py, (fs.event(py, left)?, fs.event(py, right)?))?;
                 fs.value.encode(joined.bind(py))
+            })
+            .unwrap_or_default()
+        }))
+    }
+
+    /// `join_stream`, and each event of this stream that no event of `other` joined within
+    /// the window: `f(this_event, None)`, once the window and grace have passed, at its own
+    /// time.
+    #[pyo3(signature = (other, window_ms, f, grace_ms = 0))]
+    fn left_join_stream(
+        &self,
+        other: &PyStream,
+        window_ms: i64,
+        f: Py<PyAny>,
+        grace_ms: i64,
+    ) -> PyStream {
+        let fs = Arc::clone(&self.functions);
+        let windows = JoinWindows::of(window_ms).grace(grace_ms);
+        self.next(self.stream.left_join_stream(&other.stream, windows, move |left, right| {
+            fs.call(|py| {
+                let joined = f.call1(py, (fs.event(py, left)?, fs.maybe_event(py, right)?))?;
+                fs.value.encode(joined.bind(py))
+            })
+            .unwrap_or_default()
+        }))
+    }
+
+    /// `left_join_stream` on both sides: pairs, and the events of either stream without a
+    /// partner, `f(this_event, None)` or `f(None, other_event)`.
+    #[pyo3(signature = (other, window_ms, f, grace_ms = 0))]
+    fn outer_join_stream(
+        &self,
+        other: &PyStream,
+        window_ms: i64,
+        f: Py<PyAny>,
+        grace_ms: i64,
+    ) -> PyStream {
+        let fs = Arc::clone(&self.functions);
+        let windows = JoinWindows::of(window_ms).grace(grace_ms);
+        self.next(self.stream.outer_join_stream(&other.stream, windows, move |left, right| {
+            fs.call(|py| {
+                let (left, right) = (fs.maybe_event(py, left)?, fs.maybe_event(py, right)?);
+                fs.value.encode(f.call1(py, (left, right))?.bind(py))
             })
             .unwrap_or_default()
         }))

@@ -119,6 +119,20 @@ def test_topics_are_managed_and_described(db):
     assert db.list_topics() == []
 
 
+def test_delete_records_moves_the_log_start_a_segment_at_a_time(db):
+    db.create_topic("log", config={"segment_bytes": 4096})
+    producer = db.producer("log")
+    for batch in range(20):
+        producer.send_batch([(None, f"{batch}-{i}-" + "x" * 40) for i in range(25)], partition=0)
+    start = db.delete_records("log", 0, 250)
+    assert 0 < start <= 250
+    assert db.describe_topic("log")["partitions"][0]["log_start_offset"] == start
+    assert db.consumer("log").poll(max_records=1)[0].offset == start
+    assert db.delete_records("log", 0, 10) == start, "never back"
+    with pytest.raises(chronik.NotFoundError):
+        db.delete_records("log", 1, 0)
+
+
 def test_errors_are_typed(tmp_path, db):
     with pytest.raises(chronik.NotFoundError):
         db.producer("missing")

@@ -248,8 +248,11 @@ def test_bad_setups_are_typed_errors(path):
             no_process.run_until_caught_up()
 
 
+# The child takes Python's own Ctrl-C handler even when it inherits SIGINT ignored (a shell
+# starts background jobs so, and Python then installs no handler).
 CTRL_C_SCRIPT = """
-import sys, chronik
+import signal, sys, chronik
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with chronik.open(sys.argv[1], durability="os") as db:
     db.create_topic("clicks", partitions=2)
     db.create_topic("totals", partitions=2)

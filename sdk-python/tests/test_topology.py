@@ -438,6 +438,25 @@ def test_two_streams_join_within_the_window_and_late_events_are_counted(db):
     assert topology.late_records() == 1
 
 
+def test_left_and_outer_stream_joins_emit_events_without_partners_after_their_window(db):
+    create(db, "views", "clicks", "left", "outer")
+    send(db, "views", [("a", "v1", 0), ("a", "v2", 15), ("b", "v3", 16), ("z", "v4", 100)])
+    send(db, "clicks", [("a", "c1", 8), ("a", "c2", 30), ("b", "c3", 40)])
+    topology = chronik.Topology(db, "joins", key_format="str", value_format="str")
+    views = topology.stream("views")
+    clicks = topology.stream("clicks")
+    side = lambda event: "-" if event is None else event.value  # noqa: E731
+    views.left_join_stream(clicks, 10, lambda v, c: f"{v.value}+{side(c)}").to("left")
+    views.outer_join_stream(clicks, 10, lambda v, c: f"{side(v)}+{side(c)}").to("outer")
+    assert "left_join" in topology.describe() and "outer_join" in topology.describe()
+    topology.run_until_caught_up()
+    # An event comes out alone once the observed time is more than twice the window past it
+    # with no partner: v3 when c3@40 comes, c2 and c3 when v4@100 comes (outer join only).
+    paired = [("a", "v1+c1", 8), ("a", "v2+c1", 15), ("b", "v3+-", 16)]
+    assert read(db, "left") == paired
+    assert read(db, "outer") == paired + [("a", "-+c2", 30), ("b", "-+c3", 40)]
+
+
 def test_an_exception_in_a_function_fails_the_batch_and_a_fixed_function_goes_on(db):
     create(db, "clicks", "sums")
     # a: 1, 3, then -1 (the bad one), b: 2, 5.

@@ -106,6 +106,9 @@ class Chronik:
     def describe_topic(self, name: str) -> dict: ...
     def alter_topic_config(self, name: str, settings: Mapping[str, object]) -> None: ...
     def high_watermark(self, topic: str, partition: int) -> int: ...
+    def delete_records(self, topic: str, partition: int, before: int) -> int:
+        """Delete the records below `before`, whole sealed segments at a time (Kafka's
+        DeleteRecords); returns the new log start, at most `before`."""
     def flush(self) -> None: ...
     def producer(self, topic: str) -> Producer: ...
     def consumer(self, topic: str, partition: int = 0, group: Optional[str] = None) -> Consumer: ...
@@ -230,6 +233,24 @@ class Stream:
         self, other: "Stream", window_ms: int, f: Callable[[Event, Event], Any], grace_ms: int = 0
     ) -> "Stream":
         """Pairs of same-key events of both streams at most window_ms apart."""
+    def left_join_stream(
+        self,
+        other: "Stream",
+        window_ms: int,
+        f: Callable[[Event, Optional[Event]], Any],
+        grace_ms: int = 0,
+    ) -> "Stream":
+        """join_stream, and f(event, None) for each event of this stream that found no
+        partner, once its window and grace have passed."""
+    def outer_join_stream(
+        self,
+        other: "Stream",
+        window_ms: int,
+        f: Callable[[Optional[Event], Optional[Event]], Any],
+        grace_ms: int = 0,
+    ) -> "Stream":
+        """left_join_stream on both sides: f(event, None) or f(None, other_event) for events
+        of either stream without a partner."""
     def to(self, topic: str) -> None:
         """Write to `topic`; windowed results carry headers window.start and window.end."""
 

@@ -6,7 +6,7 @@ use super::window::{
     KEPT, KEPT_TIMES, KEYED, Kind, META, Meta, SESSION_ENDS, SESSIONS, WINDOWS, Window, Windows,
     push_key, sortable, split_key, unsortable,
 };
-use super::{AggregateOp, Emit, Event, Op, StreamJoinOp};
+use super::{AggregateOp, Emit, Event, JoinKind, Op, StreamJoinOp};
 use crate::RecordView;
 use crate::processor::{Context, ProcessError, Processor};
 use chronik_engine::internals::canary::{self, Canary};
@@ -342,9 +342,12 @@ impl StageTask {
         let t = event.timestamp;
         let store = ctx.store(&op.store)?;
         // The key's kept events from one window before the event to one after.
-        let mut kept =
+        let mut kept: Vec<(i64, Vec<u8>)> =
             kept_between(store, 0, event.key(), t.saturating_sub(size), t.saturating_add(size))
-                .map_err(|()| damaged(&op.store))?;
+                .map_err(|()| damaged(&op.store))?
+                .into_iter()
+                .map(|(time, _, value)| (time, value))
+                .collect();
         // The windows holding the event: its own, and those ending at the key's later events
         // less than a size after it; the event is late only if all of them are closed.
         let folded = canary::active(Canary::LateRecordFolded);
@@ -467,7 +470,8 @@ impl StageTask {
         }
         if let Kind::Sliding { size } = windows.kind {
             let limit = observed.saturating_sub(size).saturating_sub(windows.grace);
-            let kept_next = expire_kept(store, limit).map_err(|()| damaged(&op.store))?;
+            let (kept_next, _) =
+                expire_kept(store, limit, None).map_err(|()| damaged(&op.store))?;
             let kept_next =
                 kept_next.map(|time| time.saturating_add(size).saturating_add(windows.grace));
             next = match (next, kept_next) {
@@ -541,17 +545,44 @@ impl StageTask {
             t.saturating_add(size),
         )
         .map_err(|()| damaged(&op.store))?;
+        let partners: Vec<(i64, u64, Vec<u8>)> =
+            partners.into_iter().filter(|(time, ..)| *time > limit).collect();
+        if !partners.is_empty() {
+            let store = ctx.store(&op.store)?;
+            if op.kind.keeps_unmatched(own_side) {
+                mark_matched(store, own_side, event.key(), t, meta.sequence);
+            }
+            if op.kind.keeps_unmatched(other_side) {
+                for (time, sequence, _) in &partners {
+                    mark_matched(store, other_side, event.key(), *time, *sequence);
+                }
+            }
+        }
         if self.is_due(node, meta.observed) {
             let store = ctx.store(&op.store)?;
-            let next = expire_kept(store, limit).map_err(|()| damaged(&op.store))?;
+            let (next, unmatched) =
+                expire_kept(store, limit, Some(op.kind)).map_err(|()| damaged(&op.store))?;
             self.next_due
                 .insert(node, next.map(|time| time.saturating_add(wait).saturating_add(1)));
+            // Events no partner can join any more, alone, at their own times.
+            for (side, alone) in unmatched {
+                let value = if side == 0 {
+                    (op.joiner)(Some(&alone), None)
+                } else {
+                    (op.joiner)(None, Some(&alone))
+                };
+                let result = Event::new(alone.key, value, alone.timestamp);
+                self.forward(plan, node, result, ctx)?;
+            }
         }
         self.due(node, t.saturating_add(wait).saturating_add(1));
-        for (time, value) in partners.into_iter().filter(|(time, _)| *time > limit) {
+        for (time, _, value) in partners {
             let partner = Event::new(event.key.clone(), value, time);
-            let value =
-                if left { (op.joiner)(&event, &partner) } else { (op.joiner)(&partner, &event) };
+            let value = if left {
+                (op.joiner)(Some(&event), Some(&partner))
+            } else {
+                (op.joiner)(Some(&partner), Some(&event))
+            };
             let joined = Event::new(event.key.clone(), value, t.max(time));
             self.forward(plan, node, joined, ctx)?;
         }
@@ -635,22 +666,36 @@ fn keep(store: &mut crate::store::Store, side: u8, event: &Event, sequence: u64)
     by_key.extend_from_slice(&sortable(event.timestamp));
     by_key.extend_from_slice(&sequence.to_be_bytes());
     store.put(&by_key, &event.value);
-    let mut by_time = vec![KEPT_TIMES];
-    by_time.extend_from_slice(&sortable(event.timestamp));
-    by_time.push(side);
-    push_key(&mut by_time, event.key());
-    by_time.extend_from_slice(&sequence.to_be_bytes());
-    store.put(&by_time, &[]);
+    store.put(&kept_time_key(side, event.key(), event.timestamp, sequence), &[]);
 }
 
-/// The events kept on `side` for `key` with times in `[from, to]`, in time and arrival order.
+/// A kept event's entry in the time index (its value: empty, or [`MATCHED`]).
+fn kept_time_key(side: u8, key: &[u8], time: i64, sequence: u64) -> Vec<u8> {
+    let mut by_time = vec![KEPT_TIMES];
+    by_time.extend_from_slice(&sortable(time));
+    by_time.push(side);
+    push_key(&mut by_time, key);
+    by_time.extend_from_slice(&sequence.to_be_bytes());
+    by_time
+}
+
+/// The time-index value of a kept event that a left or outer join paired: it will not come
+/// out alone when it expires.
+const MATCHED: &[u8] = b"m";
+
+fn mark_matched(store: &mut crate::store::Store, side: u8, key: &[u8], time: i64, sequence: u64) {
+    store.put(&kept_time_key(side, key, time, sequence), MATCHED);
+}
+
+/// The events kept on `side` for `key` with times in `[from, to]`, in time and arrival order:
+/// time, arrival sequence, value.
 fn kept_between(
     store: &crate::store::Store,
     side: u8,
     key: &[u8],
     from: i64,
     to: i64,
-) -> Result<Vec<(i64, Vec<u8>)>, ()> {
+) -> Result<Vec<(i64, u64, Vec<u8>)>, ()> {
     let mut prefix = vec![KEPT, side];
     push_key(&mut prefix, key);
     let mut low = prefix.clone();
@@ -661,17 +706,29 @@ fn kept_between(
     let range = (Bound::Included(low.as_slice()), Bound::Included(high.as_slice()));
     let mut kept = Vec::new();
     for (stored, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>(range) {
-        let time = unsortable(stored.get(prefix.len()..).ok_or(())?).ok_or(())?;
-        kept.push((time, value.into_owned()));
+        let rest = stored.get(prefix.len()..).ok_or(())?;
+        let time = unsortable(rest).ok_or(())?;
+        let sequence = rest.get(8..16).ok_or(())?;
+        let sequence = u64::from_be_bytes(sequence.try_into().map_err(|_| ())?);
+        kept.push((time, sequence, value.into_owned()));
     }
     Ok(kept)
 }
 
-/// Delete the kept events with times at most `limit`; the earliest time kept after that.
-fn expire_kept(store: &mut crate::store::Store, limit: i64) -> Result<Option<i64>, ()> {
+/// What [`expire_kept`] found: the earliest time still kept, and the expired events of a
+/// left or outer join's tracked sides that no partner joined, with their sides, in time order.
+type Expired = (Option<i64>, Vec<(u8, Event)>);
+
+/// Delete the kept events with times at most `limit`. `join`: the kind of the stream join
+/// keeping them (`None`: a sliding window's), whose unmatched events are handed back.
+fn expire_kept(
+    store: &mut crate::store::Store,
+    limit: i64,
+    join: Option<JoinKind>,
+) -> Result<Expired, ()> {
     let mut expired = Vec::new();
     let mut next = None;
-    for (key, _) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
+    for (key, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
         Bound::Included(&[KEPT_TIMES]),
         Bound::Excluded(&[KEPT_TIMES + 1]),
     )) {
@@ -680,20 +737,26 @@ fn expire_kept(store: &mut crate::store::Store, limit: i64) -> Result<Option<i64
             next = Some(time);
             break;
         }
-        expired.push(key.into_owned());
+        expired.push((key.into_owned(), time, value.as_ref() == MATCHED));
     }
+    let mut unmatched = Vec::new();
     if canary::active(Canary::WindowStateNotExpired) {
-        return Ok(next);
+        return Ok((next, unmatched));
     }
-    for by_time in expired {
+    for (by_time, time, matched) in expired {
         let side = *by_time.get(9).ok_or(())?;
-        let (key, rest) = split_key(&by_time[10..]).ok_or(())?;
+        let (key, rest) = split_key(by_time.get(10..).ok_or(())?).ok_or(())?;
         let mut by_key = vec![KEPT, side];
         push_key(&mut by_key, key);
         by_key.extend_from_slice(&by_time[1..9]);
         by_key.extend_from_slice(rest);
+        if !matched && join.is_some_and(|kind| kind.keeps_unmatched(side)) {
+            let value = store.get(&by_key).ok_or(())?.into_owned();
+            let key = (!key.is_empty()).then(|| key.to_vec());
+            unmatched.push((side, Event::new(key, value, time)));
+        }
         store.delete(&by_key);
         store.delete(&by_time);
     }
-    Ok(next)
+    Ok((next, unmatched))
 }

@@ -92,7 +92,39 @@ type Init = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
 type Adder = Arc<dyn Fn(&[u8], &Event) -> Vec<u8> + Send + Sync>;
 type Merger = Arc<dyn Fn(&[u8], &[u8]) -> Vec<u8> + Send + Sync>;
 type TableJoiner = Arc<dyn Fn(&Event, Option<&[u8]>) -> Option<Vec<u8>> + Send + Sync>;
-type StreamJoiner = Arc<dyn Fn(&Event, &Event) -> Vec<u8> + Send + Sync>;
+/// A stream join's function: both sides for a pair; one side alone (the other `None`) for an
+/// event of a left or outer join that found no partner in its window.
+type StreamJoiner = Arc<dyn Fn(Option<&Event>, Option<&Event>) -> Vec<u8> + Send + Sync>;
+
+/// Which events of a windowed stream-stream join come out without a partner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JoinKind {
+    /// None: pairs only.
+    Inner,
+    /// The left side's events, once their window and grace have passed without a partner.
+    Left,
+    /// Both sides' events, likewise.
+    Outer,
+}
+
+impl JoinKind {
+    /// Whether events of `side` (0 left, 1 right) that found no partner come out alone.
+    pub fn keeps_unmatched(self, side: u8) -> bool {
+        match self {
+            JoinKind::Inner => false,
+            JoinKind::Left => side == 0,
+            JoinKind::Outer => true,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            JoinKind::Inner => "join",
+            JoinKind::Left => "left_join",
+            JoinKind::Outer => "outer_join",
+        }
+    }
+}
 
 /// How an aggregation folds records: from `init` (or, without one, the first record's value)
 /// by `add`; `merge` joins two aggregates (session windows that a record bridges).
@@ -146,6 +178,7 @@ pub(crate) struct StreamJoinOp {
     pub left: usize,
     pub windows: JoinWindows,
     pub joiner: StreamJoiner,
+    pub kind: JoinKind,
 }
 
 #[derive(Clone)]
@@ -439,8 +472,11 @@ fn describe_op(graph: &Graph, op: &Op) -> String {
             format!("{} with table store {store}", if *inner { "join" } else { "left_join" })
         }
         Op::StreamJoin(join) => format!(
-            "join with {} in {} (store {})",
-            graph.nodes[join.left].name, join.windows, join.store
+            "{} with {} in {} (store {})",
+            join.kind.name(),
+            graph.nodes[join.left].name,
+            join.windows,
+            join.store
         ),
         Op::To { topic } => format!("to {topic}"),
     }
@@ -565,11 +601,56 @@ impl Stream {
         windows: JoinWindows,
         f: impl Fn(&Event, &Event) -> Vec<u8> + Send + Sync + 'static,
     ) -> Stream {
+        let joiner = move |this: Option<&Event>, other: Option<&Event>| match (this, other) {
+            (Some(this), Some(other)) => f(this, other),
+            _ => unreachable!("an inner join makes pairs only"),
+        };
+        self.stream_join(other, windows, Arc::new(joiner), JoinKind::Inner)
+    }
+
+    /// [`Stream::join_stream`], and each event of this stream that no event of `other` joined
+    /// within the window: `f(this, None)`, once the window and grace have passed (when the
+    /// join's observed time is past its time plus twice the window plus the grace), stamped
+    /// with its own time.
+    #[must_use]
+    pub fn left_join_stream(
+        &self,
+        other: &Stream,
+        windows: JoinWindows,
+        f: impl Fn(&Event, Option<&Event>) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Stream {
+        let joiner = move |this: Option<&Event>, other: Option<&Event>| match this {
+            Some(this) => f(this, other),
+            None => unreachable!("a left join's results all have a left side"),
+        };
+        self.stream_join(other, windows, Arc::new(joiner), JoinKind::Left)
+    }
+
+    /// [`Stream::left_join_stream`] on both sides: pairs, and the events of either stream
+    /// that found no partner (`f(Some(this), None)` or `f(None, Some(other))`).
+    #[must_use]
+    pub fn outer_join_stream(
+        &self,
+        other: &Stream,
+        windows: JoinWindows,
+        f: impl Fn(Option<&Event>, Option<&Event>) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Stream {
+        self.stream_join(other, windows, Arc::new(f), JoinKind::Outer)
+    }
+
+    /// A windowed stream join of any kind.
+    fn stream_join(
+        &self,
+        other: &Stream,
+        windows: JoinWindows,
+        joiner: StreamJoiner,
+        kind: JoinKind,
+    ) -> Stream {
         let left = self.partitioned();
         let right = other.partitioned();
         let mut graph = self.topology.lock();
         let store = format!("join-{:04}", graph.nodes.len());
-        let op = StreamJoinOp { store, left: left.node, windows, joiner: Arc::new(f) };
+        let op = StreamJoinOp { store, left: left.node, windows, joiner, kind };
         let node = graph.add("join", Op::StreamJoin(Arc::new(op)), &[left.node, right.node], false);
         Stream { topology: self.topology.clone(), node }
     }

@@ -463,3 +463,48 @@ fn repartition_topics_are_purged_once_the_reading_stage_committed() {
     let start = chronik.describe_topic(repartition).unwrap().partitions[0].log_start_offset;
     assert!(start.get() > 1_900, "{start:?}");
 }
+
+#[test]
+fn left_and_outer_stream_joins_emit_events_without_partners_once_their_window_passed() {
+    let show =
+        |side: Option<&Event>| side.map_or_else(|| b"-".to_vec(), |event| event.value.clone());
+    for outer in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let chronik = open(dir.path());
+        topics(&chronik, &["views", "clicks", "pairs"], 1);
+        let build = || {
+            let topology = Topology::new("pairs");
+            let views = topology.stream("views");
+            let clicks = topology.stream("clicks");
+            let joined = if outer {
+                views.outer_join_stream(&clicks, JoinWindows::of(10), move |view, click| {
+                    [show(view), b"+".to_vec(), show(click)].concat()
+                })
+            } else {
+                views.left_join_stream(&clicks, JoinWindows::of(10), move |view, click| {
+                    [view.value.clone(), b"+".to_vec(), show(click)].concat()
+                })
+            };
+            joined.to("pairs");
+            topology
+        };
+        let description = build().describe();
+        let kind = if outer { "outer_join" } else { "left_join" };
+        assert!(description.contains(kind), "{description}");
+        send(&chronik, "views", &[("a", "v1", 0), ("a", "v2", 15)]);
+        send(&chronik, "clicks", &[("a", "c1", 8)]);
+        build().runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+        // A restart between: whether a kept event was paired is in the store.
+        send(&chronik, "views", &[("b", "v3", 16), ("z", "v4", 100)]);
+        send(&chronik, "clicks", &[("a", "c2", 30), ("b", "c3", 40)]);
+        build().runner(chronik.engine()).unwrap().run_until_caught_up().unwrap();
+        // By time: v1@0 c1@8 (joins v1) v2@15 (joins c1) v3@16 c2@30 (v1, c1 expire: paired)
+        // c3@40 (v2 expires paired, v3 alone) v4@100 (c2 and c3 expire alone). Wait: twice
+        // the window, so an event expires once the observed time is more than 20 past it.
+        let mut expected = vec!["a v1+c1 @8", "a v2+c1 @15", "b v3+- @16"];
+        if outer {
+            expected.extend(["a -+c2 @30", "b -+c3 @40"]);
+        }
+        assert_eq!(read(&chronik, "pairs"), expected, "{kind}");
+    }
+}
