@@ -17,7 +17,7 @@
 
 use crate::oracle::Violation;
 use crate::rng::{PER_MILLION, Rng};
-use crate::windows::{self, Shape};
+use crate::windows::{self, JoinKind, Shape};
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
 use chronik::testing::{FailureKind, InputRecord, Simulation, SimulationReport};
@@ -34,6 +34,8 @@ pub enum Workload {
     Sessions,
     /// A topology: clicks left-joined with a users table.
     TableJoin,
+    /// A topology: the events joined with a second stream in a window (inner, left or outer).
+    StreamJoin,
 }
 
 /// Counts per key in "counts"; at `limit`, emits the key to "done" and deletes it. Counts
@@ -149,7 +151,7 @@ pub fn draw(seed: u64) -> Drawn {
             ProcessorConfig::new("join", "clicks").input("users").store("users"),
             vec![("enriched".to_owned(), partitions)],
         ),
-        Workload::Windows | Workload::Sessions | Workload::TableJoin => {
+        Workload::Windows | Workload::Sessions | Workload::TableJoin | Workload::StreamJoin => {
             let outputs = windows::outputs(partitions, &mut rng);
             (ProcessorConfig::new("topology", "events"), outputs)
         }
@@ -162,6 +164,19 @@ pub fn draw(seed: u64) -> Drawn {
         seeds: seed..seed + 1,
         crashes_max: rng.between(1, 6) as u32,
     };
+    // Drawn last, so the draws above stay what they were before stream joins: half the
+    // table joins join the second input as a stream instead.
+    let mut shape = shape;
+    let workload = if workload == Workload::TableJoin && rng.chance(PER_MILLION / 2) {
+        shape.join = match rng.below(3) {
+            0 => JoinKind::Inner,
+            1 => JoinKind::Left,
+            _ => JoinKind::Outer,
+        };
+        Workload::StreamJoin
+    } else {
+        workload
+    };
     Drawn { workload, simulation, limit, shape }
 }
 
@@ -171,7 +186,7 @@ pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
     let result = match workload {
         Workload::Counting => simulation.run(|_| Counting { limit }),
         Workload::Join => simulation.run(|_| Join),
-        Workload::Windows | Workload::Sessions | Workload::TableJoin => {
+        Workload::Windows | Workload::Sessions | Workload::TableJoin | Workload::StreamJoin => {
             windows::run(workload, &simulation, shape)
         }
     };

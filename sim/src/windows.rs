@@ -7,7 +7,7 @@
 use crate::processors::Workload;
 use crate::rng::{PER_MILLION, Rng};
 use chronik::TopicConfig;
-use chronik::dsl::{Emit, Topology, Windows};
+use chronik::dsl::{Emit, JoinWindows, Topology, Windows};
 use chronik::testing::SimulationReport;
 use chronik::testing::{Entries, InputRecord, Outcome, Records, Simulation, SimulationFailure};
 use std::collections::BTreeMap;
@@ -24,6 +24,27 @@ pub struct Shape {
     /// Go through a repartition topic first (a map that may change keys, here keeping them):
     /// two stages, the second reading what the first committed.
     pub repartition: bool,
+    /// A stream join's kind (its window: `size`, its grace: `grace`).
+    pub join: JoinKind,
+}
+
+/// Which stream join a `StreamJoin` workload runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinKind {
+    Inner,
+    Left,
+    Outer,
+}
+
+impl JoinKind {
+    /// Whether events of `side` (0: events, 1: users) without a partner come out alone.
+    fn keeps_unmatched(self, side: u8) -> bool {
+        match self {
+            JoinKind::Inner => false,
+            JoinKind::Left => side == 0,
+            JoinKind::Outer => true,
+        }
+    }
 }
 
 impl Shape {
@@ -37,7 +58,7 @@ impl Shape {
         let grace = if rng.chance(PER_MILLION / 4) { 0 } else { rng.between(1, 60).cast_signed() };
         let emit = if rng.chance(PER_MILLION / 2) { Emit::Final } else { Emit::Updates };
         let repartition = rng.chance(PER_MILLION / 2);
-        Shape { size, advance, grace, emit, repartition }
+        Shape { size, advance, grace, emit, repartition, join: JoinKind::Inner }
     }
 
     /// How far back of the stream's time a late event may be drawn.
@@ -87,6 +108,22 @@ pub fn topology(workload: Workload, shape: Shape) -> Topology {
                 })
                 .to("results");
         }
+        Workload::StreamJoin => {
+            let users = topology.stream("users");
+            let windows = JoinWindows::of(shape.size).grace(shape.grace);
+            let joined = match shape.join {
+                JoinKind::Inner => events.join_stream(&users, windows, |event, user| {
+                    joined(Some(&event.value), Some(&user.value))
+                }),
+                JoinKind::Left => events.left_join_stream(&users, windows, |event, user| {
+                    joined(Some(&event.value), user.map(|u| u.value.as_slice()))
+                }),
+                JoinKind::Outer => events.outer_join_stream(&users, windows, |event, user| {
+                    joined(event.map(|e| e.value.as_slice()), user.map(|u| u.value.as_slice()))
+                }),
+            };
+            joined.to("results");
+        }
         _ => {
             let users = topology.table("users");
             events
@@ -97,6 +134,11 @@ pub fn topology(workload: Workload, shape: Shape) -> Topology {
         }
     }
     topology
+}
+
+/// A stream join's result: both values, `-` for a missing side.
+fn joined(event: Option<&[u8]>, user: Option<&[u8]>) -> Vec<u8> {
+    [event.unwrap_or(b"-"), b"+", user.unwrap_or(b"-")].concat()
 }
 
 /// Run the seed's topology, checking the fault-free run against the model.
@@ -188,6 +230,11 @@ fn model(workload: Workload, simulation: &Simulation, shape: Shape) -> Outcome {
         let (name, entries) = match workload {
             Workload::Windows => ("windows", time_windows(&of(0), shape, &mut emitted)),
             Workload::Sessions => ("sessions", sessions(&of(0), shape, &mut emitted)),
+            Workload::StreamJoin => {
+                // Its store's layout is the operator's business: outputs only.
+                stream_join(&of(0), &of(1), shape, &mut emitted);
+                continue;
+            }
             _ => ("table-users", table_join(&of(0), &of(1), &mut emitted)),
         };
         stores.insert((name.to_owned(), partition), entries);
@@ -367,4 +414,86 @@ fn table_join(clicks: &[&InputRecord], users: &[&InputRecord], out: &mut Emitted
         }
     }
     table.into_iter().collect()
+}
+
+/// A kept event in the model of a stream join, in the order of the operator's time index:
+/// time, side, key (by length, then bytes), arrival sequence.
+type KeptKey = (i64, u8, usize, Vec<u8>, u64);
+
+/// The windowed join of one partition's events (side 0) and users (side 1), merged by time
+/// (ties: events first): each event on time pairs with the other side's kept events of its key
+/// at most `size` apart not past their wait (twice the size plus grace); events of a side the
+/// join keeps come out alone as they expire (time at most the observed time minus the wait,
+/// minus one) if nothing paired them; expiry comes before the event's pairs.
+fn stream_join(
+    events: &[&InputRecord],
+    users: &[&InputRecord],
+    shape: Shape,
+    out: &mut Emitted<'_>,
+) {
+    let (width, grace) = (shape.size, shape.grace);
+    let wait = 2 * width + grace;
+    let mut kept: BTreeMap<KeptKey, (Vec<u8>, bool)> = BTreeMap::new();
+    let (mut observed, mut sequence) = (i64::MIN, 0_u64);
+    let (mut next_event, mut next_user) = (0, 0);
+    while next_event < events.len() || next_user < users.len() {
+        let event_next = next_user >= users.len()
+            || (next_event < events.len()
+                && time_of(events[next_event]) <= time_of(users[next_user]));
+        let (side, record) = if event_next {
+            next_event += 1;
+            (0_u8, events[next_event - 1])
+        } else {
+            next_user += 1;
+            (1_u8, users[next_user - 1])
+        };
+        let (t, key) = (time_of(record), key_of(record).to_vec());
+        observed = observed.max(t);
+        if t + width + grace < observed {
+            continue;
+        }
+        sequence += 1;
+        let own: KeptKey = (t, side, key.len(), key.clone(), sequence);
+        kept.insert(own.clone(), (record.value.clone(), false));
+        let limit = observed - wait - 1;
+        let partners: Vec<KeptKey> = kept
+            .keys()
+            .filter(|(time, s, _, k, _)| {
+                *s != side && *k == key && (t - width..=t + width).contains(time) && *time > limit
+            })
+            .cloned()
+            .collect();
+        if !partners.is_empty() {
+            if shape.join.keeps_unmatched(side) {
+                kept.get_mut(&own).expect("kept").1 = true;
+            }
+            if shape.join.keeps_unmatched(1 - side) {
+                for partner in &partners {
+                    kept.get_mut(partner).expect("kept").1 = true;
+                }
+            }
+        }
+        let expired: Vec<KeptKey> =
+            kept.keys().take_while(|(time, ..)| *time <= limit).cloned().collect();
+        for gone in expired {
+            let (value, matched) = kept.remove(&gone).expect("kept");
+            if !matched && shape.join.keeps_unmatched(gone.1) {
+                let value = if gone.1 == 0 {
+                    joined(Some(&value), None)
+                } else {
+                    joined(None, Some(&value))
+                };
+                out.emit("results", &gone.3, value);
+            }
+        }
+        for partner in partners {
+            let other = &kept[&partner].0;
+            let value = if side == 0 {
+                joined(Some(&record.value), Some(other))
+            } else {
+                joined(Some(other), Some(&record.value))
+            };
+            out.emit("results", &key, value);
+        }
+    }
 }

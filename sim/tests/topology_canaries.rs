@@ -1,4 +1,5 @@
-//! Each canary of the topology operators (windows, late events, expiry, table joins) is caught
+//! Each canary of the topology operators (windows, late events, expiry, table joins,
+//! repartition purging) is caught
 //! by the processor workloads' model oracle within the bound `chronik-sim canaries` uses; the
 //! same seeds pass without it. One test in its own process: the active canary is
 //! process-global.
@@ -13,7 +14,7 @@ fn each_topology_canary_is_caught_by_the_model() {
         .filter(|&seed| {
             matches!(
                 draw(seed).workload,
-                Workload::Windows | Workload::Sessions | Workload::TableJoin
+                Workload::Windows | Workload::Sessions | Workload::TableJoin | Workload::StreamJoin
             )
         })
         .take(40)
@@ -28,6 +29,7 @@ fn each_topology_canary_is_caught_by_the_model() {
         Canary::LateRecordFolded,
         Canary::WindowStateNotExpired,
         Canary::JoinTableAheadOfStream,
+        Canary::RepartitionPurgedPastCommit,
     ] {
         let _armed = arm(Some(canary));
         let caught =
