@@ -238,4 +238,13 @@ fn delete_records_removes_whole_segments_below_the_offset_on_any_policy() {
         engine.delete_records(TOPIC, 3, Offset::ZERO),
         Err(chronik_engine::AppendError::PartitionNotFound { .. })
     ));
+    // The offsets topic is the engine's: its commit records are what recovery decides by.
+    engine.commit_offsets("readers", &[(TOPIC, 0, end)]).unwrap();
+    assert!(matches!(
+        engine.delete_records("__consumer_offsets", 0, Offset::new(u64::MAX)),
+        Err(chronik_engine::AppendError::TopicNotFound { .. })
+    ));
+    drop(engine);
+    let (engine, _) = common::open(directory.path(), Durability::Sync);
+    assert_eq!(engine.committed_offset("readers", TOPIC, 0), Some(end));
 }

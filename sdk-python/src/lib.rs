@@ -321,7 +321,8 @@ impl PyChronik {
     }
 
     /// Delete the records of a partition below `before`, whole sealed segments at a time
-    /// (Kafka's DeleteRecords); returns the new log start, at most `before`.
+    /// (Kafka's DeleteRecords); returns the log start after the call (the call never moves it
+    /// past `before`, nor back).
     fn delete_records(
         &self,
         py: Python<'_>,

@@ -1650,9 +1650,6 @@ impl Sim {
         }
     }
 
-    /// A forced compaction of one partition. An I/O error may abandon the pass without
-    /// poisoning (the log is as it was, which the next reads check) or, after a commit,
-    /// poison the engine.
     /// `Engine::delete_records` below a visible offset: the log start it answers is never
     /// past the offset asked for (nor past an earlier request or retention's bound), never
     /// back, and readers then see it.
@@ -1694,6 +1691,9 @@ impl Sim {
         }
     }
 
+    /// A forced compaction of one partition. An I/O error may abandon the pass without
+    /// poisoning (the log is as it was, which the next reads check) or, after a commit,
+    /// poison the engine.
     fn compact(&mut self, engine: &SimEngine, partition: u32) -> Result<Flow, Violation> {
         self.maybe_cut_power_in_maintenance("a forced compaction", COMPACT_POWER_CUT_PER_MILLION);
         let calls = self.disk.stats().calls;

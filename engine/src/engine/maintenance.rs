@@ -101,10 +101,12 @@ impl<I: Io> Engine<I> {
     /// Delete the records of a partition below `before`, as far as whole segments allow:
     /// every sealed segment all of whose records lie below `before` (and below the high
     /// watermark) is removed, the new log start made durable first. Returns the log start
-    /// after the call: at most `before`, so records of the first kept segment below `before`
-    /// stay readable until a later call, once that segment is sealed and wholly below it.
-    /// Any cleanup policy. The log start never moves back; a crash at any moment leaves it
-    /// where it was or where it was going. Kafka's `DeleteRecords` at segment granularity:
+    /// after the call. The call never moves it past `before` (records of the first kept segment
+    /// below `before` stay readable until a later call, once that segment is sealed and wholly
+    /// below it) and never back (if retention or an earlier call already moved it past
+    /// `before`, that is what comes back). Any cleanup policy; internal topics (`__` names) are
+    /// not found. A crash at any moment leaves the log start where it was or where it was
+    /// going. Kafka's `DeleteRecords` at segment granularity:
     /// topologies purge their repartition topics with it once the records are committed.
     pub fn delete_records(
         &self,
@@ -115,6 +117,11 @@ impl<I: Io> Engine<I> {
         self.inner.context.poison.check()?;
         if self.inner.options.read_only {
             return Err(AppendError::ReadOnly);
+        }
+        // Internal topics are not the user's: their records (the committed offsets and
+        // transaction commit records) are what recovery decides by.
+        if crate::groups::is_internal(topic) {
+            return Err(AppendError::TopicNotFound { topic: topic.to_owned() });
         }
         self.partition_for_append(topic, partition)?.delete_before(before)
     }

@@ -122,10 +122,10 @@ impl<I: Io> Partition<I> {
 
     /// Delete records: remove the sealed segments every record of which lies below `before`
     /// (and below the high watermark), a prefix of the log, never the active segment. The
-    /// log start becomes the base of the first segment kept, at most `before`: records of
-    /// that segment below `before` stay readable until a later call removes it. Works on any
-    /// cleanup policy, in the same crash-safe order as [`Partition::apply_retention`].
-    /// Returns the log start after the call.
+    /// log start becomes the base of the first segment kept, never past `before` by this call
+    /// (records of that segment below `before` stay readable until a later call removes it)
+    /// and never back. Works on any cleanup policy, in the same crash-safe order as
+    /// [`Partition::apply_retention`]. Returns the log start after the call.
     pub fn delete_before(&self, before: Offset) -> Result<Offset, AppendError> {
         if self.writer.is_none() {
             return Err(AppendError::ReadOnly);
@@ -347,7 +347,7 @@ impl<I: Io> Partition<I> {
                 .segments
                 .iter()
                 .position(|s| s.base_offset == base)
-                .expect("only the cleaner removes sealed segments, under `maintenance`");
+                .expect("only the cleaner, retention and deletes remove sealed segments, under `maintenance`");
             let replaced: Vec<Offset> =
                 state.segments[at..at + group.len()].iter().map(|s| s.base_offset).collect();
             assert_eq!(replaced, bases, "the segments cleaned are still in place");

@@ -132,7 +132,8 @@ pub(crate) struct Partition<I: Io> {
     state: Mutex<State<I>>,
     /// `None` when opened read-only.
     writer: Option<Writer<I>>,
-    /// Serialises retention and compaction; taken before any other lock.
+    /// Serialises retention, deletes, compaction and a topic's delete; taken before any other
+    /// lock.
     maintenance: Mutex<()>,
     /// Compaction: every offset below this was cleaned by an earlier pass (`cleaner.offset`).
     first_dirty: Mutex<Offset>,
@@ -384,6 +385,9 @@ impl<I: Io> Partition<I> {
 
     /// Refuse appends from now on and leave the write path; the caller then removes the files.
     pub fn mark_deleted(&self) {
+        // After any retention, compaction or delete in progress, which would otherwise meet
+        // the directory renamed away under it and poison the engine; later ones see `deleted`.
+        let _maintenance = self.maintenance.lock();
         self.state.lock().deleted = true;
         if let Some(writer) = &self.writer {
             writer.path.remove(writer.id);

@@ -583,7 +583,7 @@ impl StageTask {
             } else {
                 (op.joiner)(Some(&partner), Some(&event))
             };
-            let joined = Event::new(event.key.clone(), value, t.max(time));
+            let joined = Event::new(Some(event.key().to_vec()), value, t.max(time));
             self.forward(plan, node, joined, ctx)?;
         }
         Ok(())
@@ -752,8 +752,8 @@ fn expire_kept(
         by_key.extend_from_slice(rest);
         if !matched && join.is_some_and(|kind| kind.keeps_unmatched(side)) {
             let value = store.get(&by_key).ok_or(())?.into_owned();
-            let key = (!key.is_empty()).then(|| key.to_vec());
-            unmatched.push((side, Event::new(key, value, time)));
+            // Under the key it was joined by, as pairs are (an event without one: the empty key).
+            unmatched.push((side, Event::new(Some(key.to_vec()), value, time)));
         }
         store.delete(&by_key);
         store.delete(&by_time);
