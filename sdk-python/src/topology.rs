@@ -205,6 +205,21 @@ pub(crate) struct PyStream {
 pub(crate) struct PyTable(Table);
 
 impl PyStream {
+    /// A stream join's function calling `f` with both sides, `None` for a missing one.
+    fn stream_joiner(
+        &self,
+        f: Py<PyAny>,
+    ) -> impl Fn(Option<&Event>, Option<&Event>) -> Vec<u8> + Send + Sync + 'static {
+        let fs = Arc::clone(&self.functions);
+        move |left, right| {
+            fs.call(|py| {
+                let (left, right) = (fs.maybe_event(py, left)?, fs.maybe_event(py, right)?);
+                fs.value.encode(f.call1(py, (left, right))?.bind(py))
+            })
+            .unwrap_or_default()
+        }
+    }
+
     fn next(&self, stream: Stream) -> PyStream {
         PyStream { stream, functions: Arc::clone(&self.functions) }
     }
@@ -326,14 +341,10 @@ impl PyStream {
         f: Py<PyAny>,
         grace_ms: i64,
     ) -> PyStream {
-        let fs = Arc::clone(&self.functions);
+        let joiner = self.stream_joiner(f);
         let windows = JoinWindows::of(window_ms).grace(grace_ms);
         self.next(self.stream.join_stream(&other.stream, windows, move |left, right| {
-            fs.call(|py| {
-                let joined = f.call1(py, (fs.event(py, left)?, fs.event(py, right)?))?;
-                fs.value.encode(joined.bind(py))
-            })
-            .unwrap_or_default()
+            joiner(Some(left), Some(right))
         }))
     }
 
@@ -348,15 +359,13 @@ impl PyStream {
         f: Py<PyAny>,
         grace_ms: i64,
     ) -> PyStream {
-        let fs = Arc::clone(&self.functions);
+        let joiner = self.stream_joiner(f);
         let windows = JoinWindows::of(window_ms).grace(grace_ms);
-        self.next(self.stream.left_join_stream(&other.stream, windows, move |left, right| {
-            fs.call(|py| {
-                let joined = f.call1(py, (fs.event(py, left)?, fs.maybe_event(py, right)?))?;
-                fs.value.encode(joined.bind(py))
-            })
-            .unwrap_or_default()
-        }))
+        self.next(
+            self.stream.left_join_stream(&other.stream, windows, move |left, right| {
+                joiner(Some(left), right)
+            }),
+        )
     }
 
     /// `left_join_stream` on both sides: pairs, and the events of either stream without a
@@ -369,15 +378,8 @@ impl PyStream {
         f: Py<PyAny>,
         grace_ms: i64,
     ) -> PyStream {
-        let fs = Arc::clone(&self.functions);
         let windows = JoinWindows::of(window_ms).grace(grace_ms);
-        self.next(self.stream.outer_join_stream(&other.stream, windows, move |left, right| {
-            fs.call(|py| {
-                let (left, right) = (fs.maybe_event(py, left)?, fs.maybe_event(py, right)?);
-                fs.value.encode(f.call1(py, (left, right))?.bind(py))
-            })
-            .unwrap_or_default()
-        }))
+        self.next(self.stream.outer_join_stream(&other.stream, windows, self.stream_joiner(f)))
     }
 
     /// Write each event to `topic` (which must exist). A windowed result carries its window

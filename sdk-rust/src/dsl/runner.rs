@@ -268,7 +268,7 @@ impl<I: Io> TopologyRunner<I> {
                 );
             }),
         });
-        let plan_application = graph.application.clone();
+        let application = graph.application.clone();
         drop(graph);
         let mut runners = Vec::with_capacity(configs.len());
         for (stage, config) in configs.into_iter().enumerate() {
@@ -286,7 +286,6 @@ impl<I: Io> TopologyRunner<I> {
                 repartitions.push((topic.clone(), partitions));
             }
         }
-        let application = plan_application;
         Ok(TopologyRunner { engine: engine.clone(), plan, runners, application, repartitions })
     }
 
