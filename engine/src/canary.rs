@@ -131,11 +131,14 @@ pub enum Canary {
     /// Topologies purge a repartition topic up to where its stage has processed, not up to
     /// the position the stage committed.
     RepartitionPurgedPastCommit = 48,
+    /// The SDK's readers (the `chronik` crate's shared cursor) take a fetch that holds no
+    /// record at or past their position (batches emptied by compaction) for "caught up".
+    ReaderStopsAtEmptyFetch = 49,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 48] = [
+    pub const ALL: [Canary; 49] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -184,6 +187,7 @@ impl Canary {
         Canary::JoinTableAheadOfStream,
         Canary::DeleteRecordsOneTooMany,
         Canary::RepartitionPurgedPastCommit,
+        Canary::ReaderStopsAtEmptyFetch,
     ];
 }
 

@@ -39,6 +39,7 @@ pub use chronik_engine as engine;
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod connect;
+mod cursor;
 pub mod dsl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -47,6 +48,7 @@ pub mod store;
 pub mod testing;
 
 pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};
+pub use cursor::next_fetch;
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;
@@ -126,23 +128,13 @@ impl Chronik {
     /// A consumer of one partition, starting at offset zero (or the log start, if retention
     /// removed offset zero), in no group.
     pub fn consumer(&self, topic: &str, partition: u32) -> Consumer {
-        Consumer {
-            engine: self.engine.clone(),
-            topic: topic.to_owned(),
-            partition,
-            position: Offset::ZERO,
-            group: None,
-            buffered: VecDeque::new(),
-            buffered_end: Offset::ZERO,
-        }
+        Consumer::new(self.engine.clone(), topic, partition)
     }
 
     /// A consumer of one partition in consumer group `group`: it starts where the group
     /// committed last ([`Consumer::commit`]), or at the log start if it never did.
     pub fn group_consumer(&self, group: &str, topic: &str, partition: u32) -> Consumer {
-        let position =
-            self.engine.committed_offset(group, topic, partition).unwrap_or(Offset::ZERO);
-        Consumer { position, group: Some(group.to_owned()), ..self.consumer(topic, partition) }
+        Consumer::in_group(self.engine.clone(), group, topic, partition)
     }
 }
 
@@ -226,9 +218,13 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
 /// A position that retention removed (below the log start) moves to the log start, as Kafka's
 /// `auto.offset.reset = earliest`. Iterating a consumer yields owned records until it is caught
 /// up; [`Consumer::poll`] hands out borrowed views of whole batches instead.
-#[derive(Debug, Clone)]
-pub struct Consumer {
-    engine: DefaultEngine,
+///
+/// Caught up means the position reached the high watermark: fetches of batches that
+/// compaction emptied, and the gaps compaction, retention and `delete_records` leave, are read
+/// past, never taken for the end (see [`next_fetch`]).
+#[derive(Debug)]
+pub struct Consumer<I: Io = SystemIo> {
+    engine: chronik_engine::Engine<I>,
     topic: String,
     partition: u32,
     position: Offset,
@@ -268,7 +264,56 @@ impl OwnedRecord {
 /// Bytes one iterator step fetches.
 const ITERATOR_FETCH_BYTES: usize = 1 << 20;
 
-impl Consumer {
+impl<I: Io> Clone for Consumer<I> {
+    fn clone(&self) -> Self {
+        Consumer {
+            engine: self.engine.clone(),
+            topic: self.topic.clone(),
+            partition: self.partition,
+            position: self.position,
+            group: self.group.clone(),
+            buffered: self.buffered.clone(),
+            buffered_end: self.buffered_end,
+        }
+    }
+}
+
+impl<I: Io> Consumer<I> {
+    /// A consumer of one partition of `engine`, from offset zero (or the log start), in no
+    /// group. [`Chronik::consumer`] is the usual way to get one.
+    pub fn new(engine: chronik_engine::Engine<I>, topic: &str, partition: u32) -> Self {
+        Consumer {
+            engine,
+            topic: topic.to_owned(),
+            partition,
+            position: Offset::ZERO,
+            group: None,
+            buffered: VecDeque::new(),
+            buffered_end: Offset::ZERO,
+        }
+    }
+
+    /// A consumer in consumer group `group`, from where the group committed last (or the
+    /// log start). [`Chronik::group_consumer`] is the usual way to get one.
+    pub fn in_group(
+        engine: chronik_engine::Engine<I>,
+        group: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Self {
+        let position = engine.committed_offset(group, topic, partition).unwrap_or(Offset::ZERO);
+        Consumer {
+            position,
+            group: Some(group.to_owned()),
+            ..Consumer::new(engine, topic, partition)
+        }
+    }
+
+    /// The topic and partition this consumer reads.
+    pub fn partition(&self) -> (&str, u32) {
+        (&self.topic, self.partition)
+    }
+
     /// The offset of the next record this consumer reads.
     pub fn position(&self) -> Offset {
         self.position
@@ -301,27 +346,16 @@ impl Consumer {
         self.engine.committed_offset(group, &self.topic, self.partition)
     }
 
-    /// Records from the current position on, about `max_bytes` of them; empty when caught up.
-    /// Records before the position in the first batch are the caller's to skip
-    /// (`RecordView::offset`); the iterator does it.
+    /// Records from the current position on, about `max_bytes` of them, in whole batches;
+    /// empty ([`Fetch::is_empty`]) only when caught up. Records before the position in the
+    /// first batch are skipped by [`Fetch::records`]. Batches without a record at or past the
+    /// position (emptied by compaction) are read past, not returned.
     pub fn poll(&mut self, max_bytes: usize) -> Result<Fetch, ReadError> {
-        self.fetch(max_bytes).map(|(fetch, _)| fetch)
-    }
-
-    /// Fetch from the position (moved to the log start if retention removed it); returns the
-    /// fetch and the offset it was read from.
-    fn fetch(&mut self, max_bytes: usize) -> Result<(Fetch, Offset), ReadError> {
         self.buffered.clear();
-        let fetch = match self.engine.read(&self.topic, self.partition, self.position, max_bytes) {
-            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
-                self.position = Offset::new(start);
-                self.engine.read(&self.topic, self.partition, self.position, max_bytes)?
-            }
-            other => other?,
-        };
-        let from = self.position;
+        let fetch =
+            next_fetch(&self.engine, &self.topic, self.partition, self.position, max_bytes)?;
         self.position = self.position.max(fetch.next_offset());
-        Ok((fetch, from))
+        Ok(fetch)
     }
 
     /// As [`Consumer::poll`], but when caught up waits up to `timeout` for new records.
@@ -335,21 +369,28 @@ impl Consumer {
         }
         Ok(fetch)
     }
+
+    /// Whether the position has reached the high watermark (nothing more to read for now).
+    pub fn caught_up(&self) -> Result<bool, ReadError> {
+        let end = self.engine.high_watermark(&self.topic, self.partition)?;
+        Ok(self.buffered.is_empty() && self.position >= end)
+    }
 }
 
-impl Iterator for Consumer {
+impl<I: Io> Iterator for Consumer<I> {
     type Item = Result<OwnedRecord, ReadError>;
 
-    /// The next record, or `None` once caught up (iterate again later for more).
+    /// The next record, or `None` once caught up: the position reached the high watermark
+    /// (iterate again later for more).
     fn next(&mut self) -> Option<Self::Item> {
         if self.buffered.is_empty() {
-            let (fetch, from) = match self.fetch(ITERATOR_FETCH_BYTES) {
-                Ok(fetched) => fetched,
+            let fetch = match self.poll(ITERATOR_FETCH_BYTES) {
+                Ok(fetch) => fetch,
                 Err(error) => return Some(Err(error)),
             };
+            let from = fetch.from();
             self.buffered = fetch
                 .records()
-                .filter(|r| r.offset() >= from)
                 .map(|r| OwnedRecord {
                     offset: r.offset(),
                     timestamp: r.timestamp(),

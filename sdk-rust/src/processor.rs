@@ -780,7 +780,17 @@ impl<I: Io, P: Processor> Runner<I, P> {
         self.check_usable()?;
         let result = (|| {
             for task in &mut self.tasks {
-                while task.step(&self.engine, &self.config)? > 0 {}
+                while !task.caught_up(&self.engine, &self.config)? {
+                    let before = task.positions.clone();
+                    let processed = task.step(&self.engine, &self.config)?;
+                    if processed == 0 && canary::active(Canary::ReaderStopsAtEmptyFetch) {
+                        break; // The bug: a step without a record taken for "caught up".
+                    }
+                    assert!(
+                        processed > 0 || task.positions != before,
+                        "a step below the high watermark processes records or moves on"
+                    );
+                }
                 task.commit(&self.engine, &self.config)?;
                 task.flush_stores(&self.engine, &self.config, true)?;
                 if self.config.snapshot_every_commits.is_some() {
@@ -1327,6 +1337,23 @@ impl<P: Processor> Task<P> {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether every input's position has reached its high watermark: the one meaning of
+    /// "caught up" (a step that processed nothing may only have read past batches that
+    /// compaction emptied).
+    pub(crate) fn caught_up<L: TaskLog + ?Sized>(
+        &self,
+        engine: &L,
+        config: &ProcessorConfig,
+    ) -> Result<bool, ProcessorError> {
+        debug_assert_eq!(self.positions.len(), config.inputs.len());
+        for (input, &position) in config.inputs.iter().zip(&self.positions) {
+            if position < engine.high_watermark(input, self.partition)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Process one fetch of every input, merged by timestamp; returns how many records it

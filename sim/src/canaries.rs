@@ -74,6 +74,7 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::JoinTableAheadOfStream => "join-table-ahead-of-stream",
         Canary::DeleteRecordsOneTooMany => "delete-records-one-too-many",
         Canary::RepartitionPurgedPastCommit => "repartition-purged-past-commit",
+        Canary::ReaderStopsAtEmptyFetch => "reader-stops-at-empty-fetch",
     }
 }
 
