@@ -402,10 +402,11 @@ impl PyStore {
     fn pairs<'py, 'a>(
         &self,
         py: Python<'py>,
-        entries: impl Iterator<Item = chronik::store::Entry<'a>>,
+        entries: impl Iterator<Item = Result<chronik::store::Entry<'a>, chronik::store::StoreError>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for (key, value) in entries {
+        for entry in entries {
+            let (key, value) = entry.map_err(store_error)?;
             let pair = (self.format.decode(py, &key)?, self.format.decode(py, &value)?);
             list.append(pair)?;
         }
@@ -489,7 +490,8 @@ impl PyStore {
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.check()?;
         let list = PyList::empty(py);
-        for (key, _) in &self.store {
+        for entry in &self.store {
+            let (key, _) = entry.map_err(store_error)?;
             list.append(self.format.decode(py, &key)?)?;
         }
         Ok(list)
@@ -498,7 +500,8 @@ impl PyStore {
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.check()?;
         let list = PyList::empty(py);
-        for (_, value) in &self.store {
+        for entry in &self.store {
+            let (_, value) = entry.map_err(store_error)?;
             list.append(self.format.decode(py, &value)?)?;
         }
         Ok(list)
@@ -530,7 +533,7 @@ impl PyStore {
         {
             return Ok(PyList::empty(py));
         }
-        self.pairs(py, self.store.range::<(B<&[u8]>, B<&[u8]>)>((lower, upper)))
+        self.pairs(py, self.store.range::<(B<&[u8]>, B<&[u8]>)>((lower, upper)).map(Ok))
     }
 
     #[getter]
@@ -620,6 +623,14 @@ fn store_spec(name: &str, spec: &str) -> PyResult<(Codec, Option<StoreKind>)> {
         }
     }
     Ok((codec, kind))
+}
+
+/// A store read that failed: damage is `CorruptionError`, anything else `ChronikIoError`.
+fn store_error(error: chronik::store::StoreError) -> PyErr {
+    match error {
+        chronik::store::StoreError::Damaged(_) => CorruptionError::new_err(error.to_string()),
+        other => crate::ChronikIoError::new_err(other.to_string()),
+    }
 }
 
 /// A run's end as a Python exception: the handler's own exception when it raised one.
@@ -854,7 +865,14 @@ impl PyApp {
             let mut all = Vec::new();
             for p in (0..tasks).filter(|p| partition.is_none_or(|wanted| wanted == *p)) {
                 if let Some(store) = runner.store(p, name) {
-                    all.extend(store.iter().map(|(k, v)| (p, k.to_vec(), v.to_vec())));
+                    for entry in store {
+                        let (k, v) = entry.map_err(|source| ProcessorError::Store {
+                            store: name.to_owned(),
+                            partition: p,
+                            source,
+                        })?;
+                        all.push((p, k.to_vec(), v.to_vec()));
+                    }
                 }
             }
             Ok((tasks, all))

@@ -214,7 +214,8 @@ fn verify(
         })?;
         let mut stored = BTreeMap::new();
         for partition in 0..PARTITIONS {
-            for (key, value) in runner.store(partition, "counts").ok_or("no store")? {
+            for entry in runner.store(partition, "counts").ok_or("no store")? {
+                let (key, value) = entry?;
                 stored.insert(String::from_utf8_lossy(&key).into_owned(), decode(&value)?);
             }
         }

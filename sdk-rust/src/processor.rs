@@ -468,7 +468,10 @@ where
 
     /// Every entry, in the order of the encoded keys.
     pub fn iter(&self) -> impl Iterator<Item = Result<(K, V), ProcessError>> + '_ {
-        self.store.iter().map(|(k, v)| Ok((decode(&k)?, decode(&v)?)))
+        self.store.iter().map(|entry| {
+            let (k, v) = entry.map_err(|e| ProcessError::new(e.to_string()))?;
+            Ok((decode(&k)?, decode(&v)?))
+        })
     }
 
     pub fn len(&self) -> usize {

@@ -563,7 +563,11 @@ impl Simulation {
     fn outcome(&self, engine: &SimEngine, app: &impl App) -> Result<Outcome, String> {
         let mut outcome = Outcome::default();
         for (name, partition, store) in app.every_store() {
-            let entries = store.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+            let entries = store
+                .iter()
+                .map(|entry| entry.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("store {name} of partition {partition}: {e}"))?;
             outcome.stores.insert((name.to_owned(), partition), entries);
         }
         for (topic, partitions) in &self.outputs {

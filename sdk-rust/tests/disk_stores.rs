@@ -75,7 +75,8 @@ fn counts(runner: &Runner<SystemIo, Counter>) -> BTreeMap<String, u64> {
     for partition in 0..2 {
         let store = runner.store(partition, "counts").unwrap();
         assert_eq!(store.kind(), "disk");
-        for (key, value) in store {
+        for entry in store {
+            let (key, value) = entry.unwrap();
             let key = String::from_utf8(key.to_vec()).unwrap();
             counts.insert(key, u64::from_le_bytes((*value).try_into().unwrap()));
         }

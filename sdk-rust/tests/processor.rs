@@ -59,7 +59,8 @@ fn expected_counts(to: u64) -> BTreeMap<String, u64> {
 fn counts<P: Processor>(runner: &Runner<chronik::SystemIo, P>) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for partition in 0..2 {
-        for (key, value) in runner.store(partition, "counts").unwrap() {
+        for entry in runner.store(partition, "counts").unwrap() {
+            let (key, value) = entry.unwrap();
             let key = String::from_utf8(key.to_vec()).unwrap();
             counts.insert(key, u64::from_le_bytes((*value).try_into().unwrap()));
         }
@@ -271,7 +272,8 @@ fn typed_stores_and_outputs_round_trip_through_serde_and_restore() {
     let runner = Runner::new(chronik.engine(), config, |_| TypedCounter).unwrap();
     let mut all = BTreeMap::new();
     for partition in 0..2 {
-        for (user, stats) in runner.store(partition, "stats").unwrap() {
+        for entry in runner.store(partition, "stats").unwrap() {
+            let (user, stats) = entry.unwrap();
             let user: String = chronik::processor::decode(&user).unwrap();
             let stats: UserStats = chronik::processor::decode(&stats).unwrap();
             all.insert(user, stats);

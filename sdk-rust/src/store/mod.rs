@@ -194,11 +194,39 @@ impl Files {
 
 /// Whether no key can lie between `low` and `high`.
 impl<'a> IntoIterator for &'a Store {
-    type Item = Entry<'a>;
-    type IntoIter = Box<dyn Iterator<Item = Entry<'a>> + 'a>;
+    type Item = Result<Entry<'a>, StoreError>;
+    type IntoIter = Entries<'a>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
+    }
+}
+
+/// A store's entries in key order, each read checked ([`Store::iter`]): a disk read that
+/// fails ends the iteration with its error, never quietly early.
+pub struct Entries<'a> {
+    store: &'a Store,
+    /// `None` once the error (or the end) was handed out.
+    inner: Option<Box<dyn Iterator<Item = Entry<'a>> + 'a>>,
+}
+
+impl std::fmt::Debug for Entries<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entries").field("kind", &self.store.kind()).finish_non_exhaustive()
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<Entry<'a>, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let inner = self.inner.as_mut()?;
+        if let Some(entry) = inner.next() {
+            return Some(Ok(entry));
+        }
+        // The merge ends early when a read fails; that failure is remembered, not lost.
+        self.inner = None;
+        self.store.check().err().map(Err)
     }
 }
 
@@ -376,7 +404,9 @@ impl Store {
         self.dirty_bytes = 0;
     }
 
-    /// Entries with keys in `range`, in key order.
+    /// Entries with keys in `range`, in key order. Unchecked, for a processor's calls (the
+    /// runner checks the store after each and fails the task on a failed read): outside a
+    /// task, call [`Store::check`] after, or use [`Store::iter`].
     pub fn range<'a, R: RangeBounds<[u8]>>(
         &'a self,
         range: R,
@@ -395,9 +425,13 @@ impl Store {
         }
     }
 
-    /// Every entry, in key order.
-    pub fn iter(&self) -> Box<dyn Iterator<Item = Entry<'_>> + '_> {
-        self.range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Unbounded, Bound::Unbounded))
+    /// Every entry, in key order. A disk read that fails (a damaged block) ends the
+    /// iteration with `Err` ([`StoreError::Damaged`] for damage, which also condemns the store
+    /// so the next runner rebuilds it): a store read outside a task never returns part of
+    /// itself as if it were all of it.
+    pub fn iter(&self) -> Entries<'_> {
+        let all = self.range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Unbounded, Bound::Unbounded));
+        Entries { store: self, inner: Some(all) }
     }
 
     pub fn len(&self) -> usize {
