@@ -1106,7 +1106,14 @@ fn restore_disk<L: TaskLog + ?Sized>(
     let files = Files { io, directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
     let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
-    if rebuilt.is_none() && disk.offset() > end {
+    if rebuilt.is_none() && !disk.manifest_found() && end > Offset::ZERO {
+        // Not a first start: the changelog has records but the store has no files (its
+        // directory was removed, or it was condemned after damage, or it never flushed).
+        rebuilt = Some(format!(
+            "missing: no store files, while the changelog holds offsets up to {}",
+            end.get()
+        ));
+    } else if rebuilt.is_none() && disk.offset() > end {
         rebuilt = Some(format!(
             "stale: it reflects changelog offset {} but the changelog ends at {}",
             disk.offset().get(),

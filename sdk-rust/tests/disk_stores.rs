@@ -238,3 +238,45 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A byte of a run's first data block flipped: the store opens (blocks are checked when first
+/// read), and iterating it outside a task ends with `Damaged` instead of returning the entries
+/// before the damage as if they were all of them. The next runner rebuilds it exactly.
+#[test]
+fn a_damaged_block_read_outside_a_task_is_an_error_not_part_of_the_store() {
+    let (dir, reports) = setup();
+    let (counts, _, _) = run(dir.path(), &reports);
+    assert_eq!(counts, expected(20_000));
+    for entry in std::fs::read_dir(store_directory(dir.path(), 0)).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "run") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[10] ^= 0x40; // Inside the first block, before any footer or index.
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    {
+        let chronik = open(dir.path());
+        let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+        let store = runner.store(0, "counts").unwrap();
+        let entries: Vec<_> = store.iter().collect();
+        let last = entries.last().expect("an entry or the error");
+        assert!(
+            matches!(last, Err(chronik::processor::StoreError::Damaged(_))),
+            "the iteration ends with the damage, after {} entries",
+            entries.len() - 1
+        );
+        assert!(entries[..entries.len() - 1].iter().all(Result::is_ok));
+    }
+    // The damage the iteration found condemned the store: the next runner rebuilds it.
+    let (counts, stats, _) = run(dir.path(), &reports);
+    assert_eq!(counts, expected(20_000), "rebuilt exactly");
+    assert_eq!(stats.stores_rebuilt, 1, "{stats:?}");
+}
+
+/// A store whose whole directory is gone while its changelog has records is a rebuild
+/// ("missing"), not a first start.
+#[test]
+fn a_missing_store_directory_is_reported_rebuilt() {
+    rebuilt_after(|dir| std::fs::remove_dir_all(store_directory(dir, 1)).unwrap(), "missing");
+}

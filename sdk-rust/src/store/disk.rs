@@ -172,6 +172,9 @@ pub struct DiskStore {
     last_lookup: Mutex<LastLookup>,
     /// Damage was found: the manifest is gone and no flush may write another.
     condemned: std::sync::atomic::AtomicBool,
+    /// Whether the open found a manifest: without one the store starts empty, which is a
+    /// first start only if its changelog is empty too.
+    manifest_found: bool,
     /// The first error a read through `&self` met (a damaged block, a failed read): the
     /// task fails before its next commit, so nothing read wrong is ever committed.
     failure: Mutex<Option<StoreError>>,
@@ -225,6 +228,7 @@ impl DiskStore {
             next_id: 0,
             last_lookup: Mutex::new(LastLookup::default()),
             condemned: std::sync::atomic::AtomicBool::new(false),
+            manifest_found: false,
             failure: Mutex::new(None),
         };
         let reason = match store.load() {
@@ -243,6 +247,7 @@ impl DiskStore {
         // No manifest: a new store, one whose first flush a crash cut short, or one condemned
         // after damage (reported then). It starts empty; files left beside it are removed.
         let Some(bytes) = self.files.read_small(MANIFEST)? else { return Ok(()) };
+        self.manifest_found = true;
         let manifest = Manifest::decode(&bytes)
             .ok_or_else(|| StoreError::Damaged(Damage::new(MANIFEST, "does not decode")))?;
         if manifest.identity != self.identity {
@@ -306,6 +311,11 @@ impl DiskStore {
 
     pub fn offset(&self) -> Offset {
         self.offset
+    }
+
+    /// Whether the open found the store's manifest (else it started empty).
+    pub fn manifest_found(&self) -> bool {
+        self.manifest_found
     }
 
     pub fn len(&self) -> u64 {
