@@ -1,8 +1,8 @@
-//! Topology workloads ([`chronik::dsl`]) and their models: what a windowed count, a session
-//! count and a stream-table join must produce from the seed's input, worked out here on plain
-//! maps, independently of the operators. The fault-free run's outputs and stores must equal
-//! the model's (oracle `topology_model`); every faulted run's must equal the fault-free
-//! run's (`restore_equivalence`, `exactly_once_outputs`).
+//! Topology workloads ([`chronik::dsl`]) and their models: what a windowed count (tumbling,
+//! hopping or sliding windows), a session count and a stream-table join must produce from the
+//! seed's input, worked out here on plain maps, independently of the operators. The
+//! fault-free run's outputs and stores must equal the model's (oracle `topology_model`); every
+//! faulted run's must equal the fault-free run's (`restore_equivalence`, `exactly_once_outputs`).
 
 use crate::processors::Workload;
 use crate::rng::{PER_MILLION, Rng};
@@ -10,15 +10,17 @@ use chronik::TopicConfig;
 use chronik::dsl::{Emit, JoinWindows, Topology, Windows};
 use chronik::testing::SimulationReport;
 use chronik::testing::{Entries, InputRecord, Outcome, Records, Simulation, SimulationFailure};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The windows of a windowed workload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
-    /// Window size (tumbling, hopping) or inactivity gap (sessions), milliseconds.
+    /// Window size (tumbling, hopping, sliding) or inactivity gap (sessions), milliseconds.
     pub size: i64,
-    /// Hopping windows' advance; the size for tumbling ones.
+    /// Hopping windows' advance; the size for tumbling ones (unused by sliding windows).
     pub advance: i64,
+    /// Sliding windows instead of time windows (a `Windows` workload only).
+    pub sliding: bool,
     pub grace: i64,
     pub emit: Emit,
     /// Go through a repartition topic first (a map that may change keys, here keeping them):
@@ -58,7 +60,10 @@ impl Shape {
         let grace = if rng.chance(PER_MILLION / 4) { 0 } else { rng.between(1, 60).cast_signed() };
         let emit = if rng.chance(PER_MILLION / 2) { Emit::Final } else { Emit::Updates };
         let repartition = rng.chance(PER_MILLION / 2);
-        Shape { size, advance, grace, emit, repartition, join: JoinKind::Inner }
+        // From a copy of the generator, so that the draws after the shape (the seed's input)
+        // stay what they were before sliding windows: a third of the time-window seeds slide.
+        let sliding = !sessions && rng.clone().fork().chance(PER_MILLION / 3);
+        Shape { size, advance, sliding, grace, emit, repartition, join: JoinKind::Inner }
     }
 
     /// How far back of the stream's time a late event may be drawn.
@@ -69,6 +74,8 @@ impl Shape {
     fn windows(&self, sessions: bool) -> Windows {
         let windows = if sessions {
             Windows::session(self.size)
+        } else if self.sliding {
+            Windows::sliding(self.size)
         } else {
             Windows::hopping(self.size, self.advance)
         };
@@ -148,7 +155,15 @@ pub fn run(
     shape: Shape,
 ) -> Result<SimulationReport, SimulationFailure> {
     let expected = model(workload, simulation, shape);
-    simulation.run_topology_checked(&topology(workload, shape), |found| compare(&expected, found))
+    let windows = match workload {
+        Workload::Windows | Workload::Sessions => {
+            format!("{}: ", shape.windows(workload == Workload::Sessions))
+        }
+        _ => String::new(),
+    };
+    simulation.run_topology_checked(&topology(workload, shape), |found| {
+        compare(&expected, found).map_err(|difference| format!("{windows}{difference}"))
+    })
 }
 
 /// The first difference between the model's outputs and stores and the run's.
@@ -228,6 +243,9 @@ fn model(workload: Workload, simulation: &Simulation, shape: Shape) -> Outcome {
                 .collect()
         };
         let (name, entries) = match workload {
+            Workload::Windows if shape.sliding => {
+                ("windows", sliding_windows(&of(0), shape, &mut emitted))
+            }
             Workload::Windows => ("windows", time_windows(&of(0), shape, &mut emitted)),
             Workload::Sessions => ("sessions", sessions(&of(0), shape, &mut emitted)),
             Workload::StreamJoin => {
@@ -255,11 +273,11 @@ fn sortable(t: i64) -> [u8; 8] {
     (t.cast_unsigned() ^ (1 << 63)).to_be_bytes()
 }
 
-/// The bookkeeping entry: observed time, late events, kept events (none here).
-fn meta(observed: i64, late: u64) -> (Vec<u8>, Vec<u8>) {
+/// The bookkeeping entry: observed time, late events, events kept so far.
+fn meta(observed: i64, late: u64, kept: u64) -> (Vec<u8>, Vec<u8>) {
     let mut value = sortable(observed).to_vec();
     value.extend_from_slice(&late.to_be_bytes());
-    value.extend_from_slice(&0_u64.to_be_bytes());
+    value.extend_from_slice(&kept.to_be_bytes());
     (vec![0], value)
 }
 
@@ -308,12 +326,99 @@ fn time_windows(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -
             }
         }
     }
-    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late)]);
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late, 0)]);
     for ((end, key), count) in open {
         let mut store_key = vec![b'W'];
         store_key.extend_from_slice(&sortable(end));
         store_key.extend_from_slice(&key);
         entries.insert(store_key, count.to_string().into_bytes());
+    }
+    entries.into_iter().collect()
+}
+
+/// Sliding windows as docs/operators.md defines them: each event has the window of its key
+/// that ends at it, `(t - size, t]`, holding the key's events in it; an event out of order is
+/// also counted in the open windows of the key's later events it falls in. An event is late
+/// when all these windows are closed (a window `[start, end)` closes once the observed time
+/// reaches `end + grace`); late events are in no window. An event is kept while a window ending
+/// less than a size after it may still be open or come: until the observed time reaches its
+/// time plus size plus grace.
+fn sliding_windows(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -> Entries {
+    if records.is_empty() {
+        return Vec::new();
+    }
+    let (size, grace) = (shape.size, shape.grace);
+    let (mut observed, mut late, mut sequence) = (i64::MIN, 0, 0_u64);
+    // (key, time, arrival) -> value: the events kept.
+    let mut kept: BTreeMap<(Vec<u8>, i64, u64), Vec<u8>> = BTreeMap::new();
+    // (last time, key) -> count: a window by the time of the events it ends at, closing order.
+    let mut open: BTreeMap<(i64, Vec<u8>), u64> = BTreeMap::new();
+    let show = |count: u64, last: i64| format!("{count}@{}-{}", last + 1 - size, last + 1);
+    for record in records {
+        let (t, key) = (time_of(record), key_of(record));
+        observed = observed.max(t);
+        let window_open = |last: i64| last + 1 + grace > observed;
+        let later: Vec<i64> = kept
+            .keys()
+            .filter(|(k, time, _)| k == key && *time > t && *time < t + size)
+            .map(|(_, time, _)| *time)
+            .collect();
+        let lasts: BTreeSet<i64> =
+            std::iter::once(t).chain(later).filter(|&last| window_open(last)).collect();
+        if lasts.is_empty() {
+            late += 1;
+            out.emit("late", key, record.value.clone());
+            continue;
+        }
+        sequence += 1;
+        kept.insert((key.to_vec(), t, sequence), record.value.clone());
+        for last in lasts {
+            let count = if last == t {
+                // Its own window, of every event kept in it (those of its time before it too).
+                kept.keys()
+                    .filter(|(k, time, _)| k == key && *time > t - size && *time <= t)
+                    .count() as u64
+            } else if let Some(count) = open.get(&(last, key.to_vec())) {
+                count + 1
+            } else {
+                // The later events' own windows were closed when they came: none to update.
+                continue;
+            };
+            open.insert((last, key.to_vec()), count);
+            if shape.emit == Emit::Updates {
+                out.emit("results", key, show(count, last).into_bytes());
+            }
+        }
+        let closing: Vec<(i64, Vec<u8>)> =
+            open.keys().take_while(|(last, _)| !window_open(*last)).cloned().collect();
+        for (last, key) in closing {
+            let count = open.remove(&(last, key.clone())).expect("listed");
+            if shape.emit == Emit::Final {
+                out.emit("results", &key, show(count, last).into_bytes());
+            }
+        }
+        kept.retain(|(_, time, _), _| time + size + grace > observed);
+    }
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late, sequence)]);
+    for ((last, key), count) in open {
+        let mut window = vec![b'W'];
+        window.extend_from_slice(&sortable(last + 1));
+        window.extend_from_slice(&key);
+        entries.insert(window, count.to_string().into_bytes());
+    }
+    // Kept events by key (side 0: the only input), and by time.
+    for ((key, time, arrival), value) in kept {
+        let mut by_key = vec![b'R', 0];
+        by_key.extend_from_slice(&with_length(&key));
+        by_key.extend_from_slice(&sortable(time));
+        by_key.extend_from_slice(&arrival.to_be_bytes());
+        entries.insert(by_key, value);
+        let mut by_time = vec![b'T'];
+        by_time.extend_from_slice(&sortable(time));
+        by_time.push(0);
+        by_time.extend_from_slice(&with_length(&key));
+        by_time.extend_from_slice(&arrival.to_be_bytes());
+        entries.insert(by_time, Vec::new());
     }
     entries.into_iter().collect()
 }
@@ -373,7 +478,7 @@ fn sessions(records: &[&InputRecord], shape: Shape, out: &mut Emitted<'_>) -> En
             }
         }
     }
-    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late)]);
+    let mut entries: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([meta(observed, late, 0)]);
     for ((key, start), (end, count)) in open {
         let mut session = vec![b'S'];
         session.extend_from_slice(&with_length(&key));

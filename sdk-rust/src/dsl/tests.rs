@@ -508,3 +508,344 @@ fn left_and_outer_stream_joins_emit_events_without_partners_once_their_window_pa
         assert_eq!(read(&chronik, "pairs"), expected, "{kind}");
     }
 }
+
+/// Runs `topology` over `clicks` a batch at a time, caught up after each: what each batch
+/// added to `results` and to `late`.
+fn per_batch(
+    chronik: &Chronik,
+    topology: &Topology,
+    batches: &[&[(&str, &str, i64)]],
+) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    let (mut results_seen, mut late_seen) = (0, 0);
+    let mut out = Vec::new();
+    for batch in batches {
+        send(chronik, "clicks", batch);
+        runner.run_until_caught_up().unwrap();
+        let (results, late) = (read(chronik, "results"), read(chronik, "late"));
+        out.push((results[results_seen..].to_vec(), late[late_seen..].to_vec()));
+        (results_seen, late_seen) = (results.len(), late.len());
+    }
+    out
+}
+
+/// What [`per_batch`] reports for a batch.
+fn batch(results: &[&str], late: &[&str]) -> (Vec<String>, Vec<String>) {
+    let strings = |lines: &[&str]| lines.iter().map(|&line| line.to_owned()).collect();
+    (strings(results), strings(late))
+}
+
+#[test]
+fn tumbling_windows_at_their_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("tumbling-edges");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::tumbling(10).grace(5))
+        .emit_final()
+        .late_to("late")
+        .count()
+        .to("results");
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[
+            // -1 is in [-10, 0), 0 (a start) and 9 (the last millisecond) in [0, 10), 10 (an
+            // end, exactly a size after 0) in [10, 20). At 9, [-10, 0) closes (9 >= 0 + 5).
+            // At 14, one before [0, 10)'s end plus grace, it is open: the second 9 counts.
+            &[("b", "b-1", -1), ("a", "a0", 0), ("a", "a9", 9), ("a", "a10", 10)],
+            &[("a", "a14", 14), ("a", "a9'", 9)],
+            // 15 is exactly [0, 10)'s end plus grace: it closes (0, 9, 9), and 9 is then late.
+            &[("a", "a15", 15), ("a", "a9''", 9)],
+            // 24: [10, 20) is still open (one before 25), so 10 counts in it; 25 closes it.
+            &[("a", "a24", 24), ("a", "a10'", 10)],
+            &[("a", "a25", 25)],
+        ],
+    );
+    assert_eq!(
+        found,
+        [
+            batch(&["b 1 @-10"], &[]),
+            batch(&[], &[]),
+            batch(&["a 3 @0"], &["a a9'' @9"]),
+            batch(&[], &[]),
+            batch(&["a 4 @10"], &[]), // 10, 14, 15, 10
+        ]
+    );
+}
+
+#[test]
+fn hopping_windows_at_their_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("hopping-edges");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::hopping(10, 5).grace(5))
+        .late_to("late")
+        .count()
+        .to("results");
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[&[
+            // 4 is in [-5, 5) and [0, 10); 5, a start, in [0, 10) and [5, 15), as is 9.
+            ("a", "4", 4),
+            ("a", "5", 5),
+            ("a", "9", 9),
+            // 10, [0, 10)'s end, is in [5, 15) and [10, 20); [-5, 5) closes (10 = 5 + 5).
+            ("a", "10", 10),
+            // So 4 now counts only in [0, 10), open until 15.
+            ("a", "4'", 4),
+            // 15, exactly a size after 5 (no window in common), closes [0, 10).
+            ("a", "15", 15),
+            // 9 counts only in [5, 15); 4 in none: late.
+            ("a", "9'", 9),
+            ("a", "4''", 4),
+        ]],
+    );
+    let results = [
+        ["a 1 @-5", "a 1 @0"].as_slice(),
+        &["a 2 @0", "a 1 @5"],
+        &["a 3 @0", "a 2 @5"],
+        &["a 3 @5", "a 1 @10"],
+        &["a 4 @0"],
+        &["a 2 @10", "a 1 @15"],
+        &["a 4 @5"],
+    ]
+    .concat();
+    assert_eq!(found, [batch(&results, &["a 4'' @4"])]);
+}
+
+#[test]
+fn sliding_windows_at_their_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("sliding-edges");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::sliding(10).grace(5))
+        .late_to("late")
+        .count()
+        .to("results");
+    // An event at t has the window (t - 10, t] = [t - 9, t + 1), which closes once the
+    // observed time reaches t + 1 + 5.
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[&[
+            ("a", "0", 0),
+            // Exactly a size after 0: (0, 10] leaves 0 out. 0's window closes (10 >= 6).
+            ("a", "10", 10),
+            // 4's own window closed exactly now (10 = 4 + 6); it counts in 10's only.
+            ("a", "4", 4),
+            // 5's is open (11 > 10): 0, 4, 5; and 10's takes it.
+            ("a", "5", 5),
+            // 1, a size less a millisecond before 10: in 10's window, and in 5's.
+            ("a", "1", 1),
+            // 0 again: in 5's window, not in 10's (exactly a size before it).
+            ("a", "0'", 0),
+            // 11's window (1, 11] is 4, 5, 10, 11. 5's window closes (11 = 5 + 6).
+            ("a", "11", 11),
+            // 5 again: its own window is closed; 10's and 11's take it.
+            ("a", "5'", 5),
+            // -1: the windows holding it (4's, 5's, ...) are all closed: late.
+            ("a", "-1", -1),
+        ]],
+    );
+    let results = [
+        ["a 1 @-9"].as_slice(),
+        &["a 1 @1"],
+        &["a 2 @1"],
+        &["a 3 @-4", "a 3 @1"],
+        &["a 4 @-4", "a 4 @1"],
+        &["a 5 @-4"],
+        &["a 4 @2"],
+        &["a 5 @1", "a 5 @2"],
+    ]
+    .concat();
+    assert_eq!(found, [batch(&results, &["a -1 @-1"])]);
+}
+
+#[test]
+fn sliding_final_results_come_exactly_at_end_plus_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("sliding-final");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::sliding(10).grace(5))
+        .emit_final()
+        .late_to("late")
+        .count()
+        .to("results");
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[
+            // 0's window [-9, 1) closes at 1 + 5: not at 5.
+            &[("a", "0", 0), ("a", "5", 5)],
+            &[("a", "6", 6)],
+            // 5's window (0, 5], which 0 is in (0 > -5), closes at 11; 6's, (-4, 6], at 12.
+            &[("a", "11", 11)],
+            &[("a", "12", 12)],
+        ],
+    );
+    assert_eq!(
+        found,
+        [
+            batch(&[], &[]),
+            batch(&["a 1 @-9"], &[]),
+            batch(&["a 2 @-4"], &[]),
+            batch(&["a 3 @-3"], &[]),
+        ]
+    );
+}
+
+#[test]
+fn sessions_at_their_edges() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("session-edges");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(10).grace(5))
+        .late_to("late")
+        .count()
+        .to("results");
+    // A session [first, last] (results: `@first`) closes once the observed time is past
+    // last + 10 + 5.
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[&[
+            ("a", "0", 0),
+            // Exactly the gap after 0: one session [0, 10].
+            ("a", "10", 10),
+            // The gap and a millisecond after 10: a session of its own.
+            ("a", "21", 21),
+            // Exactly the gap before 0: [-10, 10].
+            ("a", "-10", -10),
+            // 25 joins [21]; the observed time is exactly 10 + 10 + 5, so [-10, 10] is open...
+            ("a", "25", 25),
+            // ... and 20 (exactly the gap after 10) bridges it and [21, 25]: [-10, 25].
+            ("a", "20", 20),
+            // Exactly the gap after 25: [-10, 35], closing past 50.
+            ("a", "35", 35),
+            // At 50 exactly it is still open: 26 joins it.
+            ("c", "50", 50),
+            ("a", "26", 26),
+            // At 51 it is closed: 36 starts a session (its own closes past 51, so not late),
+            // and 0 has no open session within the gap, and its own would be closed: late.
+            ("c", "51", 51),
+            ("a", "36", 36),
+            ("a", "0'", 0),
+        ]],
+    );
+    let results = [
+        "a 1 @0", "a 2 @0", "a 1 @21", "a 3 @-10", "a 2 @21", "a 6 @-10", "a 7 @-10", "c 1 @50",
+        "a 8 @-10", "c 2 @50", "a 1 @36",
+    ];
+    assert_eq!(found, [batch(&results, &["a 0' @0"])]);
+}
+
+#[test]
+fn session_final_results_come_a_millisecond_past_gap_plus_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 1);
+    let topology = Topology::new("session-final");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::session(10).grace(5))
+        .emit_final()
+        .late_to("late")
+        .count()
+        .to("results");
+    // [0, 0] closes past 0 + 10 + 5: not at 15, at 16. x's [15, 16] stays open.
+    let found = per_batch(&chronik, &topology, &[&[("a", "", 0), ("x", "", 15)], &[("x", "", 16)]]);
+    assert_eq!(found, [batch(&[], &[]), batch(&["a 1 @0"], &[])]);
+}
+
+#[test]
+fn windows_keep_the_observed_time_per_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "results", "late"], 2);
+    // Two keys in different partitions (among a hundred, both are found).
+    let key_in = |partition: u32| {
+        (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|key| crate::partition_for_key(key.as_bytes(), 2) == partition)
+            .unwrap()
+    };
+    let (a, b) = (key_in(0), key_in(1));
+    let topology = Topology::new("per-partition");
+    topology
+        .stream("clicks")
+        .group_by_key()
+        .window(Windows::tumbling(10))
+        .emit_final()
+        .late_to("late")
+        .count()
+        .to("results");
+    // a at 100 does not close b's [0, 10) in the other partition: b's 5 and 9 are on time,
+    // and b's own 10 closes it.
+    let found = per_batch(
+        &chronik,
+        &topology,
+        &[&[(&a, "", 100), (&b, "", 5), (&b, "", 9)], &[(&b, "", 10)]],
+    );
+    assert_eq!(found, [batch(&[], &[]), batch(&[&format!("{b} 2 @0")], &[])]);
+}
+
+#[test]
+fn a_repartition_topic_has_the_upstream_partition_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "per-page"], 3);
+    let topology = Topology::new("count");
+    topology.stream("clicks").group_by(|click| click.value.clone()).count().to("per-page");
+    let _runner = topology.runner(chronik.engine()).unwrap();
+    assert_eq!(chronik.partition_count("count-repartition-0001"), Some(3));
+}
+
+#[test]
+fn a_stream_table_join_reads_rows_stamped_after_its_events_after_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    topics(&chronik, &["clicks", "users", "enriched", "all"], 1);
+    let topology = Topology::new("later-rows");
+    let users = topology.table("users");
+    let clicks = topology.stream("clicks");
+    clicks.join(&users, |click, user| [user, b":", &click.value].concat()).to("enriched");
+    clicks
+        .left_join(&users, |click, user| [user.unwrap_or(b"?"), b":", &click.value].concat())
+        .to("all");
+    // The row is appended first but stamped 10: read together, the click at 5 comes first
+    // and joins nothing.
+    send(&chronik, "users", &[("u1", "ann", 10)]);
+    send(&chronik, "clicks", &[("u1", "a", 5)]);
+    let mut runner = topology.runner(chronik.engine()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "enriched"), Vec::<String>::new());
+    assert_eq!(read(&chronik, "all"), ["u1 ?:a @5"]);
+    // A row already read is in the store: a click appended after it joins it, although
+    // stamped before it (the merge does not wait for an input with nothing to read).
+    send(&chronik, "clicks", &[("u1", "b", 6)]);
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(read(&chronik, "enriched"), ["u1 ann:b @6"]);
+    assert_eq!(read(&chronik, "all"), ["u1 ?:a @5", "u1 ann:b @6"]);
+}
