@@ -257,11 +257,16 @@ fn verify_partition<I: Io>(
         report.add(Severity::Damage, &file, Some(0), what);
     }
     let mut expected: Option<Offset> = None;
+    // Whether the segment before was damaged: its scan stopped early, so the offsets it held
+    // past the damage are unknown and a next segment starting above `expected` is no second
+    // finding (one damaged segment, one finding). Starting below it still is: an overlap.
+    let mut damaged_before = false;
     for (i, &base) in bases.iter().enumerate() {
         let active = i + 1 == bases.len();
         let path = directory.join(layout::file_name(base, LOG_SUFFIX));
         if let Some(expected) = expected
             && expected != base
+            && !(damaged_before && expected < base)
         {
             let what =
                 format!("segment starts at offset {base}, the one before ends at {expected}");
@@ -288,14 +293,17 @@ fn verify_partition<I: Io>(
         let next = scanned.next_offset;
         summary.segments += 1;
         summary.bytes += size;
+        damaged_before = false;
         if active {
             let verdict =
                 tail::classify_active(&file, base, &scanned, checkpoint, &checkpoint_path)?;
             report_active(&verdict, checkpoint, report);
         } else if let Tail::SyncedDamage(c) = tail::classify_sealed(&path, &scanned) {
             report.add(Severity::Damage, &c.file, Some(c.position), c.kind.to_string());
+            damaged_before = true;
         } else {
-            verify_indexes(io, directory, base, size, next, config, &starts, report)?;
+            let scanned = Sealed { base, size, next, index: &index, starts: &starts };
+            verify_indexes(io, directory, &scanned, config, report)?;
         }
         expected = Some(next);
     }
@@ -338,33 +346,66 @@ fn report_active(
     }
 }
 
-/// A sealed segment's index files against its batches.
-#[allow(clippy::too_many_arguments)]
+/// A sealed segment as its scan found it, for the check of its index files.
+struct Sealed<'a> {
+    base: Offset,
+    size: u64,
+    /// The offset after its last batch.
+    next: Offset,
+    /// The indexes the engine would build from its batches.
+    index: &'a SegmentIndex,
+    /// Each batch's position, base offset and next offset, in order.
+    starts: &'a [(u64, Offset, Offset)],
+}
+
+/// A sealed segment's index files against its batches. Each finding names the file that is
+/// wrong: the offset index (`.index`), the time index (`.timeindex`), or both.
 fn verify_indexes<I: Io>(
     io: &Arc<I>,
     directory: &Path,
-    base: Offset,
-    size: u64,
-    next: Offset,
+    segment: &Sealed<'_>,
     config: &TopicConfig,
-    starts: &[(u64, Offset, Offset)],
     report: &mut VerifyReport,
 ) -> Result<(), IoError> {
+    let Sealed { base, size, next, index: scanned, starts } = *segment;
     let offsets_path = directory.join(layout::file_name(base, INDEX_SUFFIX));
     let times_path = directory.join(layout::file_name(base, TIME_INDEX_SUFFIX));
     let offsets = segment::read_small_file(&**io, &offsets_path)?;
     let times = segment::read_small_file(&**io, &times_path)?;
-    let (Some(offsets), Some(times)) = (offsets, times) else {
-        let what = "index files missing (rebuilt from the segment at the next open)";
-        report.add(Severity::Notice, &offsets_path, None, what.to_owned());
-        return Ok(());
+    let (offsets, times) = match (offsets, times) {
+        (Some(offsets), Some(times)) => (offsets, times),
+        (offsets, times) => {
+            let (path, what) = match (offsets, times) {
+                (None, None) => (&offsets_path, "index files missing"),
+                (None, Some(_)) => (&offsets_path, "offset index missing"),
+                (Some(_), _) => (&times_path, "time index missing"),
+            };
+            let what = format!("{what} (rebuilt from the segment at the next open)");
+            report.add(Severity::Notice, path, None, what);
+            return Ok(());
+        }
     };
-    let decoded = SegmentIndex::decode(&offsets, &times, base, size, config.index_interval_bytes);
+    let interval = config.index_interval_bytes;
+    let decoded = SegmentIndex::decode(&offsets, &times, base, size, interval);
     let (index, indexed_next) = match decoded {
         Ok(decoded) => decoded,
         Err(reason) => {
-            let what = format!("unusable index ({reason}; rebuilt at the next open)");
-            report.add(Severity::Notice, &offsets_path, None, what);
+            // Which file is unusable: each is decoded beside the file the engine would write
+            // in place of the other (built from the batches, so right by construction).
+            let (built_offsets, built_times) = scanned.encode(size, next);
+            let alone = |offsets: &[u8], times: &[u8]| {
+                SegmentIndex::decode(offsets, times, base, size, interval).err()
+            };
+            let offsets_reason = alone(&offsets, &built_times);
+            let times_reason = alone(&built_offsets, &times);
+            let (path, what, reason) = match (offsets_reason, times_reason) {
+                (Some(reason), None) => (&offsets_path, "offset index", reason),
+                (None, Some(reason)) => (&times_path, "time index", reason),
+                (Some(reason), Some(_)) => (&offsets_path, "offset and time indexes", reason),
+                (None, None) => (&offsets_path, "index files", reason),
+            };
+            let what = format!("unusable {what} ({reason}; rebuilt at the next open)");
+            report.add(Severity::Notice, path, None, what);
             return Ok(());
         }
     };
