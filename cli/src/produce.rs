@@ -154,8 +154,8 @@ fn check_partition(args: &ProduceArgs, partitions: u32, new: bool) -> anyhow::Re
     let topic = &args.topic;
     let message = if new {
         format!(
-            "topic {topic} does not exist and would be created with {partitions} partitions \
-             (--create-partitions), no {partition}; nothing was created"
+            "topic {topic} does not exist and would be created with {partitions} partitions, \
+             no {partition} (--create-partitions sets how many); nothing was created"
         )
     } else {
         format!("topic {topic} has {partitions} partitions, no {partition}")

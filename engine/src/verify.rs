@@ -7,7 +7,8 @@
 //! no gap or overlap from the log start; sealed segments' index files decode, cover exactly
 //! their segment and point only at batch starts holding the offsets they name; sync
 //! checkpoints decode and name a segment that exists. (The consumer offsets topic is a topic
-//! like any other here.)
+//! like any other here. The processors' disk stores under `state/` are the SDK's files, not
+//! the engine's: `chronik verify` checks them with `chronik::store::check_directory`.)
 //!
 //! Findings are of two kinds. **Damage**: bytes that were durable and are now wrong (a checksum
 //! mismatch in a sealed segment or inside synced data of the active one, an offset gap, synced
@@ -31,7 +32,7 @@ use crate::Offset;
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::error::IoError;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
-use crate::index::SegmentIndex;
+use crate::index::{IndexFileHeader, SegmentIndex};
 use crate::io::{Io, OpenMode};
 use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::log_start::{self, LOG_START_FILE};
@@ -41,6 +42,7 @@ use crate::topic::{TOPIC_META_FILE, TopicConfig};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use zerocopy::FromBytes as _;
 
 /// How bad a finding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -303,7 +305,7 @@ fn verify_partition<I: Io>(
             damaged_before = true;
         } else {
             let scanned = Sealed { base, size, next, index: &index, starts: &starts };
-            verify_indexes(io, directory, &scanned, config, report)?;
+            damaged_before = verify_indexes(io, directory, &scanned, config, report)?;
         }
         expected = Some(next);
     }
@@ -359,14 +361,16 @@ struct Sealed<'a> {
 }
 
 /// A sealed segment's index files against its batches. Each finding names the file that is
-/// wrong: the offset index (`.index`), the time index (`.timeindex`), or both.
+/// wrong: the offset index (`.index`), the time index (`.timeindex`), or both. Returns whether
+/// the index files show the segment itself damaged: cut at a batch boundary (its batches all
+/// valid), shorter than when it was sealed.
 fn verify_indexes<I: Io>(
     io: &Arc<I>,
     directory: &Path,
     segment: &Sealed<'_>,
     config: &TopicConfig,
     report: &mut VerifyReport,
-) -> Result<(), IoError> {
+) -> Result<bool, IoError> {
     let Sealed { base, size, next, index: scanned, starts } = *segment;
     let offsets_path = directory.join(layout::file_name(base, INDEX_SUFFIX));
     let times_path = directory.join(layout::file_name(base, TIME_INDEX_SUFFIX));
@@ -382,10 +386,20 @@ fn verify_indexes<I: Io>(
             };
             let what = format!("{what} (rebuilt from the segment at the next open)");
             report.add(Severity::Notice, path, None, what);
-            return Ok(());
+            return Ok(false);
         }
     };
     let interval = config.index_interval_bytes;
+    if let Some((sealed, indexed_next)) = lost_tail(&offsets, &times, segment, interval) {
+        // One finding for the segment, not an index notice and a gap at the next segment.
+        let path = directory.join(layout::file_name(base, LOG_SUFFIX));
+        let what = format!(
+            "truncated: {size} bytes, {sealed} when it was sealed (its intact index files say \
+             so); the offsets {next}..{indexed_next} are lost"
+        );
+        report.add(Severity::Damage, &path, Some(size), what);
+        return Ok(true);
+    }
     let decoded = SegmentIndex::decode(&offsets, &times, base, size, interval);
     let (index, indexed_next) = match decoded {
         Ok(decoded) => decoded,
@@ -406,7 +420,7 @@ fn verify_indexes<I: Io>(
             };
             let what = format!("unusable {what} ({reason}; rebuilt at the next open)");
             report.add(Severity::Notice, path, None, what);
-            return Ok(());
+            return Ok(false);
         }
     };
     if indexed_next != next {
@@ -424,8 +438,29 @@ fn verify_indexes<I: Io>(
                  the batch holding it (the engine would read from the wrong place)"
             );
             report.add(Severity::Damage, &offsets_path, None, what);
-            return Ok(());
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(false)
+}
+
+/// When a sealed segment's index files are intact but cover more bytes than the segment has,
+/// and more offsets than its batches hold: the segment lost its tail at a batch boundary
+/// (every batch left is valid). Returns the length and next offset the index files give.
+/// (Index files that cover more bytes but no more offsets are merely stale: a notice.)
+fn lost_tail(
+    offsets: &[u8],
+    times: &[u8],
+    segment: &Sealed<'_>,
+    interval: u32,
+) -> Option<(u64, Offset)> {
+    let (header, _) = IndexFileHeader::read_from_prefix(offsets).ok()?;
+    let sealed = header.covered_length.get();
+    if sealed <= segment.size {
+        return None;
+    }
+    // Decoded against the length they claim: checksums, kinds and base offsets all hold.
+    let (_, indexed_next) =
+        SegmentIndex::decode(offsets, times, segment.base, sealed, interval).ok()?;
+    (indexed_next > segment.next).then_some((sealed, indexed_next))
 }
