@@ -33,7 +33,8 @@ fn compact_reports_the_sizes_and_counts_of_the_files() {
     assert!(created.status.success(), "{}", text(&created.stderr));
     // 20 keys written over and over: a batch per produce, each past a segment's size.
     for round in 0..4 {
-        let lines: String = (0..500).map(|i| format!("k{}=v{round}-{i}\n", i % 20)).collect();
+        let lines: Vec<String> = (0..500).map(|i| format!("k{}=v{round}-{i}", i % 20)).collect();
+        let lines = lines.join("\n") + "\n";
         let args = ["produce", "c", "--key-separator", "="];
         let output = chronik_bytes(&data, &args, lines.as_bytes());
         assert!(output.status.success(), "{}", text(&output.stderr));
