@@ -169,8 +169,18 @@ fn verify_stores(
     directories.sort();
     let mut stores = Vec::new();
     for directory in directories {
-        let shared: Arc<dyn chronik::Io> = Arc::clone(io) as Arc<dyn chronik::Io>;
-        match chronik::store::check_directory(shared, directory.clone()) {
+        let check = || {
+            let shared: Arc<dyn chronik::Io> = Arc::clone(io) as Arc<dyn chronik::Io>;
+            chronik::store::check_directory(shared, directory.clone())
+        };
+        // A processor running beside verify may replace its manifest and remove the runs the
+        // old one named between two reads of this check: damage is believed only when a second
+        // check, of the manifest as it is then, finds it too.
+        let checked = match check() {
+            Err(chronik::store::StoreError::Damaged(_)) => check(),
+            checked => checked,
+        };
+        match checked {
             Ok(Some(runs)) => stores.push((directory, runs)),
             Ok(None) => {}
             Err(chronik::store::StoreError::Damaged(damage)) => {
