@@ -62,10 +62,13 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         chronik::engine::internals::groups::validate_group(group)
             .map_err(|error| UsageError(error.to_string()))?;
     }
-    let chronik = crate::open_for_reading(data)?;
-    if args.group.is_some() {
+    let chronik = if args.group.is_some() {
+        let chronik = open_to_commit(data)?;
         check_committed_offsets(&chronik)?;
-    }
+        chronik
+    } else {
+        crate::open_for_reading(data)?
+    };
     let count = chronik.partition_count(&args.topic).ok_or_else(|| {
         chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() })
     })?;
@@ -154,6 +157,23 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     progress.finish();
     commit(&printed)?;
     Ok(())
+}
+
+/// Open the data directory to consume in a group, which commits what it printed. That needs
+/// the directory to itself: beside a writer only a read-only open is possible, and it cannot
+/// commit, so the records would be printed and then the commit refused (and printed again by
+/// the next run). Refused before anything is printed instead.
+fn open_to_commit(data: &Path) -> anyhow::Result<chronik::Chronik> {
+    crate::require_existing(data)?;
+    match chronik::Chronik::open(data, crate::default_options()) {
+        Err(chronik::Error::Open(chronik::OpenError::Locked { .. })) => Err(anyhow::anyhow!(
+            "{} is open in another process: --group commits the group's offsets, which needs \
+             the data directory to itself (without --group, consume reads beside the other \
+             process)",
+            data.display()
+        )),
+        opened => crate::report(opened, data),
+    }
 }
 
 /// Damage in the consumer offsets topic hides commits (the open reads what it can and goes

@@ -18,7 +18,7 @@ pub struct DeleteRecordsArgs {
 }
 
 pub fn run(data: &Path, args: &DeleteRecordsArgs) -> anyhow::Result<()> {
-    let chronik = crate::open(data, Durability::Sync)?;
+    let chronik = crate::open_existing(data, Durability::Sync)?;
     let description = chronik.describe_topic(&args.topic).map_err(chronik::Error::from)?;
     let count = description.partitions.len() as u32;
     let partitions = match args.partition {

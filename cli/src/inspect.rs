@@ -8,11 +8,12 @@
 
 use crate::UsageError;
 use crate::consume::Format;
+use anyhow::Context as _;
 use chronik::engine::internals::format::BatchView;
 use chronik::engine::internals::layout;
 use chronik::engine::internals::segment::{self, SegmentFile};
 use chronik::engine::io::OpenMode;
-use chronik::engine::verify::{Severity, verify};
+use chronik::engine::verify::{Finding, Severity, VerifyReport, verify};
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -62,7 +63,9 @@ pub fn run_verify(data: &Path, args: &VerifyArgs) -> anyhow::Result<()> {
     if !data.is_dir() {
         return Err(UsageError(format!("{} is not a directory", data.display())).into());
     }
-    let report = verify(&io()?, data)?;
+    let io = io()?;
+    let mut report = verify(&io, data)?;
+    let stores = verify_stores(&io, data, &mut report)?;
     let damage = report.findings.iter().filter(|f| f.severity == Severity::Damage).count();
     let notices = report.findings.len() - damage;
     let mut out = std::io::stdout().lock();
@@ -81,6 +84,9 @@ pub fn run_verify(data: &Path, args: &VerifyArgs) -> anyhow::Result<()> {
                     p.records,
                     p.bytes
                 )?;
+            }
+            for (directory, runs) in &stores {
+                writeln!(out, "{}: disk store, {runs} runs", directory.display())?;
             }
             for finding in &report.findings {
                 writeln!(out, "{finding}")?;
@@ -115,8 +121,15 @@ pub fn run_verify(data: &Path, args: &VerifyArgs) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
+            let stores: Vec<serde_json::Value> = stores
+                .iter()
+                .map(|(directory, runs)| {
+                    serde_json::json!({ "store": directory.display().to_string(), "runs": runs })
+                })
+                .collect();
             let object = serde_json::json!({
-                "ok": damage == 0, "partitions": partitions, "findings": findings,
+                "ok": damage == 0, "partitions": partitions, "stores": stores,
+                "findings": findings,
             });
             writeln!(out, "{object}")?;
         }
@@ -126,6 +139,68 @@ pub fn run_verify(data: &Path, args: &VerifyArgs) -> anyhow::Result<()> {
         return Err(DamageFound(damage).into());
     }
     Ok(())
+}
+
+/// Check the processors' disk stores under `state/` (`chronik::store::check_directory`),
+/// adding what is wrong to `report`: a damaged manifest or run is damage (bytes that were
+/// durable are wrong; the processor's next run finds it too and rebuilds the store from its
+/// changelog). Returns each intact store's directory and runs.
+fn verify_stores(
+    io: &Arc<chronik::SystemIo>,
+    data: &Path,
+    report: &mut VerifyReport,
+) -> anyhow::Result<Vec<(PathBuf, usize)>> {
+    let state = data.join(layout::STATE_DIRECTORY);
+    let entries = match std::fs::read_dir(&state) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("list {}", state.display()))),
+    };
+    let mut directories = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("list {}", state.display()))?;
+        // A disk store is a directory (`<application>-<store>-<partition>.store`); the files
+        // beside them are memory stores' snapshots. Any directory is checked: one without a
+        // manifest holds no store state and yields nothing.
+        if entry.file_type().with_context(|| format!("list {}", state.display()))?.is_dir() {
+            directories.push(entry.path());
+        }
+    }
+    directories.sort();
+    let mut stores = Vec::new();
+    for directory in directories {
+        let check = || {
+            let shared: Arc<dyn chronik::Io> = Arc::clone(io) as Arc<dyn chronik::Io>;
+            chronik::store::check_directory(shared, directory.clone())
+        };
+        // A processor running beside verify may replace its manifest and remove the runs the
+        // old one named between two reads of this check: damage is believed only when a second
+        // check, of the manifest as it is then, finds it too.
+        let checked = match check() {
+            Err(chronik::store::StoreError::Damaged(_)) => check(),
+            checked => checked,
+        };
+        match checked {
+            Ok(Some(runs)) => stores.push((directory, runs)),
+            Ok(None) => {}
+            Err(chronik::store::StoreError::Damaged(damage)) => {
+                let what = format!(
+                    "damaged disk store file: {} (the processor's next run rebuilds the store \
+                     from its changelog)",
+                    damage.detail
+                );
+                let finding = Finding {
+                    severity: Severity::Damage,
+                    file: directory.join(&damage.file),
+                    position: None,
+                    what,
+                };
+                report.findings.push(finding);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(stores)
 }
 
 pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
@@ -165,6 +240,11 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
         return Err(UsageError("give segment files, or --topic NAME with --data".into()).into());
     }
     let io = io()?;
+    // Every file is checked before anything is printed: a wrong file among several is named
+    // alone, not after pages of the others.
+    for path in &files {
+        check_segment_file(&io, path)?;
+    }
     let mut out = std::io::stdout().lock();
     let mut damaged = 0;
     for path in files {
@@ -175,6 +255,61 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
         return Err(DamageFound(damaged).into());
     }
     Ok(())
+}
+
+/// Refuse a file that is not a segment (a text file, an index, random bytes), as a usage
+/// error: its bytes would be shown as "damage at position 0", as if a segment were damaged.
+/// A file is taken as a segment when its first bytes are a valid batch (a copy of a segment
+/// under any name), or when it is named like one (`<20-digit base offset>.log`): then
+/// whatever is wrong at its start is damage, as `verify` reports it.
+fn check_segment_file(io: &Arc<chronik::SystemIo>, path: &Path) -> anyhow::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if path.is_dir() {
+        return Err(UsageError(format!(
+            "{} is a directory, not a segment file (give its .log files, or --topic with --data)",
+            path.display()
+        ))
+        .into());
+    }
+    if layout::parse_log_file_name(name).is_some() {
+        return Ok(());
+    }
+    let file = SegmentFile::open(io, path.to_path_buf(), OpenMode::Read)?;
+    let size = file.size()?;
+    // One batch is enough to tell: stop after it.
+    let end = segment::scan(&file, 0, size, |_, _| false)?;
+    let why = match end.corruption(path) {
+        None if size > 0 => return Ok(()),
+        None => "it is empty".to_owned(),
+        Some(damage) => format!("its first bytes are not a batch: {}", damage.kind),
+    };
+    let kind = match what_file(name) {
+        Some(kind) => format!("{kind}, not a segment file"),
+        None => "not a segment file".to_owned(),
+    };
+    Err(UsageError(format!(
+        "{} is {kind}: {why} (a segment is named <20-digit base offset>.log)",
+        path.display()
+    ))
+    .into())
+}
+
+/// What a file of a data directory is, by its name, for the files that are not segments.
+fn what_file(name: &str) -> Option<&'static str> {
+    use chronik::engine::internals::{checkpoint, log_start, topic};
+    let kinds: [(&str, &str); 10] = [
+        (layout::INDEX_SUFFIX, "an offset index"),
+        (layout::TIME_INDEX_SUFFIX, "a time index"),
+        (".run", "a run of a processor's disk store"),
+        (".snapshot", "a processor's store snapshot"),
+        ("MANIFEST", "a disk store's manifest"),
+        (layout::META_FILE, "the data directory's metadata"),
+        (topic::TOPIC_META_FILE, "a topic's metadata"),
+        (checkpoint::CHECKPOINT_FILE, "a partition's sync checkpoint"),
+        (log_start::LOG_START_FILE, "a partition's log start"),
+        (log_start::CLEANER_OFFSET_FILE, "a partition's compaction position"),
+    ];
+    kinds.iter().find(|(suffix, _)| name.ends_with(suffix)).map(|&(_, kind)| kind)
 }
 
 /// Dump one segment file; whether it ended in damage.

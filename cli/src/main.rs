@@ -22,7 +22,8 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "chronik", version, about = "Embedded log engine: topics, producers, consumers")]
 struct Cli {
-    /// The data directory (created if missing).
+    /// The data directory (created if missing by produce, topic create and demo; every other
+    /// command refuses one that does not exist).
     #[arg(long, global = true, env = "CHRONIK_DATA", value_name = "DIR")]
     data: Option<PathBuf>,
     /// The I/O backend: auto (io_uring where the kernel allows it), io_uring or pread.
@@ -83,14 +84,61 @@ pub fn parse_durability(text: &str) -> Result<Durability, String> {
     }
 }
 
-/// Open the data directory, reporting on standard error what recovery did.
+/// Open the data directory, reporting on standard error what recovery did; created if missing
+/// (for the commands that write: produce, topic create).
 pub fn open(data: &std::path::Path, durability: Durability) -> anyhow::Result<Chronik> {
     open_with(data, Options { durability, ..default_options() })
 }
 
+/// As [`open`], for a command that changes only what is already there (compact, topic config,
+/// topic delete, delete-records): a data directory that does not exist is refused.
+pub fn open_existing(data: &std::path::Path, durability: Durability) -> anyhow::Result<Chronik> {
+    require_existing(data)?;
+    open(data, durability)
+}
+
+/// Open the data directory to change it, without the background maintainer a [`Chronik`]
+/// starts (it applies retention and compacts at once, then every second): `compact` measures
+/// the sizes before and after its own passes, and a pass beside it would make them say what
+/// neither did. A data directory that does not exist is refused.
+pub fn open_without_maintenance(data: &std::path::Path) -> anyhow::Result<chronik::DefaultEngine> {
+    require_existing(data)?;
+    let options = Options { durability: Durability::Sync, ..default_options() };
+    let io = chronik::SystemIo::new(options.io_backend)
+        .with_context(|| format!("cannot open data directory {}: set up I/O", data.display()))?;
+    if let Some(reason) = io.fallback() {
+        eprintln!("chronik: {reason}");
+    }
+    let clock = std::sync::Arc::new(chronik::SystemClock);
+    let (engine, recovery) = chronik::engine::Engine::open(io, clock, data, options)
+        .map_err(chronik::Error::from)
+        .with_context(|| format!("cannot open data directory {}", data.display()))?;
+    for line in recovery.lines() {
+        eprintln!("chronik: recovery: {line}");
+    }
+    Ok(engine)
+}
+
+/// Refuse a data directory that does not exist, as a usage error: opening creates it, so a
+/// mistyped `--data` would otherwise leave an empty directory behind and answer as if it held
+/// nothing (no topics, or "topic does not exist") instead of naming the typo. A path that
+/// exists but is not a directory is left to the open, which says so.
+pub fn require_existing(data: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(data) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(UsageError(format!(
+            "data directory {} does not exist (only produce, topic create and demo create one)",
+            data.display()
+        ))
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// Open the data directory to read it. If another process holds it (a producer is running),
-/// read it beside that process without the lock and without changing any file.
+/// read it beside that process without the lock and without changing any file. A data
+/// directory that does not exist is refused, not created.
 pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
+    require_existing(data)?;
     match Chronik::open(data, default_options()) {
         Err(chronik::Error::Open(chronik::OpenError::Locked { .. })) => {
             eprintln!(
@@ -107,6 +155,7 @@ pub fn open_for_reading(data: &std::path::Path) -> anyhow::Result<Chronik> {
 /// file changed, recovery decided in memory only (see [`Options::read_only`]).
 #[cfg(feature = "kafka")]
 pub fn open_read_only(data: &std::path::Path) -> anyhow::Result<Chronik> {
+    require_existing(data)?;
     open_with(data, Options { read_only: true, ..default_options() })
 }
 

@@ -38,12 +38,14 @@ pub fn run(data: &Path, args: &ProduceArgs) -> anyhow::Result<()> {
     if args.key_separator.as_deref() == Some("") {
         return Err(UsageError("--key-separator must not be empty".to_owned()).into());
     }
+    // A data directory that does not exist yet holds no topic: check what creating one needs
+    // before the open creates the directory, so that a bad argument leaves nothing behind.
+    if matches!(std::fs::metadata(data), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+        check_new_topic(args)?;
+    }
     let chronik = crate::open(data, args.durability)?;
     let partitions = ensure_topic(&chronik, args)?;
-    if let Some(partition) = args.partition.filter(|&p| p >= partitions) {
-        let message = format!("topic {} has {partitions} partitions, no {partition}", args.topic);
-        return Err(UsageError(message).into());
-    }
+    assert!(args.partition.is_none_or(|p| p < partitions), "checked before");
     let lines = spawn_reader();
     let mut producer = chronik.producer(&args.topic);
     let mut round_robin = 0u32;
@@ -120,15 +122,45 @@ fn too_large_line(error: anyhow::Error, batch: &[Vec<u8>], acknowledged: u64) ->
     }
 }
 
-/// The topic's partition count, creating the topic if it does not exist.
+/// The topic's partition count, creating the topic if it does not exist. `--partition` is
+/// checked first, against the partitions the topic has or would be created with: a bad one
+/// creates nothing.
 fn ensure_topic(chronik: &Chronik, args: &ProduceArgs) -> anyhow::Result<u32> {
     if let Some(count) = chronik.partition_count(&args.topic) {
+        check_partition(args, count, false)?;
         return Ok(count);
     }
+    check_new_topic(args)?;
     let config = TopicConfig::default().with_partitions(args.create_partitions);
     chronik.create_topic(&args.topic, config).map_err(crate::topic::usage_if_invalid)?;
     eprintln!("chronik: created topic {} with {} partitions", args.topic, args.create_partitions);
     Ok(args.create_partitions)
+}
+
+/// The topic `args` would create is valid (name, partition count), and `--partition` is one
+/// of its partitions.
+fn check_new_topic(args: &ProduceArgs) -> anyhow::Result<()> {
+    chronik::engine::internals::topic::validate_name(&args.topic)
+        .map_err(crate::topic::usage_if_invalid)?;
+    let config = TopicConfig::default().with_partitions(args.create_partitions);
+    config.validate().map_err(crate::topic::usage_if_invalid)?;
+    check_partition(args, args.create_partitions, true)
+}
+
+/// `--partition` is below `partitions`, the count the topic has (or, `new`, would be created
+/// with).
+fn check_partition(args: &ProduceArgs, partitions: u32, new: bool) -> anyhow::Result<()> {
+    let Some(partition) = args.partition.filter(|&p| p >= partitions) else { return Ok(()) };
+    let topic = &args.topic;
+    let message = if new {
+        format!(
+            "topic {topic} does not exist and would be created with {partitions} partitions, \
+             no {partition} (--create-partitions sets how many); nothing was created"
+        )
+    } else {
+        format!("topic {topic} has {partitions} partitions, no {partition}")
+    };
+    Err(UsageError(message).into())
 }
 
 /// Append `records` with one batch per target partition; offsets come back in input order.

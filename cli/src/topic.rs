@@ -44,9 +44,11 @@ pub enum TopicCommand {
 pub fn run(data: &Path, command: TopicCommand) -> anyhow::Result<()> {
     let chronik = match command {
         // Inspecting works beside a running producer; changes need the directory to itself.
+        // Only a create may make the data directory: the others have nothing to act on.
         TopicCommand::List | TopicCommand::Describe { .. } => crate::open_for_reading(data)?,
-        TopicCommand::Create { .. } | TopicCommand::Config { .. } | TopicCommand::Delete { .. } => {
-            crate::open(data, Durability::Sync)?
+        TopicCommand::Create { .. } => crate::open(data, Durability::Sync)?,
+        TopicCommand::Config { .. } | TopicCommand::Delete { .. } => {
+            crate::open_existing(data, Durability::Sync)?
         }
     };
     match command {

@@ -71,6 +71,7 @@ fn bad_arguments_fail_with_one_line_and_the_right_exit_code() {
         (&["produce", "a/b"], 2, "invalid topic name \"a/b\""),
         (&["produce", ".."], 2, "invalid topic name \"..\""),
         (&["produce", "new", "--create-partitions", "0"], 2, "partitions must be in 1..=4096"),
+        (&["produce", "new", "--partition", "5"], 2, "would be created with 1 partitions, no 5"),
         (&["topic", "create"], 2, "the following required arguments were not provided"),
         (&["topic", "create", "t"], 1, "topic \"t\" already exists"),
         (&["topic", "create", "a/b"], 2, "invalid topic name \"a/b\""),

@@ -68,6 +68,9 @@ fn usage_errors_exit_2_and_missing_topics_exit_1() {
     let data = directory.path().join("data");
     let bad = chronik(&data, &["produce", "t", "--durability", "sometimes"], None);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    // A data directory (a missing one is a usage error too), without the topic.
+    let created = chronik(&data, &["topic", "create", "u"], None);
+    assert!(created.status.success(), "{}", text(&created.stderr));
     let missing = chronik(&data, &["consume", "nope"], None);
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing.stderr).contains("does not exist"));

@@ -79,11 +79,11 @@ fn consume_everything(data: &Path, recovery: &str) {
 fn damaged_index_files_are_rebuilt_and_every_record_reads() {
     type Damage = fn(&Path, &Path);
     let cases: [(&str, &str, Damage); 5] = [
-        ("garbage index", "unusable index (bad magic or kind", |_, index| {
+        ("garbage index", "unusable offset index (bad magic or kind", |_, index| {
             std::fs::write(index, b"garbage, not an index at all, but long enough for a header")
                 .unwrap();
         }),
-        ("empty time index", "unusable index (file too short", |_, index| {
+        ("empty time index", "unusable time index (file too short", |_, index| {
             std::fs::write(index.with_extension("timeindex"), b"").unwrap();
         }),
         ("another segment's indexes", "base offset differs from the segment's", |data, index| {
@@ -92,11 +92,11 @@ fn damaged_index_files_are_rebuilt_and_every_record_reads() {
                 std::fs::copy(other, index.with_extension(suffix)).unwrap();
             }
         }),
-        ("index cut short", "unusable index", |_, index| {
+        ("index cut short", "unusable offset index", |_, index| {
             let length = std::fs::metadata(index).unwrap().len();
             std::fs::File::options().write(true).open(index).unwrap().set_len(length - 3).unwrap();
         }),
-        ("index missing", "index files missing", |_, index| std::fs::remove_file(index).unwrap()),
+        ("index missing", "offset index missing", |_, index| std::fs::remove_file(index).unwrap()),
     ];
     let (_directory, data) = fixture();
     let pristine = snapshot(&data);
@@ -140,7 +140,7 @@ fn a_huge_sparse_index_is_not_read_whole() {
         file.set_len(2 << 30).unwrap();
     }
     let started = std::time::Instant::now();
-    verify_notice(&data, "unusable index");
+    verify_notice(&data, "unusable offset and time indexes");
     consume_everything(&data, "rebuilt");
     let rss = children_rss_max();
     println!("huge sparse index: {:?}, children's peak RSS {} MiB", started.elapsed(), rss >> 20);
@@ -234,7 +234,12 @@ fn an_empty_or_missing_middle_segment_is_damage_and_the_rest_is_kept() {
         } else {
             std::fs::write(victim, b"").unwrap();
         }
-        verify_damage(&data, after, &format!("the one before ends at {base}"));
+        if case == "missing" {
+            verify_damage(&data, after, &format!("the one before ends at {base}"));
+        } else {
+            // Its index files, intact, say how long it was: the emptied segment is named.
+            verify_damage(&data, victim, "truncated: 0 bytes");
+        }
         // The records before the hole are printed, then exit 3 naming where it is.
         let output = run(&data, &["consume", "t"]);
         assert_fails(&output, 3, &after.display().to_string(), case);

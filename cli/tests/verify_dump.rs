@@ -133,8 +133,8 @@ fn what_the_next_open_repairs_is_a_notice_with_exit_0() {
     let (code, out) = verify(&data);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("unsynced tail of 100 bytes"), "{out}");
-    assert!(out.contains("index files missing"), "{out}");
-    assert!(out.contains("unusable index (checksum mismatch"), "{out}");
+    assert!(out.contains("offset index missing"), "{out}");
+    assert!(out.contains("unusable offset index (checksum mismatch"), "{out}");
     assert!(out.contains("0 damaged, 3 notices"), "{out}");
     // The dump of the active segment shows its batches, then where the damage starts.
     let dump = chronik(&data, &["dump", active.to_str().unwrap()], None);
@@ -146,4 +146,61 @@ fn what_the_next_open_repairs_is_a_notice_with_exit_0() {
     assert_eq!(text(&read.stdout).lines().count(), 2000);
     let (code, out) = verify(&data);
     assert_eq!((code, out.contains("0 damaged, 0 notices")), (0, true), "{out}");
+}
+
+/// The findings of `verify` on `data`, one per line (`DAMAGE: ...` or `notice: ...`).
+fn findings(data: &Path) -> (i32, Vec<String>, String) {
+    let (code, out) = verify(data);
+    let lines = out
+        .lines()
+        .filter(|l| l.starts_with("DAMAGE: ") || l.starts_with("notice: "))
+        .map(str::to_owned)
+        .collect();
+    (code, lines, out)
+}
+
+#[test]
+fn each_damaged_file_is_one_finding_that_names_it() {
+    // A flipped byte in a sealed segment: one finding, on that segment (not a second one on
+    // the next segment for the offsets the damage hides).
+    let (_keep, data) = fixture();
+    let log = &segments(&data)[1];
+    let mut bytes = std::fs::read(log).unwrap();
+    bytes[100] ^= 0x40;
+    std::fs::write(log, bytes).unwrap();
+    let (code, lines, out) = findings(&data);
+    assert_eq!(code, 3, "{out}");
+    assert_eq!(lines.len(), 1, "{out}");
+    let named = format!("DAMAGE: {} at byte ", log.display());
+    assert!(lines[0].starts_with(&named) && lines[0].contains("checksum mismatch"), "{out}");
+
+    // A sealed segment cut short likewise.
+    let (_keep, data) = fixture();
+    let log = &segments(&data)[2];
+    let bytes = std::fs::read(log).unwrap();
+    std::fs::write(log, &bytes[..bytes.len() / 2]).unwrap();
+    let (code, lines, out) = findings(&data);
+    assert_eq!((code, lines.len()), (3, 1), "{out}");
+    assert!(lines[0].starts_with(&format!("DAMAGE: {}", log.display())), "{out}");
+
+    // A damaged time index is named as the time index, the offset index as the offset index.
+    let (_keep, data) = fixture();
+    let logs = segments(&data);
+    let times = logs[1].with_extension("timeindex");
+    let mut bytes = std::fs::read(&times).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&times, bytes).unwrap();
+    std::fs::write(logs[2].with_extension("index"), b"not an index").unwrap();
+    std::fs::remove_file(logs[3].with_extension("timeindex")).unwrap();
+    let (code, lines, out) = findings(&data);
+    assert_eq!((code, lines.len()), (0, 3), "{out}");
+    let expected = [
+        format!("notice: {}: unusable time index (checksum mismatch", times.display()),
+        format!("notice: {}: unusable offset index", logs[2].with_extension("index").display()),
+        format!("notice: {}: time index missing", logs[3].with_extension("timeindex").display()),
+    ];
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(line.starts_with(expected), "expected {expected:?}, got {line:?}");
+    }
 }

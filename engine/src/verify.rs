@@ -7,7 +7,8 @@
 //! no gap or overlap from the log start; sealed segments' index files decode, cover exactly
 //! their segment and point only at batch starts holding the offsets they name; sync
 //! checkpoints decode and name a segment that exists. (The consumer offsets topic is a topic
-//! like any other here.)
+//! like any other here. The processors' disk stores under `state/` are the SDK's files, not
+//! the engine's: `chronik verify` checks them with `chronik::store::check_directory`.)
 //!
 //! Findings are of two kinds. **Damage**: bytes that were durable and are now wrong (a checksum
 //! mismatch in a sealed segment or inside synced data of the active one, an offset gap, synced
@@ -31,7 +32,7 @@ use crate::Offset;
 use crate::checkpoint::{CHECKPOINT_FILE, Checkpoint};
 use crate::error::IoError;
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
-use crate::index::SegmentIndex;
+use crate::index::{IndexFileHeader, SegmentIndex};
 use crate::io::{Io, OpenMode};
 use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::log_start::{self, LOG_START_FILE};
@@ -41,6 +42,7 @@ use crate::topic::{TOPIC_META_FILE, TopicConfig};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use zerocopy::FromBytes as _;
 
 /// How bad a finding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -257,11 +259,16 @@ fn verify_partition<I: Io>(
         report.add(Severity::Damage, &file, Some(0), what);
     }
     let mut expected: Option<Offset> = None;
+    // Whether the segment before was damaged: its scan stopped early, so the offsets it held
+    // past the damage are unknown and a next segment starting above `expected` is no second
+    // finding (one damaged segment, one finding). Starting below it still is: an overlap.
+    let mut damaged_before = false;
     for (i, &base) in bases.iter().enumerate() {
         let active = i + 1 == bases.len();
         let path = directory.join(layout::file_name(base, LOG_SUFFIX));
         if let Some(expected) = expected
             && expected != base
+            && !(damaged_before && expected < base)
         {
             let what =
                 format!("segment starts at offset {base}, the one before ends at {expected}");
@@ -288,14 +295,17 @@ fn verify_partition<I: Io>(
         let next = scanned.next_offset;
         summary.segments += 1;
         summary.bytes += size;
+        damaged_before = false;
         if active {
             let verdict =
                 tail::classify_active(&file, base, &scanned, checkpoint, &checkpoint_path)?;
             report_active(&verdict, checkpoint, report);
         } else if let Tail::SyncedDamage(c) = tail::classify_sealed(&path, &scanned) {
             report.add(Severity::Damage, &c.file, Some(c.position), c.kind.to_string());
+            damaged_before = true;
         } else {
-            verify_indexes(io, directory, base, size, next, config, &starts, report)?;
+            let scanned = Sealed { base, size, next, index: &index, starts: &starts };
+            damaged_before = verify_indexes(io, directory, &scanned, config, report)?;
         }
         expected = Some(next);
     }
@@ -338,34 +348,79 @@ fn report_active(
     }
 }
 
-/// A sealed segment's index files against its batches.
-#[allow(clippy::too_many_arguments)]
+/// A sealed segment as its scan found it, for the check of its index files.
+struct Sealed<'a> {
+    base: Offset,
+    size: u64,
+    /// The offset after its last batch.
+    next: Offset,
+    /// The indexes the engine would build from its batches.
+    index: &'a SegmentIndex,
+    /// Each batch's position, base offset and next offset, in order.
+    starts: &'a [(u64, Offset, Offset)],
+}
+
+/// A sealed segment's index files against its batches. Each finding names the file that is
+/// wrong: the offset index (`.index`), the time index (`.timeindex`), or both. Returns whether
+/// the index files show the segment itself damaged: cut at a batch boundary (its batches all
+/// valid), shorter than when it was sealed.
 fn verify_indexes<I: Io>(
     io: &Arc<I>,
     directory: &Path,
-    base: Offset,
-    size: u64,
-    next: Offset,
+    segment: &Sealed<'_>,
     config: &TopicConfig,
-    starts: &[(u64, Offset, Offset)],
     report: &mut VerifyReport,
-) -> Result<(), IoError> {
+) -> Result<bool, IoError> {
+    let Sealed { base, size, next, index: scanned, starts } = *segment;
     let offsets_path = directory.join(layout::file_name(base, INDEX_SUFFIX));
     let times_path = directory.join(layout::file_name(base, TIME_INDEX_SUFFIX));
     let offsets = segment::read_small_file(&**io, &offsets_path)?;
     let times = segment::read_small_file(&**io, &times_path)?;
-    let (Some(offsets), Some(times)) = (offsets, times) else {
-        let what = "index files missing (rebuilt from the segment at the next open)";
-        report.add(Severity::Notice, &offsets_path, None, what.to_owned());
-        return Ok(());
+    let (offsets, times) = match (offsets, times) {
+        (Some(offsets), Some(times)) => (offsets, times),
+        (offsets, times) => {
+            let (path, what) = match (offsets, times) {
+                (None, None) => (&offsets_path, "index files missing"),
+                (None, Some(_)) => (&offsets_path, "offset index missing"),
+                (Some(_), _) => (&times_path, "time index missing"),
+            };
+            let what = format!("{what} (rebuilt from the segment at the next open)");
+            report.add(Severity::Notice, path, None, what);
+            return Ok(false);
+        }
     };
-    let decoded = SegmentIndex::decode(&offsets, &times, base, size, config.index_interval_bytes);
+    let interval = config.index_interval_bytes;
+    if let Some((sealed, indexed_next)) = lost_tail(&offsets, &times, segment, interval) {
+        // One finding for the segment, not an index notice and a gap at the next segment.
+        let path = directory.join(layout::file_name(base, LOG_SUFFIX));
+        let what = format!(
+            "truncated: {size} bytes, {sealed} when it was sealed (its intact index files say \
+             so); the offsets {next}..{indexed_next} are lost"
+        );
+        report.add(Severity::Damage, &path, Some(size), what);
+        return Ok(true);
+    }
+    let decoded = SegmentIndex::decode(&offsets, &times, base, size, interval);
     let (index, indexed_next) = match decoded {
         Ok(decoded) => decoded,
         Err(reason) => {
-            let what = format!("unusable index ({reason}; rebuilt at the next open)");
-            report.add(Severity::Notice, &offsets_path, None, what);
-            return Ok(());
+            // Which file is unusable: each is decoded beside the file the engine would write
+            // in place of the other (built from the batches, so right by construction).
+            let (built_offsets, built_times) = scanned.encode(size, next);
+            let alone = |offsets: &[u8], times: &[u8]| {
+                SegmentIndex::decode(offsets, times, base, size, interval).err()
+            };
+            let offsets_reason = alone(&offsets, &built_times);
+            let times_reason = alone(&built_offsets, &times);
+            let (path, what, reason) = match (offsets_reason, times_reason) {
+                (Some(reason), None) => (&offsets_path, "offset index", reason),
+                (None, Some(reason)) => (&times_path, "time index", reason),
+                (Some(reason), Some(_)) => (&offsets_path, "offset and time indexes", reason),
+                (None, None) => (&offsets_path, "index files", reason),
+            };
+            let what = format!("unusable {what} ({reason}; rebuilt at the next open)");
+            report.add(Severity::Notice, path, None, what);
+            return Ok(false);
         }
     };
     if indexed_next != next {
@@ -383,8 +438,29 @@ fn verify_indexes<I: Io>(
                  the batch holding it (the engine would read from the wrong place)"
             );
             report.add(Severity::Damage, &offsets_path, None, what);
-            return Ok(());
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(false)
+}
+
+/// When a sealed segment's index files are intact but cover more bytes than the segment has,
+/// and more offsets than its batches hold: the segment lost its tail at a batch boundary
+/// (every batch left is valid). Returns the length and next offset the index files give.
+/// (Index files that cover more bytes but no more offsets are merely stale: a notice.)
+fn lost_tail(
+    offsets: &[u8],
+    times: &[u8],
+    segment: &Sealed<'_>,
+    interval: u32,
+) -> Option<(u64, Offset)> {
+    let (header, _) = IndexFileHeader::read_from_prefix(offsets).ok()?;
+    let sealed = header.covered_length.get();
+    if sealed <= segment.size {
+        return None;
+    }
+    // Decoded against the length they claim: checksums, kinds and base offsets all hold.
+    let (_, indexed_next) =
+        SegmentIndex::decode(offsets, times, segment.base, sealed, interval).ok()?;
+    (indexed_next > segment.next).then_some((sealed, indexed_next))
 }

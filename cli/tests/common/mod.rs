@@ -29,7 +29,12 @@ pub fn text(bytes: &[u8]) -> String {
 }
 
 pub fn segments(data: &Path) -> Vec<PathBuf> {
-    let directory = data.join("topics/t/0");
+    segments_of(data, "t")
+}
+
+/// The segment files of `topic`'s partition 0, in order.
+pub fn segments_of(data: &Path, topic: &str) -> Vec<PathBuf> {
+    let directory = data.join("topics").join(topic).join("0");
     let mut logs: Vec<PathBuf> = std::fs::read_dir(directory)
         .unwrap()
         .map(|e| e.unwrap().path())

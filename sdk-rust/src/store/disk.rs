@@ -763,3 +763,30 @@ impl<'a> Iterator for DiskRange<'a> {
         }
     }
 }
+
+/// Check the disk store in `directory` without changing any file (for `chronik verify`): its
+/// manifest decodes, each run it names opens (footer, index and Bloom filter checksums, and
+/// their agreement with the manifest), and every block of every run has a valid checksum and
+/// parses in key order. The store's identity is not checked (the caller does not know whose
+/// it is). Returns the runs checked, `None` when there is no manifest (a new store, or one
+/// condemned after damage: either starts empty and is rebuilt from its changelog); the first
+/// damage found is `Err(StoreError::Damaged)`, naming the file.
+///
+/// # Errors
+/// [`StoreError::Damaged`] for damage, [`StoreError::Io`] when a file cannot be read.
+pub fn check_directory(
+    io: Arc<dyn chronik_engine::io::Io>,
+    directory: std::path::PathBuf,
+) -> Result<Option<usize>, StoreError> {
+    let files = Arc::new(Files { io, directory });
+    let Some(bytes) = files.read_small(MANIFEST)? else { return Ok(None) };
+    let manifest = Manifest::decode(&bytes)
+        .ok_or_else(|| StoreError::Damaged(Damage::new(MANIFEST, "does not decode")))?;
+    for meta in &manifest.runs {
+        let run = Run::open(&files, *meta)?;
+        for block in 0..run.blocks() {
+            run.read_block(block)?;
+        }
+    }
+    Ok(Some(manifest.runs.len()))
+}

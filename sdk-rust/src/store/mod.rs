@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub(crate) use disk::DiskStore;
+pub use disk::check_directory;
 
 /// The first byte of a changelog value that holds a stored value.
 pub(crate) const CHANGELOG_PUT: u8 = 1;
