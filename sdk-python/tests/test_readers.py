@@ -114,15 +114,15 @@ def test_ctrl_c_interrupts_poll_with_a_timeout_within_a_second(path):
         time.sleep(0.5)  # into the wait
         sent = time.monotonic()
         child.send_signal(signal.SIGINT)
-        out, _ = child.communicate(timeout=30)
+        line = child.stdout.readline().strip()
         answered = time.monotonic() - sent
+        out, _ = child.communicate(timeout=30)
     finally:
         child.kill()
         child.wait()
-    assert child.returncode == 3, out
-    assert out.strip() == "interrupted"
-    # Under a second to answer, plus the close and the interpreter's exit.
-    assert answered < 5, answered
+    assert (line, child.returncode) == ("interrupted", 3), (line, out)
+    # The wait is cut in 0.2 s slices; the rest is slack for a loaded machine.
+    assert answered < 2, answered
 
 
 WRITER_SCRIPT = """
