@@ -166,21 +166,20 @@ impl PyClusterConsumer {
         timeout: Option<f64>,
     ) -> PyResult<Vec<Py<PyRecord>>> {
         let max = max_records.unwrap_or(1_000).max(1);
-        let wait = std::time::Duration::from_secs_f64(timeout.unwrap_or(0.0).clamp(0.0, 1e6));
+        // NaN and negative timeouts do not wait (NaN passed `clamp` and made
+        // `Duration::from_secs_f64` panic).
+        let seconds = timeout.filter(|s| *s > 0.0).map_or(0.0, |s| s.min(1e6));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
         let mut guard = self.lock()?;
         let consumer: &mut ClusterConsumer = &mut guard;
-        let records = py
-            .detach(|| {
-                let deadline = std::time::Instant::now() + wait;
-                loop {
-                    let records = consumer.next_batch(max)?;
-                    if !records.is_empty() || std::time::Instant::now() >= deadline {
-                        return Ok(records);
-                    }
-                }
-            })
-            .map_err(cluster_error)?;
-        py_records(py, records)
+        loop {
+            // Each call waits about 100 ms when caught up: between them, look for Ctrl-C.
+            let records = py.detach(|| consumer.next_batch(max)).map_err(cluster_error)?;
+            if !records.is_empty() || std::time::Instant::now() >= deadline {
+                return py_records(py, records);
+            }
+            py.check_signals()?;
+        }
     }
 
     fn __iter__(slf: Py<Self>) -> Py<Self> {

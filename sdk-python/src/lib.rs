@@ -51,16 +51,25 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(_chronik, ChronikIoError, ChronikError, "An I/O error.");
 pyo3::create_exception!(_chronik, ClosedError, ChronikError, "The data directory was closed.");
+pyo3::create_exception!(
+    _chronik,
+    ReadOnlyError,
+    ChronikError,
+    "The data directory was opened read-only: it takes no writes."
+);
 
 /// The exception for an engine error, by kind. By value, so callers can pass `e.into()`.
 #[allow(clippy::needless_pass_by_value)]
 pub(crate) fn error(error: chronik::Error) -> PyErr {
     use chronik::Error as E;
     let message = error.to_string();
+    // Every error that carries damage evidence, whatever the operation: an append refused
+    // after damage at a partition's end (the consumer offsets topic's, for a commit) reports
+    // the damage, not an I/O failure.
+    if error.corruption().is_some() {
+        return CorruptionError::new_err(message);
+    }
     match error {
-        E::Open(OpenError::Corruption(_))
-        | E::Topic(TopicError::Corruption(_))
-        | E::Read(ReadError::Corruption(_)) => CorruptionError::new_err(message),
         E::Open(OpenError::Locked { .. }) => LockedError::new_err(message),
         E::Topic(TopicError::Poisoned(_))
         | E::Append(AppendError::Poisoned(_))
@@ -77,7 +86,11 @@ pub(crate) fn error(error: chronik::Error) -> PyErr {
             | AppendError::BatchTooLarge { .. }
             | AppendError::TooManyRecords { .. },
         ) => InvalidArgumentError::new_err(message),
+        E::Topic(TopicError::ReadOnly) | E::Append(AppendError::ReadOnly) => {
+            ReadOnlyError::new_err(message)
+        }
         E::Read(ReadError::OffsetOutOfRange { .. }) => OffsetOutOfRangeError::new_err(message),
+        E::Commit(commit) => commit_error(commit),
         _ => ChronikIoError::new_err(message),
     }
 }
@@ -113,6 +126,8 @@ fn parse_durability(text: &str) -> PyResult<Durability> {
 /// `ClosedError`, and the directory's lock is released once calls in flight return.
 pub(crate) struct Shared {
     chronik: RwLock<Option<Arc<Chronik>>>,
+    /// Opened with `read_only=True`: another process may write, and readers refresh.
+    read_only: bool,
     /// Applications, whose runners hold engine handles of their own.
     apps: Mutex<Vec<Weak<dyn processor::Close + Send + Sync>>>,
 }
@@ -166,15 +181,18 @@ impl PyChronik {
 }
 
 /// Open (creating if needed) a data directory, recovering it after a crash. `durability`:
-/// "sync" (the default), "os" or "interval:MS".
+/// "sync" (the default), "os" or "interval:MS". With `read_only`, open an existing directory
+/// beside a process that writes it: no lock taken, no file changed, writes raise
+/// `ReadOnlyError`; consumers see what the writer appends (see `Chronik.refresh`).
 #[pyfunction]
-#[pyo3(signature = (path, durability = "sync"))]
-fn open(py: Python<'_>, path: &str, durability: &str) -> PyResult<PyChronik> {
+#[pyo3(signature = (path, durability = "sync", read_only = false))]
+fn open(py: Python<'_>, path: &str, durability: &str, read_only: bool) -> PyResult<PyChronik> {
     let durability = parse_durability(durability)?;
-    let options = Options { durability, ..Options::default() };
+    let options = Options { durability, read_only, ..Options::default() };
     let owned = path.to_owned();
     let chronik = py.detach(move || Chronik::open(&owned, options)).map_err(error)?;
-    let shared = Shared { chronik: RwLock::new(Some(Arc::new(chronik))), apps: Mutex::default() };
+    let shared =
+        Shared { chronik: RwLock::new(Some(Arc::new(chronik))), read_only, apps: Mutex::default() };
     Ok(PyChronik { shared: Arc::new(shared), path: path.to_owned() })
 }
 
@@ -342,6 +360,30 @@ impl PyChronik {
         py.detach(|| chronik.flush()).map_err(|e| error(e.into()))
     }
 
+    /// Whether the directory was opened with `read_only=True`.
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.shared.read_only
+    }
+
+    /// A read-only open: take in what the writing process appended since the last look (high
+    /// watermarks, `describe_topic`). Consumers do this themselves when caught up. Topics the
+    /// writer created after the open are not seen until a new open. No-op for a writer.
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        let chronik = self.get()?;
+        py.detach(|| chronik.refresh()).map_err(|e| error(e.into()))
+    }
+
+    /// Compact every partition of a compacted topic (`cleanup` "compact") now, whatever its
+    /// dirty ratio (the compaction lag settings still hold); the background compaction does
+    /// the same when a partition is dirty enough. Returns the records kept per partition
+    /// compacted (`None` for one with nothing to compact).
+    fn compact_topic(&self, py: Python<'_>, name: &str) -> PyResult<Vec<Option<u64>>> {
+        let chronik = self.get()?;
+        let reports = py.detach(|| chronik.compact_topic(name)).map_err(|e| error(e.into()))?;
+        Ok(reports.into_iter().map(|r| r.map(|r| r.records_kept)).collect())
+    }
+
     fn producer(&self, topic: &str) -> PyResult<PyProducer> {
         let chronik = self.get()?;
         let partitions = chronik
@@ -350,12 +392,23 @@ impl PyChronik {
         Ok(PyProducer { shared: Arc::clone(&self.shared), topic: topic.to_owned(), partitions })
     }
 
-    /// A consumer of one partition; in `group`, it starts where the group committed.
+    /// A consumer of one partition; in `group`, it starts where the group committed
+    /// (`CorruptionError` if damage in the committed offsets hides where that is).
     #[pyo3(signature = (topic, partition = 0, group = None))]
     fn consumer(&self, topic: &str, partition: u32, group: Option<&str>) -> PyResult<PyConsumer> {
         let chronik = self.get()?;
         if chronik.partition_count(topic).is_none_or(|count| partition >= count) {
             return Err(NotFoundError::new_err(format!("{topic:?} has no partition {partition}")));
+        }
+        if group.is_some()
+            && let Some(corruption) = chronik.committed_offsets_damage()
+        {
+            // The group's last commit may be hidden by the damage: starting from an older one
+            // would hand out records again, silently (the CLI's `consume --group` refuses too).
+            return Err(CorruptionError::new_err(format!(
+                "the consumer groups' committed offsets are damaged, so the group's position is \
+                 unknown: {corruption}"
+            )));
         }
         let position = group
             .and_then(|g| chronik.committed_offset(g, topic, partition))
@@ -368,6 +421,8 @@ impl PyChronik {
             state: Mutex::new(ConsumerState {
                 position,
                 buffered: std::collections::VecDeque::new(),
+                polling: false,
+                seeks: 0,
             }),
         })
     }
@@ -460,7 +515,8 @@ impl PyProducer {
             .unwrap_or_else(|| key.map_or(0, |k| chronik::partition_for_key(k, self.partitions)))
     }
 
-    /// Append each partition's records as one batch, without the GIL.
+    /// Append each partition's records as one batch (several where one would pass the
+    /// engine's batch limits: see [`split_batch`]), without the GIL.
     fn append(
         &self,
         py: Python<'_>,
@@ -475,13 +531,12 @@ impl PyProducer {
         }
         let headers: Vec<Vec<chronik::Header<'_>>> =
             records.iter().map(Outgoing::header_views).collect();
-        let batches: Vec<(u32, Vec<Record<'_>>)> = by_partition
-            .iter()
-            .map(|(&partition, indexes)| {
-                let batch = indexes.iter().map(|&i| records[i].record(&headers[i])).collect();
-                (partition, batch)
-            })
-            .collect();
+        let mut batches: Vec<(u32, Vec<Record<'_>>)> = Vec::with_capacity(by_partition.len());
+        for (&partition, indexes) in &by_partition {
+            let all: Vec<Record<'_>> =
+                indexes.iter().map(|&i| records[i].record(&headers[i])).collect();
+            batches.extend(split_batch(all).into_iter().map(|batch| (partition, batch)));
+        }
         let chronik = self.shared.get()?;
         py.detach(|| {
             let mut out = Vec::with_capacity(batches.len());
@@ -493,6 +548,39 @@ impl PyProducer {
         })
         .map_err(|e: AppendError| error(e.into()))
     }
+}
+
+/// `records` cut, in order, into batches within the engine's limits: at most
+/// `BATCH_RECORDS_MAX` records and `BATCH_BYTES_MAX` encoded bytes each. A record too large
+/// for any batch stays alone in one, for the engine to refuse with `BatchTooLarge`.
+fn split_batch(records: Vec<Record<'_>>) -> Vec<Vec<Record<'_>>> {
+    use chronik::engine::internals::format::BATCH_HEADER_BYTES;
+    use chronik::engine::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
+    let records_max = BATCH_RECORDS_MAX as usize;
+    let bytes_max = u64::from(BATCH_BYTES_MAX);
+    let header_bytes = BATCH_HEADER_BYTES as u64;
+    let total: u64 = records.iter().map(Record::encoded_bytes).sum();
+    if records.len() <= records_max && header_bytes + total <= bytes_max {
+        // The common case: one batch, not copied.
+        return vec![records];
+    }
+    let mut batches = Vec::new();
+    let mut batch: Vec<Record<'_>> = Vec::new();
+    let mut bytes = header_bytes;
+    for record in records {
+        let size = record.encoded_bytes();
+        if !batch.is_empty() && (batch.len() == records_max || bytes + size > bytes_max) {
+            batches.push(std::mem::take(&mut batch));
+            bytes = header_bytes;
+        }
+        bytes += size;
+        batch.push(record);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    debug_assert!(batches.iter().all(|b| !b.is_empty() && b.len() <= records_max));
+    batches
 }
 
 /// What `send_batch` takes, for its error.
@@ -521,8 +609,10 @@ impl PyProducer {
     }
 
     /// Append many records, `(key, value)`, `(key, value, headers)` or `(key, value, headers,
-    /// timestamp)` each: one batch per partition, one acknowledgement each. Returns
-    /// `(partition, first offset, last offset)` per batch.
+    /// timestamp)` each: one batch per partition, one acknowledgement each; a partition's
+    /// records past the engine's batch limits (16 MiB encoded, 2**20 records) go in further
+    /// batches, appended in order (each atomic on its own: if one fails, the earlier ones
+    /// stay). Returns `(partition, first offset, last offset)` per batch.
     #[pyo3(signature = (records, partition = None))]
     fn send_batch(
         &self,
@@ -685,6 +775,12 @@ struct ConsumerState {
     position: Offset,
     /// Records fetched and not yet handed out by iteration, in order.
     buffered: std::collections::VecDeque<Py<PyRecord>>,
+    /// A `poll` is fetching or waiting, without this lock (a thread that took the lock while
+    /// holding the GIL would otherwise wait forever for the poller, which needs the GIL back).
+    polling: bool,
+    /// Counts `seek`s, so a poll that ran across one drops what it fetched from the old
+    /// position.
+    seeks: u64,
 }
 
 /// Reads one partition in order (an iterator: `for record in consumer`, until caught up).
@@ -699,47 +795,66 @@ struct PyConsumer {
 
 const FETCH_BYTES: usize = 1 << 20;
 
+/// The longest a `poll(timeout=...)` waits without the GIL before it looks for signals:
+/// Ctrl-C is answered within this.
+const WAIT_SLICE: Duration = Duration::from_millis(200);
+
+/// The longest `poll` waits, whatever its timeout says (a day).
+const POLL_TIMEOUT_SECONDS_MAX: f64 = 86_400.0;
+
 impl PyConsumer {
     fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, ConsumerState>> {
         self.state.lock().map_err(|_| ChronikError::new_err("consumer lock poisoned"))
     }
 
-    /// Fetch from `from` (moved to the log start if retention removed it), without the GIL;
-    /// the records at or after it, and where the next fetch starts.
-    fn fetch(
+    /// The next fetch at or after `from` that holds a record ([`chronik::next_fetch`]: past
+    /// batches compaction emptied, from the log start when retention removed `from`), without
+    /// the GIL. When caught up (the high watermark reached) it waits for records up to
+    /// `timeout` seconds, in slices, looking for signals (Ctrl-C) between them.
+    fn next_fetch(
         &self,
         py: Python<'_>,
         from: Offset,
         timeout: Option<f64>,
-    ) -> PyResult<(Vec<Py<PyRecord>>, Offset)> {
+    ) -> PyResult<chronik::Fetch> {
         let chronik = self.shared.get()?;
-        let (fetch, from) = py
-            .detach(|| {
-                let read = |from| chronik.read(&self.topic, self.partition, from, FETCH_BYTES);
-                let mut from = from;
-                let mut fetch = match read(from) {
-                    Err(ReadError::OffsetOutOfRange { requested, start, .. })
-                        if requested < start =>
-                    {
-                        from = Offset::new(start);
-                        read(from)?
-                    }
-                    other => other?,
-                };
-                if fetch.is_empty()
-                    && let Some(seconds) = timeout.filter(|s| *s > 0.0)
-                {
-                    let wait = Duration::from_secs_f64(seconds.min(86_400.0));
-                    if chronik.wait_for(&self.topic, self.partition, from, wait)? {
-                        fetch = read(from)?;
-                    }
+        let read_only = self.shared.read_only;
+        let fetch_at = |from| {
+            chronik::next_fetch(chronik.engine(), &self.topic, self.partition, from, FETCH_BYTES)
+        };
+        let read = |from| {
+            py.detach(|| {
+                let fetch = fetch_at(from)?;
+                if fetch.is_empty() && read_only {
+                    // Another process writes: what it appended is seen only once looked for.
+                    chronik.refresh()?;
+                    return fetch_at(from);
                 }
-                Ok((fetch, from))
+                Ok(fetch)
             })
-            .map_err(|e: ReadError| error(e.into()))?;
-        let next = from.max(fetch.next_offset());
+            .map_err(|e: ReadError| error(e.into()))
+        };
+        let seconds = timeout.filter(|s| *s > 0.0).map_or(0.0, |s| s.min(POLL_TIMEOUT_SECONDS_MAX));
+        let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+        loop {
+            let fetch = read(from)?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !fetch.is_empty() || left.is_zero() {
+                return Ok(fetch);
+            }
+            // Caught up at `fetch.next_offset()` (the log start, if retention passed `from`).
+            let at = fetch.next_offset();
+            py.detach(|| chronik.wait_for(&self.topic, self.partition, at, left.min(WAIT_SLICE)))
+                .map_err(|e| error(e.into()))?;
+            py.check_signals()?;
+        }
+    }
+
+    /// The records of `fetch` (those at or after where it was read from) as Python objects:
+    /// one copy of its bytes, and memoryviews into it.
+    fn records(py: Python<'_>, fetch: &chronik::Fetch) -> PyResult<Vec<Py<PyRecord>>> {
         if fetch.is_empty() {
-            return Ok((Vec::new(), next));
+            return Ok(Vec::new());
         }
         let buffer = PyBytes::new(py, fetch.as_bytes());
         let view = PyMemoryView::from(buffer.as_any())?;
@@ -753,7 +868,7 @@ impl PyConsumer {
             Ok(view.get_item(slice)?.unbind())
         };
         let mut records = Vec::new();
-        for record in fetch.records().filter(|r| r.offset() >= from) {
+        for record in fetch.records() {
             let headers = record
                 .headers()
                 .map(|h| (PyBytes::new(py, h.key).unbind(), PyBytes::new(py, h.value).unbind()))
@@ -767,14 +882,27 @@ impl PyConsumer {
             };
             records.push(Py::new(py, record)?);
         }
-        Ok((records, next))
+        Ok(records)
+    }
+
+    /// Up to `max_records` of the buffered records, the position moved past them.
+    fn take_buffered(state: &mut ConsumerState, max_records: Option<usize>) -> Vec<Py<PyRecord>> {
+        // From the front of the buffered fetch: iterating one record at a time stays linear.
+        let take = max_records.map_or(state.buffered.len(), |max| max.min(state.buffered.len()));
+        let records: Vec<Py<PyRecord>> = state.buffered.drain(..take).collect();
+        if let Some(last) = records.last() {
+            state.position = Offset::new(last.get().offset + 1);
+        }
+        records
     }
 }
 
 #[pymethods]
 impl PyConsumer {
     /// Up to `max_records` records from the position on (all of one fetch, about 1 MiB, when
-    /// not given); waits up to `timeout` seconds when caught up. Moves the position past them.
+    /// not given); waits up to `timeout` seconds when caught up (Ctrl-C interrupts the wait).
+    /// Returns `[]` only when caught up: the position is the high watermark. Moves the
+    /// position past the records returned.
     #[pyo3(signature = (max_records = None, timeout = None))]
     fn poll(
         &self,
@@ -782,22 +910,34 @@ impl PyConsumer {
         max_records: Option<usize>,
         timeout: Option<f64>,
     ) -> PyResult<Vec<Py<PyRecord>>> {
-        let mut state = self.lock()?;
-        if state.buffered.is_empty() {
-            let (fetched, next) = self.fetch(py, state.position, timeout)?;
-            if fetched.is_empty() {
-                state.position = next;
-                return Ok(fetched);
+        let (from, seeks) = {
+            let mut state = self.lock()?;
+            if !state.buffered.is_empty() {
+                return Ok(Self::take_buffered(&mut state, max_records));
             }
-            state.buffered = fetched.into();
+            if state.polling {
+                return Err(ChronikError::new_err("this consumer is polled on another thread"));
+            }
+            state.polling = true;
+            (state.position, state.seeks)
+        };
+        let fetched = self
+            .next_fetch(py, from, timeout)
+            .and_then(|fetch| Ok((Self::records(py, &fetch)?, fetch.next_offset())));
+        let mut state = self.lock()?;
+        state.polling = false;
+        let (records, next) = fetched?;
+        if state.seeks != seeks {
+            // Sought elsewhere meanwhile: what was fetched is from the old position.
+            return Ok(Vec::new());
         }
-        // From the front of the buffered fetch: iterating one record at a time stays linear.
-        let take = max_records.map_or(state.buffered.len(), |max| max.min(state.buffered.len()));
-        let records: Vec<Py<PyRecord>> = state.buffered.drain(..take).collect();
-        if let Some(last) = records.last() {
-            state.position = Offset::new(last.get().offset + 1);
+        if records.is_empty() {
+            // Caught up; where, if retention moved the log start past the position.
+            state.position = from.max(next);
+            return Ok(records);
         }
-        Ok(records)
+        state.buffered = records.into();
+        Ok(Self::take_buffered(&mut state, max_records))
     }
 
     fn __iter__(slf: Py<Self>) -> Py<Self> {
@@ -818,6 +958,7 @@ impl PyConsumer {
         let mut state = self.lock()?;
         state.position = Offset::new(offset);
         state.buffered.clear();
+        state.seeks += 1;
         Ok(())
     }
 
@@ -885,6 +1026,7 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<processor::PyContext>()?;
     m.add_class::<processor::PyStore>()?;
     m.add_function(wrap_pyfunction!(processor::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(processor::check_spec, m)?)?;
     topology::register(m)?;
     m.add_function(wrap_pyfunction!(partition_for_key, m)?)?;
     m.add_function(wrap_pyfunction!(encode, m)?)?;
@@ -899,5 +1041,6 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OffsetOutOfRangeError", py.get_type::<OffsetOutOfRangeError>())?;
     m.add("IoError", py.get_type::<ChronikIoError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
+    m.add("ReadOnlyError", py.get_type::<ReadOnlyError>())?;
     Ok(())
 }

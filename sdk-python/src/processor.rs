@@ -553,11 +553,44 @@ pub(crate) fn setup(
     value_format: &str,
     options: &Bound<'_, PyDict>,
 ) -> PyResult<(ProcessorConfig, Arc<Spec>)> {
+    let checked = check(application, inputs, stores, key_format, value_format, options)?;
+    let spec = Spec {
+        factory,
+        key_format: checked.key_format,
+        value_format: checked.value_format,
+        stores: checked.stores,
+        raised: Mutex::new(None),
+    };
+    Ok((checked.config, Arc::new(spec)))
+}
+
+/// A processor's settings, parsed and checked.
+pub(crate) struct Checked {
+    config: ProcessorConfig,
+    key_format: Codec,
+    value_format: Codec,
+    stores: Vec<(String, Codec)>,
+}
+
+/// Parse and check what `setup` takes (all but the handler): store specs, formats and
+/// options. `App` calls this from its constructor, so a bad setting is refused there rather
+/// than at the first run, which is often far away.
+pub(crate) fn check(
+    application: &str,
+    inputs: Vec<String>,
+    stores: Vec<(String, String)>,
+    key_format: &str,
+    value_format: &str,
+    options: &Bound<'_, PyDict>,
+) -> PyResult<Checked> {
     let first = inputs.first().ok_or_else(|| InvalidArgumentError::new_err("no input topic"))?;
     let mut config = ProcessorConfig::new(application, first);
     config.inputs = inputs;
     let mut formats = Vec::with_capacity(stores.len());
     for (name, spec) in stores {
+        if formats.iter().any(|(n, _)| *n == name) {
+            return Err(InvalidArgumentError::new_err(format!("store {name:?} is named twice")));
+        }
         let (codec, kind) = store_spec(&name, &spec)?;
         config.stores.push(name.clone());
         if let Some(kind) = kind {
@@ -566,14 +599,26 @@ pub(crate) fn setup(
         formats.push((name, codec));
     }
     apply_options(&mut config, options)?;
-    let spec = Spec {
-        factory,
+    Ok(Checked {
+        config,
         key_format: Codec::parse(key_format)?,
         value_format: Codec::parse(value_format)?,
         stores: formats,
-        raised: Mutex::new(None),
-    };
-    Ok((config, Arc::new(spec)))
+    })
+}
+
+/// Check an application's settings without making it (see [`check`]).
+#[pyfunction]
+#[pyo3(name = "_check_spec")]
+pub(crate) fn check_spec(
+    application: &str,
+    inputs: Vec<String>,
+    stores: Vec<(String, String)>,
+    key_format: &str,
+    value_format: &str,
+    options: &Bound<'_, PyDict>,
+) -> PyResult<()> {
+    check(application, inputs, stores, key_format, value_format, options).map(drop)
 }
 
 /// The processor settings among `options` (keyword arguments), onto `config`.
@@ -601,6 +646,10 @@ pub(crate) fn apply_options(
                 return Err(InvalidArgumentError::new_err(format!("unknown option {other:?}")));
             }
         }
+    }
+    // The runner refuses these too, but only when it starts.
+    if config.commit_interval_ms == 0 || config.threads == 0 {
+        return Err(InvalidArgumentError::new_err("commit_interval_ms and threads must be > 0"));
     }
     Ok(())
 }

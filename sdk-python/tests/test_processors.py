@@ -229,10 +229,8 @@ def test_bad_setups_are_typed_errors(path):
         with pytest.raises(chronik.NotFoundError):
             missing.run_until_caught_up()
         db.create_topic("in")
-        yaml = chronik.App(db, "x", input="in", stores={"s": "yaml"})
-        yaml.processor(lambda record, ctx: None)
-        with pytest.raises(chronik.InvalidArgumentError):
-            yaml.run_until_caught_up()
+        with pytest.raises(chronik.InvalidArgumentError):  # at construction, not at the run
+            chronik.App(db, "x", input="in", stores={"s": "yaml"})
         empty = chronik.App(db, "x", input="in")
         with pytest.raises(ValueError):
             empty.run_until_caught_up()

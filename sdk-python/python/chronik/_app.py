@@ -6,7 +6,7 @@ import inspect
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from chronik._chronik import Chronik, _App
+from chronik._chronik import Chronik, _App, _check_spec
 
 StoresSpec = Union[Sequence[str], Mapping[str, str]]
 
@@ -85,6 +85,9 @@ class Spec:
             "punctuate_stream_ms": punctuate_stream_ms,
             "punctuate_wall_ms": punctuate_wall_ms,
         }
+        # Bad store specs, formats and settings raise InvalidArgumentError here, not at the
+        # first run (often far from the line that made the mistake).
+        _check_spec(name, self.inputs, self.stores, key_format, value_format, self.options)
         self._target: Any = None
         self._batch = False
         self._timer: Optional[Callable[..., Any]] = None

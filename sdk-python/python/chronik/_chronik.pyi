@@ -16,6 +16,7 @@ class LockedError(ChronikError): ...
 class OffsetOutOfRangeError(ChronikError): ...
 class IoError(ChronikError): ...
 class ClosedError(ChronikError): ...
+class ReadOnlyError(ChronikError): ...
 
 class SimulationFailure(Exception):
     """A simulated run differed from the fault-free run (or an oracle failed)."""
@@ -49,7 +50,9 @@ class Producer:
         self, records: Iterable[Sequence[object]], partition: Optional[int] = None
     ) -> list[Tuple[int, int, int]]:
         """Append `(key, value)`, `(key, value, headers)` or `(key, value, headers, timestamp)`
-        tuples, one batch per partition; `(partition, first offset, last offset)` per batch."""
+        tuples, one batch per partition (more where one would pass the engine's limits of 16 MiB
+        and 2**20 records, each batch atomic on its own); `(partition, first offset, last
+        offset)` per batch."""
     def send_async(
         self,
         key: Optional[BytesLike],
@@ -76,7 +79,9 @@ class Consumer:
     group: Optional[str]
     def poll(
         self, max_records: Optional[int] = None, timeout: Optional[float] = None
-    ) -> list[Record]: ...
+    ) -> list[Record]:
+        """Records from the position on; `[]` only when caught up (at the high watermark),
+        after waiting up to `timeout` seconds (Ctrl-C interrupts the wait)."""
     def __iter__(self) -> Iterator[Record]: ...
     def __next__(self) -> Record: ...
     def seek(self, offset: int) -> None: ...
@@ -111,6 +116,11 @@ class Chronik:
         DeleteRecords); returns the log start after the call (the call never moves it past
         `before`, nor back)."""
     def flush(self) -> None: ...
+    read_only: bool
+    def refresh(self) -> None:
+        """Read-only opens: take in what the writing process appended since the last look."""
+    def compact_topic(self, name: str) -> list[Optional[int]]:
+        """Compact a compacted topic now; the records kept per partition (None: nothing to do)."""
     def producer(self, topic: str) -> Producer: ...
     def consumer(self, topic: str, partition: int = 0, group: Optional[str] = None) -> Consumer: ...
 
@@ -180,9 +190,19 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     """The partition a key goes to among `partitions` (the producer's choice)."""
 
 def _encode(format: str, value: Any) -> bytes: ...
+def _check_spec(
+    application: str,
+    inputs: Sequence[str],
+    stores: Sequence[Tuple[str, str]],
+    key_format: str,
+    value_format: str,
+    options: Mapping[str, Any],
+) -> None: ...
 
-def open(path: str, durability: str = "sync") -> Chronik:
-    """Open (creating if needed) a data directory; durability "sync", "os" or "interval:MS"."""
+def open(path: str, durability: str = "sync", read_only: bool = False) -> Chronik:
+    """Open (creating if needed) a data directory; durability "sync", "os" or "interval:MS".
+    `read_only`: beside a process that writes it, without the lock; writes raise
+    `ReadOnlyError`."""
 
 class Event:
     """A record as a topology's functions see it: key and value in the topology's formats,
