@@ -14,8 +14,11 @@ fn a_compacted_topic_reaches_the_broker_whole() {
     let directory = tempfile::tempdir().unwrap();
     let want: Vec<OwnedRecord> = {
         let chronik = Chronik::open(directory.path(), Options::default()).unwrap();
-        let config =
-            TopicConfig { segment_bytes: 4096, cleanup: Cleanup::Compact, ..TopicConfig::default() };
+        let config = TopicConfig {
+            segment_bytes: 4096,
+            cleanup: Cleanup::Compact,
+            ..TopicConfig::default()
+        };
         chronik.create_topic("profiles", config).unwrap();
         for round in 0..6 {
             for key in 0..100 {
