@@ -331,7 +331,8 @@ impl<I: Io> Engine<I> {
         let meta_path = path.join(TOPIC_META_FILE);
         let bytes = segment::read_small_file(io, &meta_path).map_err(OpenError::from)?;
         let Some(bytes) = bytes else {
-            if read_only {
+            // A writer's delete renames the whole directory away first.
+            if read_only && io.list(path).is_err_and(|e| e.kind() == NotFound) {
                 return Ok(None);
             }
             // Creation writes `topic.meta` before the topic directory is renamed into place.
