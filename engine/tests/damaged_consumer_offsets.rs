@@ -130,7 +130,7 @@ fn damage_at_the_end_of_its_log_refuses_commits_and_transactions_before_they_wri
     let damage = report.committed_offsets_damage.clone().expect("the damage is reported");
     assert_eq!((&damage.file, damage.position), (&log, last));
     let offsets_recovery = report.partitions.iter().find(|p| p.topic == OFFSETS_TOPIC).unwrap();
-    assert_eq!(offsets_recovery.damage, [damage.clone()]);
+    assert_eq!(offsets_recovery.damage, std::slice::from_ref(&damage));
     assert_eq!(values(&engine, "t"), ["tx-a"]);
     assert_eq!(engine.committed_offset("h", "other", 0), Some(Offset::new(2)));
     check_other_works(&engine);
