@@ -78,9 +78,11 @@ impl<I: Io> Engine<I> {
     /// `__consumer_offsets` holding the group's offsets and, per partition, where the
     /// transaction's batch ends, is made durable: the commit point. The partitions are then
     /// released and their records shown. Recovery removes a transactional batch at the end of
-    /// a partition that no commit record covers. Any I/O failure poisons the engine; the next
-    /// open decides by the commit record. Returns the offsets each write got, in the order of
-    /// `writes`.
+    /// a partition that no commit record covers. Any I/O failure poisons the engine, and so does
+    /// a commit point refused once batches are written; the next open decides by the commit
+    /// record. Refused before anything is written while `__consumer_offsets` is damaged so that
+    /// it takes no commit record (see [`Engine::committed_offsets_damage`]). Returns the
+    /// offsets each write got, in the order of `writes`.
     pub fn commit_transaction(
         &self,
         writes: &[TransactionWrite<'_>],
@@ -187,6 +189,15 @@ impl<I: Io> Engine<I> {
         let committed = self
             .commit_keys(keys)
             .and_then(|()| if early { sync_all().map_err(CommitError::from) } else { Ok(()) });
+        if let Err(error) = &committed
+            && self.inner.context.poison.check().is_ok()
+        {
+            // The batches are written and synced, and nothing takes them back from a log:
+            // fail-stop, so the next open decides by the commit records (none: rolled back).
+            // Left running, the partitions would wait behind batches never shown.
+            let reason = format!("a transaction's commit failed after its batches: {error}");
+            self.inner.context.poison.set(reason);
+        }
         release(&held, committed.is_ok());
         committed?;
         let by_partition: BTreeMap<(&str, u32), Appended> =
