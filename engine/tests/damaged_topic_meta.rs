@@ -100,6 +100,11 @@ fn check_refused(engine: &common::Engine, damage: &chronik_engine::Corruption, w
         other => panic!("describe: {other:?}"),
     }
     assert_eq!(engine.partition_count(BAD), None);
+    match engine.topic_partitions(BAD) {
+        Err(TopicError::Corruption(c)) => assert_eq!(&c, damage),
+        other => panic!("topic_partitions: {other:?}"),
+    }
+    assert!(matches!(engine.topic_partitions("nope"), Err(TopicError::NotFound { .. })));
     assert!(engine.list_topics().contains(&BAD.to_owned()), "{:?}", engine.list_topics());
     let expected = vec![DamagedTopic { name: BAD.to_owned(), damage: damage.clone() }];
     assert_eq!(engine.damaged_topics(), expected);

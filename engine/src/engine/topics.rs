@@ -336,8 +336,14 @@ impl<I: Io> Engine<I> {
         Ok(TopicDescription { name: name.to_owned(), config, partitions })
     }
 
+    /// The number of partitions of a topic: `NotFound`, or `Corruption` for a topic kept
+    /// closed by damage (its count may be unknown).
+    pub fn topic_partitions(&self, name: &str) -> Result<u32, TopicError> {
+        Ok(self.existing_topic(name)?.config.lock().partitions)
+    }
+
     /// The number of partitions of a topic; `None` also for a topic kept closed by damage
-    /// (its count may be unknown): [`Engine::describe_topic`] tells the two apart.
+    /// (its count may be unknown): [`Engine::topic_partitions`] tells the two apart.
     pub fn partition_count(&self, topic: &str) -> Option<u32> {
         self.topic(topic).map(|t| t.config.lock().partitions)
     }
