@@ -309,6 +309,8 @@ impl<I: Io> Engine<I> {
             CommitError::Topic(e) => e,
             CommitError::Append(AppendError::Io(e)) => TopicError::Io(e),
             CommitError::Append(AppendError::Poisoned(p)) => TopicError::Poisoned(p),
+            // `__consumer_offsets` damaged at the end of its log takes no tombstone.
+            CommitError::Append(AppendError::Corruption(c)) => TopicError::Corruption(c),
             other => TopicError::Io(IoError::new(
                 "forget transactions",
                 &self.topics_directory().join(name),
