@@ -104,6 +104,8 @@ pub enum TopicError {
     InvalidName { name: String, reason: &'static str },
     #[error("invalid topic config: {reason}")]
     InvalidConfig { reason: String },
+    /// Damaged files: the topic is kept closed by damage found at open
+    /// ([`crate::Engine::damaged_topics`]), or a new partition did not open.
     #[error(transparent)]
     Corruption(#[from] Corruption),
     #[error("the data directory was opened read-only")]
@@ -133,8 +135,9 @@ pub enum AppendError {
     BatchTooLarge { bytes: u64, max: u64 },
     #[error("batch of {records} records exceeds the maximum of {max} records")]
     TooManyRecords { records: usize, max: u32 },
-    /// The partition holds damaged synced data at its end; appending after it would hide it.
-    #[error("partition is damaged, appends refused: {0}")]
+    /// The partition holds damaged synced data at its end (appending after it would hide
+    /// it), or its topic is kept closed by damage ([`crate::Engine::damaged_topics`]).
+    #[error("damaged, appends refused: {0}")]
     Corruption(Corruption),
     #[error(transparent)]
     Poisoned(#[from] Poisoned),
@@ -156,6 +159,8 @@ pub enum ReadError {
     PartitionNotFound { topic: String, partition: u32 },
     #[error("offset {requested} is out of range [{start}, {end}]")]
     OffsetOutOfRange { requested: u64, start: u64, end: u64 },
+    /// The read reached damaged data, or the topic is kept closed by damage
+    /// ([`crate::Engine::damaged_topics`]).
     #[error(transparent)]
     Corruption(#[from] Corruption),
     /// A read-only open found that the writing process recovered and rewrote data this reader
@@ -176,7 +181,8 @@ pub enum CommitError {
     InvalidGroup { name: String, reason: &'static str },
     #[error("topic {topic:?} has no partition {partition}")]
     PartitionNotFound { topic: String, partition: u32 },
-    /// Creating the internal offsets topic failed.
+    /// Creating the internal offsets topic failed, or (`TopicError::Corruption`) a topic
+    /// named, or `__consumer_offsets` itself, is kept closed by damage.
     #[error(transparent)]
     Topic(#[from] TopicError),
     #[error(transparent)]
@@ -214,7 +220,10 @@ impl Error {
             | Error::Topic(TopicError::Corruption(c))
             | Error::Append(AppendError::Corruption(c))
             | Error::Read(ReadError::Corruption(c))
-            | Error::Commit(CommitError::Append(AppendError::Corruption(c))) => Some(c),
+            | Error::Commit(
+                CommitError::Append(AppendError::Corruption(c))
+                | CommitError::Topic(TopicError::Corruption(c)),
+            ) => Some(c),
             _ => None,
         }
     }

@@ -87,11 +87,13 @@ pub fn encode_commit(keys: &[(CommitKey, Offset)]) -> Vec<(Vec<u8>, [u8; 8])> {
 }
 
 /// The latest committed offset per key, from the offsets topic's records in order. A record
-/// that does not decode is damage: the open fails rather than forget a commit.
+/// that does not decode is damage, as a batch that fails its checksum is: kept in `damage`.
 #[derive(Debug, Default)]
 pub struct Committed {
     latest: BTreeMap<CommitKey, Offset>,
-    /// The offsets topic is damaged here: commit records after the damage could not be read.
+    /// The first damage found in the offsets topic (or the topic itself kept closed by
+    /// damage): commit records in the damaged part could not be read, so a key's latest
+    /// commit may be one of them, and which transactions committed is unknown.
     pub damage: Option<Corruption>,
 }
 

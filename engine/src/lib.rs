@@ -45,7 +45,7 @@ pub use log::Durability;
 pub use partition::{
     Appended, CompactionFailure, CompactionReport, PartitionDescription, PendingAppend,
 };
-pub use recovery::{PartitionRecovery, RecoveryReport};
+pub use recovery::{DamagedTopic, PartitionRecovery, RecoveryReport};
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 
 mod canary;

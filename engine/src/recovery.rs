@@ -104,18 +104,48 @@ impl fmt::Display for PartitionRecovery {
     }
 }
 
+/// A topic the open could not take up because its files are damaged (its `topic.meta`
+/// damaged or missing, or a file of one of its partitions that recovery cannot read past).
+/// The topic's files are left as they are, the other topics open, and every operation on
+/// this one fails with the same `Corruption` until it is repaired: the file put back and the
+/// directory reopened, `topic.meta` rewritten by [`Engine::alter_topic_config`], or the topic
+/// discarded by [`Engine::delete_topic`].
+///
+/// [`Engine::alter_topic_config`]: crate::Engine::alter_topic_config
+/// [`Engine::delete_topic`]: crate::Engine::delete_topic
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedTopic {
+    pub name: String,
+    pub damage: Corruption,
+}
+
+impl fmt::Display for DamagedTopic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "topic {} is damaged and was not opened: {}", self.name, self.damage)
+    }
+}
+
 /// What recovery did to a whole data directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     pub partitions: Vec<PartitionRecovery>,
     /// Topics whose creation or deletion a crash interrupted, removed at open.
     pub removed_incomplete_topics: Vec<String>,
+    /// Topics left closed because their files are damaged (see [`DamagedTopic`]).
+    pub damaged_topics: Vec<DamagedTopic>,
+    /// Damage that hid commit records of `__consumer_offsets` (its segments, or the topic
+    /// itself among `damaged_topics`): as [`Engine::committed_offsets_damage`] says.
+    ///
+    /// [`Engine::committed_offsets_damage`]: crate::Engine::committed_offsets_damage
+    pub committed_offsets_damage: Option<Corruption>,
 }
 
 impl RecoveryReport {
     pub fn is_clean(&self) -> bool {
         self.partitions.iter().all(PartitionRecovery::is_clean)
             && self.removed_incomplete_topics.is_empty()
+            && self.damaged_topics.is_empty()
+            && self.committed_offsets_damage.is_none()
     }
 
     pub fn truncated_bytes(&self) -> u64 {
@@ -126,13 +156,21 @@ impl RecoveryReport {
         self.partitions.iter().map(|p| p.truncated_records).sum()
     }
 
-    /// One line per partition that was not clean, and per removed topic directory.
+    /// One line per partition that was not clean, per removed topic directory, per damaged
+    /// topic, and for damage in the consumer offsets.
     pub fn lines(&self) -> Vec<String> {
         let partitions = self.partitions.iter().filter(|p| !p.is_clean()).map(ToString::to_string);
         let topics = self.removed_incomplete_topics.iter().map(|name| {
             format!("removed the leftovers of an interrupted create or delete: {name}")
         });
-        partitions.chain(topics).collect()
+        let damaged = self.damaged_topics.iter().map(ToString::to_string);
+        let offsets = self.committed_offsets_damage.iter().map(|damage| {
+            format!(
+                "consumer offsets: commit records after {damage} are unknown (committed \
+                 offsets may be older than the last commits; no transaction was rolled back)"
+            )
+        });
+        partitions.chain(topics).chain(damaged).chain(offsets).collect()
     }
 }
 

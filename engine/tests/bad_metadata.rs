@@ -1,6 +1,8 @@
-//! Damaged metadata files: the open fails with a typed error naming the file (never a panic,
-//! never a silent fresh start over existing data), changes nothing on disk, and once the file
-//! is put back every record reads as before. A data directory path that is a file is an I/O
+//! Damaged metadata files: a damaged `chronik.meta` fails the open with a typed error naming
+//! the file; a damaged file of one topic (`topic.meta`, `log.start`) keeps that topic closed,
+//! reported with the file (`damaged_topic_meta.rs` has the rest). Never a panic, never a silent
+//! fresh start over existing data, nothing changed in the damaged topic, and once the file is
+//! put back every record reads as before. A data directory path that is a file is an I/O
 //! error. (Damaged segments, indexes and checkpoints: `sealed_corruption.rs`, `torn_tail.rs`,
 //! `missing_index.rs`, and the fuzz targets replayed by `sim/tests/fuzz_corpus.rs`.)
 
@@ -24,13 +26,23 @@ fn files(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 fn try_open(root: &Path) -> Result<Engine<chronik_engine::io::SystemIo>, OpenError> {
+    try_open_reporting(root).map(|(engine, _)| engine)
+}
+
+fn try_open_reporting(
+    root: &Path,
+) -> Result<(Engine<chronik_engine::io::SystemIo>, chronik_engine::RecoveryReport), OpenError> {
     let clock = common::ManualClock::new(common::EPOCH_MS);
     let options = Options { durability: Durability::Sync, ..Options::default() };
-    Engine::open(common::test_io(), clock, root, options).map(|(engine, _)| engine)
+    Engine::open(common::test_io(), clock, root, options)
+}
+
+fn damage_bytes(files: &[(PathBuf, Vec<u8>)], path: &Path) -> Vec<u8> {
+    files.iter().find(|(p, _)| p == path).map(|(_, b)| b.clone()).unwrap()
 }
 
 #[test]
-fn each_damaged_metadata_file_is_a_typed_error_and_loses_nothing() {
+fn each_damaged_metadata_file_is_reported_and_loses_nothing() {
     type Damage = fn(&[u8]) -> Vec<u8>;
     let cases: [(&str, &str, Damage); 6] = [
         ("chronik.meta", "newer version", |b| {
@@ -74,22 +86,38 @@ fn each_damaged_metadata_file_is_a_typed_error_and_loses_nothing() {
         let original = std::fs::read(&path).unwrap();
         std::fs::write(&path, damage(&original)).unwrap();
         let before = files(root);
-        let error = try_open(root).map(|_| ()).expect_err(&format!("{file} {how}: opened"));
-        match (&error, file) {
-            (OpenError::UnsupportedVersion { found, supported, .. }, "chronik.meta") => {
-                assert_eq!(*found, supported + 1, "{file} {how}");
+        if file.starts_with("topics/") {
+            let (engine, report) = try_open_reporting(root).unwrap();
+            let damage = &report.damaged_topics[0].damage;
+            assert_eq!(damage.file, path, "{file} {how}: {damage}");
+            assert!(damage.to_string().contains(file.rsplit('/').next().unwrap()), "{damage}");
+            let error = engine.read("t", 0, chronik_engine::Offset::ZERO, 1).unwrap_err();
+            assert!(matches!(error, chronik_engine::ReadError::Corruption(_)), "{error}");
+            drop(engine);
+            // The damaged file is as it was.
+            assert_eq!(std::fs::read(&path).unwrap(), damage_bytes(&before, &path));
+        } else {
+            let error = try_open(root).map(|_| ()).expect_err(&format!("{file} {how}: opened"));
+            match (&error, file) {
+                (OpenError::UnsupportedVersion { found, supported, .. }, "chronik.meta") => {
+                    assert_eq!(*found, supported + 1, "{file} {how}");
+                }
+                (OpenError::Corruption(c), _) => {
+                    assert_eq!(c.file, path, "{file} {how}: {error}");
+                    assert!(
+                        !matches!(c.kind, CorruptionKind::OffsetMismatch { .. }),
+                        "{file} {how}"
+                    );
+                }
+                _ => panic!("{file} {how}: unexpected {error:?}"),
             }
-            (OpenError::Corruption(c), _) => {
-                assert_eq!(c.file, path, "{file} {how}: {error}");
-                assert!(!matches!(c.kind, CorruptionKind::OffsetMismatch { .. }), "{file} {how}");
-            }
-            _ => panic!("{file} {how}: unexpected {error:?}"),
+            assert!(error.to_string().contains(file.rsplit('/').next().unwrap()), "{error}");
+            // The refused open changed nothing (the lock file aside, which holds no data).
+            let after: Vec<_> =
+                files(root).into_iter().filter(|(p, _)| !p.ends_with("LOCK")).collect();
+            let before: Vec<_> = before.into_iter().filter(|(p, _)| !p.ends_with("LOCK")).collect();
+            assert_eq!(after, before, "{file} {how}: the failed open changed files");
         }
-        assert!(error.to_string().contains(file.rsplit('/').next().unwrap()), "{error}");
-        // The refused open changed nothing (the lock file aside, which holds no data).
-        let after: Vec<_> = files(root).into_iter().filter(|(p, _)| !p.ends_with("LOCK")).collect();
-        let before: Vec<_> = before.into_iter().filter(|(p, _)| !p.ends_with("LOCK")).collect();
-        assert_eq!(after, before, "{file} {how}: the failed open changed files");
         // Put back, everything is there.
         std::fs::write(&path, &original).unwrap();
         let engine = try_open(root).unwrap();

@@ -2,7 +2,7 @@
 //! oldest sealed segments by age or total size, never the active one; the log start moves
 //! forward durably (`log.start`); reads below it are out of range; a crash between recording
 //! the log start and removing the files is finished by the next open; a damaged `log.start`
-//! fails the open instead of guessing.
+//! keeps its topic closed (reported, every read refused) instead of guessing.
 
 mod common;
 
@@ -156,20 +156,14 @@ fn a_crash_after_the_log_start_is_recorded_is_finished_at_open() {
     assert_eq!(common::read_all(&engine, TOPIC, 0, start, 1 << 20), all[start_index..]);
     drop(engine);
 
-    // A damaged log start fails the open: guessing could hide lost or resurrect removed data.
+    // A damaged log start keeps the topic closed: guessing could hide lost or resurrect
+    // removed data. Every read reports it.
     let file = partition.join(chronik_engine::internals::log_start::LOG_START_FILE);
     common::flip_byte(&file, 20);
-    let opened = chronik_engine::Engine::open(
-        common::test_io(),
-        ManualClock::new(common::EPOCH_MS),
-        directory.path(),
-        chronik_engine::Options::default(),
-    );
-    assert!(
-        matches!(opened, Err(chronik_engine::OpenError::Corruption(_))),
-        "{:?}",
-        opened.map(|_| ())
-    );
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    assert_eq!(report.damaged_topics[0].damage.file, file, "{:?}", report.lines());
+    let read = engine.read(TOPIC, 0, Offset::new(start), 1 << 20);
+    assert!(matches!(read, Err(chronik_engine::ReadError::Corruption(_))), "{read:?}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Appends and reads: the engine's data path, which finds the partition and hands the
 //! request to it.
 
-use super::Engine;
+use super::{Engine, Missing};
 use crate::error::{AppendError, ReadError};
 use crate::fetch::Fetch;
 use crate::io::Io;
@@ -16,12 +16,12 @@ impl<I: Io> Engine<I> {
         topic: &str,
         partition: u32,
     ) -> Result<Arc<Partition<I>>, AppendError> {
-        self.partition(topic, partition).map_err(|topic_missing| {
+        self.partition(topic, partition).map_err(|missing| {
             let topic = topic.to_owned();
-            if topic_missing {
-                AppendError::TopicNotFound { topic }
-            } else {
-                AppendError::PartitionNotFound { topic, partition }
+            match missing {
+                Missing::Topic => AppendError::TopicNotFound { topic },
+                Missing::Partition => AppendError::PartitionNotFound { topic, partition },
+                Missing::Damaged(damage) => AppendError::Corruption(damage),
             }
         })
     }
@@ -31,12 +31,12 @@ impl<I: Io> Engine<I> {
         topic: &str,
         partition: u32,
     ) -> Result<Arc<Partition<I>>, ReadError> {
-        self.partition(topic, partition).map_err(|topic_missing| {
+        self.partition(topic, partition).map_err(|missing| {
             let topic = topic.to_owned();
-            if topic_missing {
-                ReadError::TopicNotFound { topic }
-            } else {
-                ReadError::PartitionNotFound { topic, partition }
+            match missing {
+                Missing::Topic => ReadError::TopicNotFound { topic },
+                Missing::Partition => ReadError::PartitionNotFound { topic, partition },
+                Missing::Damaged(damage) => ReadError::Corruption(damage),
             }
         })
     }

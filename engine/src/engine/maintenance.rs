@@ -3,7 +3,7 @@
 
 use super::Engine;
 use crate::Offset;
-use crate::error::{AppendError, ReadError};
+use crate::error::{AppendError, ReadError, TopicError};
 use crate::io::Io;
 use crate::log::Durability;
 use crate::partition::{CompactionFailure, CompactionReport};
@@ -140,9 +140,10 @@ impl<I: Io> Engine<I> {
     /// bounds still hold). Returns one report per partition, `None` where nothing was
     /// cleanable.
     pub fn compact_topic(&self, name: &str) -> Result<Vec<Option<CompactionReport>>, AppendError> {
-        let topic = self
-            .topic(name)
-            .ok_or_else(|| AppendError::TopicNotFound { topic: name.to_owned() })?;
+        let topic = self.existing_topic(name).map_err(|error| match error {
+            TopicError::Corruption(damage) => AppendError::Corruption(damage),
+            _ => AppendError::TopicNotFound { topic: name.to_owned() },
+        })?;
         let now = self.inner.context.clock.now_ms();
         topic.partitions.iter().map(|partition| partition.compact(now, true)).collect()
     }

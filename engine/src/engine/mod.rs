@@ -31,7 +31,7 @@ use crate::log::Durability;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::partition::Partition;
 use crate::reactor::Reactor;
-use crate::recovery::RecoveryReport;
+use crate::recovery::{DamagedTopic, PartitionRecovery, RecoveryReport};
 use crate::segment;
 use crate::sync::{Mutex, RwLock};
 use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
@@ -78,12 +78,62 @@ struct Topic<I: Io> {
 
 type Topics<I> = BTreeMap<String, Arc<Topic<I>>>;
 
+/// A topic's settings and its opened partitions.
+type OpenedTopic<I> = (TopicConfig, Vec<Arc<Partition<I>>>);
+
+/// Why a lookup found no partition.
+enum Missing {
+    Topic,
+    Partition,
+    /// The topic is kept closed by this damage.
+    Damaged(Corruption),
+}
+
+/// What `open_locked` found.
+struct Opened<I: Io> {
+    topics: Topics<I>,
+    damaged: BTreeMap<String, Corruption>,
+    report: RecoveryReport,
+    committed: Committed,
+}
+
+/// Why a topic did not open: damage keeps it closed (the open goes on), anything else fails
+/// the open.
+enum TopicOpenError {
+    Damaged(Corruption),
+    Failed(OpenError),
+}
+
+impl From<OpenError> for TopicOpenError {
+    fn from(error: OpenError) -> Self {
+        match error {
+            OpenError::Corruption(damage) => TopicOpenError::Damaged(damage),
+            other => TopicOpenError::Failed(other),
+        }
+    }
+}
+
+impl From<Corruption> for TopicOpenError {
+    fn from(damage: Corruption) -> Self {
+        TopicOpenError::Damaged(damage)
+    }
+}
+
+impl From<IoError> for TopicOpenError {
+    fn from(error: IoError) -> Self {
+        TopicOpenError::Failed(error.into())
+    }
+}
+
 #[derive(Debug)]
 struct Inner<I: Io> {
     context: PartitionContext<I>,
     options: Options,
     root: PathBuf,
     topics: RwLock<Topics<I>>,
+    /// Topics found damaged at open and not opened (never also in `topics`), with the
+    /// evidence every operation on them reports. Changed only under `admin`.
+    damaged: RwLock<BTreeMap<String, Corruption>>,
     /// Serialises topic creation and deletion (rare, and they touch the topics directory).
     admin: Mutex<()>,
     /// `None` when opened read-only.
@@ -176,7 +226,7 @@ impl<I: Io> Engine<I> {
             write_paths,
         };
         let result = Self::open_locked(&context, root);
-        let (topics, report, committed) = match result {
+        let Opened { topics, damaged, report, committed } = match result {
             Ok(opened) => opened,
             Err(error) => {
                 if let Some(lock) = lock {
@@ -190,6 +240,7 @@ impl<I: Io> Engine<I> {
             options,
             root: root.to_path_buf(),
             topics: RwLock::new(topics),
+            damaged: RwLock::new(damaged),
             admin: Mutex::new(()),
             lock,
             committed: Mutex::new(committed),
@@ -197,10 +248,7 @@ impl<I: Io> Engine<I> {
         Ok((Engine { inner: Arc::new(inner) }, report))
     }
 
-    fn open_locked(
-        context: &PartitionContext<I>,
-        root: &Path,
-    ) -> Result<(Topics<I>, RecoveryReport, Committed), OpenError> {
+    fn open_locked(context: &PartitionContext<I>, root: &Path) -> Result<Opened<I>, OpenError> {
         let io = &*context.io;
         let read_only = context.read_only;
         check_data_directory_meta(io, root, read_only)?;
@@ -226,7 +274,8 @@ impl<I: Io> Engine<I> {
         let mut entries = entries;
         entries.sort_by_key(|e| e.name != OFFSETS_TOPIC);
         let mut committed = Committed::default();
-        'topics: for entry in entries.into_iter().filter(|e| e.is_directory) {
+        let mut damaged = BTreeMap::new();
+        for entry in entries.into_iter().filter(|e| e.is_directory) {
             let path = topics_directory.join(&entry.name);
             if entry.name.starts_with('.') && read_only {
                 continue;
@@ -237,40 +286,25 @@ impl<I: Io> Engine<I> {
                 report.removed_incomplete_topics.push(entry.name);
                 continue;
             }
-            let meta_path = path.join(TOPIC_META_FILE);
-            let bytes = segment::read_small_file(io, &meta_path)?;
-            if read_only && bytes.is_none() {
-                // The writer deleted the topic while this reader was listing.
-                continue;
-            }
-            let Some(bytes) = bytes else {
-                let kind = CorruptionKind::Malformed { reason: "the file is missing" };
-                return Err(Corruption { file: meta_path, position: 0, kind }.into());
-            };
-            let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
-                file: meta_path.clone(),
-                position: 0,
-                kind,
-            })?;
-            if !read_only {
-                fsync_directory(io, &path)?;
-            }
-            let mut partitions = Vec::with_capacity(config.partitions as usize);
-            for id in 0..config.partitions {
-                let directory = path.join(id.to_string());
-                let transaction_end = committed.transaction_end(&entry.name, id);
-                let opened =
-                    Partition::open(context, directory, &entry.name, id, config, transaction_end);
-                let (partition, recovery) = match opened {
-                    // A read-only open racing the writer's `delete_topic`.
-                    Err(OpenError::Io(e)) if read_only && e.source.kind() == NotFound => {
-                        continue 'topics;
+            let recoveries = &mut report.partitions;
+            let opened = Self::open_topic(context, &path, &entry.name, &committed, recoveries);
+            let (config, partitions) = match opened {
+                Ok(Some(opened)) => opened,
+                // A read-only open racing the writer's `delete_topic`.
+                Ok(None) => continue,
+                // One topic's damage never closes the others: this one is kept closed,
+                // its files as they are, and every operation on it reports the damage.
+                Err(TopicOpenError::Damaged(damage)) => {
+                    tracing::error!(topic = %entry.name, %damage, "damaged topic not opened");
+                    if entry.name == OFFSETS_TOPIC {
+                        committed.damage = Some(damage.clone());
                     }
-                    other => other?,
-                };
-                report.partitions.push(recovery);
-                partitions.push(partition);
-            }
+                    damaged.insert(entry.name.clone(), damage.clone());
+                    report.damaged_topics.push(DamagedTopic { name: entry.name, damage });
+                    continue;
+                }
+                Err(TopicOpenError::Failed(error)) => return Err(error),
+            };
             if entry.name == OFFSETS_TOPIC
                 && let Some(partition) = partitions.first()
             {
@@ -278,7 +312,66 @@ impl<I: Io> Engine<I> {
             }
             topics.insert(entry.name, Arc::new(Topic { config: Mutex::new(config), partitions }));
         }
-        Ok((topics, report, committed))
+        report.committed_offsets_damage.clone_from(&committed.damage);
+        Ok(Opened { topics, damaged, report, committed })
+    }
+
+    /// Open one topic's partitions, recovering each (what recovery did goes to `recoveries`,
+    /// also for a topic then found damaged). `Ok(None)`: a read-only open found the topic
+    /// gone (the writer deleted it meanwhile).
+    fn open_topic(
+        context: &PartitionContext<I>,
+        path: &Path,
+        name: &str,
+        committed: &Committed,
+        recoveries: &mut Vec<PartitionRecovery>,
+    ) -> Result<Option<OpenedTopic<I>>, TopicOpenError> {
+        let io = &*context.io;
+        let read_only = context.read_only;
+        let meta_path = path.join(TOPIC_META_FILE);
+        let bytes = segment::read_small_file(io, &meta_path).map_err(OpenError::from)?;
+        let Some(bytes) = bytes else {
+            // A writer's delete renames the whole directory away first.
+            if read_only && io.list(path).is_err_and(|e| e.kind() == NotFound) {
+                return Ok(None);
+            }
+            // Creation writes `topic.meta` before the topic directory is renamed into place.
+            let kind = CorruptionKind::Malformed { reason: "the file is missing" };
+            return Err(TopicOpenError::Damaged(Corruption { file: meta_path, position: 0, kind }));
+        };
+        let config = TopicConfig::decode(&bytes).map_err(|kind| Corruption {
+            file: meta_path.clone(),
+            position: 0,
+            kind,
+        })?;
+        if !read_only {
+            fsync_directory(io, path)?;
+        }
+        let mut partitions: Vec<Arc<Partition<I>>> = Vec::with_capacity(config.partitions as usize);
+        for id in 0..config.partitions {
+            let directory = path.join(id.to_string());
+            let transaction_end = committed.transaction_end(name, id);
+            let opened = Partition::open(context, directory, name, id, config, transaction_end);
+            let error = match opened {
+                Ok((partition, recovery)) => {
+                    recoveries.push(recovery);
+                    partitions.push(partition);
+                    continue;
+                }
+                Err(error) => error,
+            };
+            // The partitions opened so far leave the write path: the topic stays closed.
+            for partition in &partitions {
+                partition.mark_deleted();
+            }
+            return match error {
+                OpenError::Io(e) if read_only && e.source.kind() == NotFound => Ok(None),
+                OpenError::Corruption(damage) => Err(TopicOpenError::Damaged(damage)),
+                other => Err(TopicOpenError::Failed(other)),
+            };
+        }
+        assert_eq!(partitions.len(), config.partitions as usize, "every partition opened");
+        Ok(Some((config, partitions)))
     }
 
     /// Write a small file the application keeps beside its topics (stream processors keep
@@ -348,11 +441,40 @@ impl<I: Io> Engine<I> {
         self.inner.topics.read().get(name).cloned()
     }
 
-    /// A partition, or which of the two names was not found: `Err(true)` for the topic,
-    /// `Err(false)` for the partition.
-    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, bool> {
-        let found = self.topic(topic).ok_or(true)?;
-        found.partitions.get(partition as usize).cloned().ok_or(false)
+    /// A topic that is open: `NotFound`, or `Corruption` for a topic kept closed by damage.
+    fn existing_topic(&self, name: &str) -> Result<Arc<Topic<I>>, TopicError> {
+        if let Some(topic) = self.topic(name) {
+            return Ok(topic);
+        }
+        // Looked up after `topics`: a repair adds the topic there before it leaves `damaged`.
+        match self.damage_of(name) {
+            Some(damage) => Err(TopicError::Corruption(damage)),
+            None => Err(TopicError::NotFound { name: name.to_owned() }),
+        }
+    }
+
+    /// The damage that keeps topic `name` closed, if it is.
+    fn damage_of(&self, name: &str) -> Option<Corruption> {
+        self.inner.damaged.read().get(name).cloned()
+    }
+
+    /// A partition, or why there is none.
+    fn partition(&self, topic: &str, partition: u32) -> Result<Arc<Partition<I>>, Missing> {
+        let found = self.existing_topic(topic).map_err(|error| match error {
+            TopicError::Corruption(damage) => Missing::Damaged(damage),
+            _ => Missing::Topic,
+        })?;
+        found.partitions.get(partition as usize).cloned().ok_or(Missing::Partition)
+    }
+
+    /// The topics found damaged at open and kept closed (see [`DamagedTopic`]), by name:
+    /// every operation on them fails with the damage as `Corruption`.
+    pub fn damaged_topics(&self) -> Vec<DamagedTopic> {
+        let damaged = self.inner.damaged.read();
+        let entries = damaged.iter();
+        entries
+            .map(|(name, damage)| DamagedTopic { name: name.clone(), damage: damage.clone() })
+            .collect()
     }
 
     fn check_writable(&self) -> Result<(), TopicError> {

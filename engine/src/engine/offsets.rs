@@ -1,8 +1,8 @@
 //! Consumer offsets and transactions: commits to the offsets topic, and a transaction's
 //! batches, fsyncs and end markers, which share the write path's turns.
 
-use super::Engine;
-use crate::error::{AppendError, CommitError, IoError, OpenError, ReadError, TopicError};
+use super::{Engine, Missing};
+use crate::error::{AppendError, CommitError, IoError, ReadError, TopicError};
 use crate::groups::{self, CommitKey, Committed, OFFSETS_TOPIC};
 use crate::io::Io;
 use crate::log::Durability;
@@ -59,10 +59,7 @@ impl<I: Io> Engine<I> {
         groups::validate_group(group)?;
         let mut keys = Vec::with_capacity(offsets.len());
         for &(topic, partition, offset) in offsets {
-            if self.partition(topic, partition).is_err() || groups::is_internal(topic) {
-                let topic = topic.to_owned();
-                return Err(CommitError::PartitionNotFound { topic, partition });
-            }
+            self.check_committable(topic, partition)?;
             let key = CommitKey { group: group.to_owned(), topic: topic.to_owned(), partition };
             keys.push((key, offset));
         }
@@ -81,9 +78,11 @@ impl<I: Io> Engine<I> {
     /// `__consumer_offsets` holding the group's offsets and, per partition, where the
     /// transaction's batch ends, is made durable: the commit point. The partitions are then
     /// released and their records shown. Recovery removes a transactional batch at the end of
-    /// a partition that no commit record covers. Any I/O failure poisons the engine; the next
-    /// open decides by the commit record. Returns the offsets each write got, in the order of
-    /// `writes`.
+    /// a partition that no commit record covers. Any I/O failure poisons the engine, and so does
+    /// a commit point refused once batches are written; the next open decides by the commit
+    /// record. Refused before anything is written while `__consumer_offsets` is damaged so that
+    /// it takes no commit record (see [`Engine::committed_offsets_damage`]). Returns the
+    /// offsets each write got, in the order of `writes`.
     pub fn commit_transaction(
         &self,
         writes: &[TransactionWrite<'_>],
@@ -121,12 +120,7 @@ impl<I: Io> Engine<I> {
         // One batch per partition, the partitions in name order.
         let mut merged: BTreeMap<(&str, u32), Vec<Record<'_>>> = BTreeMap::new();
         for write in writes {
-            if groups::is_internal(write.topic)
-                || self.partition(write.topic, write.partition).is_err()
-            {
-                let (topic, partition) = (write.topic.to_owned(), write.partition);
-                return Err(CommitError::PartitionNotFound { topic, partition });
-            }
+            self.check_committable(write.topic, write.partition)?;
             merged
                 .entry((write.topic, write.partition))
                 .or_default()
@@ -140,6 +134,10 @@ impl<I: Io> Engine<I> {
                 self.commit_keys(keys).map(|()| Vec::new())
             };
         }
+        // Before any batch is written: a batch left uncommitted because the commit point was
+        // refused for damage would be kept by the next open, which with the offsets topic
+        // damaged cannot tell which transactions committed.
+        self.check_offsets_appendable()?;
         let mut held: Vec<Held<'_, I>> = Vec::new();
         // Every partition's end queued before any is waited for: one turn.
         let release = |held: &[Held<'_, I>], committed: bool| {
@@ -191,6 +189,15 @@ impl<I: Io> Engine<I> {
         let committed = self
             .commit_keys(keys)
             .and_then(|()| if early { sync_all().map_err(CommitError::from) } else { Ok(()) });
+        if let Err(error) = &committed
+            && self.inner.context.poison.check().is_ok()
+        {
+            // The batches are written and synced, and nothing takes them back from a log:
+            // fail-stop, so the next open decides by the commit records (none: rolled back).
+            // Left running, the partitions would wait behind batches never shown.
+            let reason = format!("a transaction's commit failed after its batches: {error}");
+            self.inner.context.poison.set(reason);
+        }
         release(&held, committed.is_ok());
         committed?;
         let by_partition: BTreeMap<(&str, u32), Appended> =
@@ -200,6 +207,34 @@ impl<I: Io> Engine<I> {
             .iter()
             .filter_map(|w| by_partition.get(&(w.topic, w.partition)).copied())
             .collect())
+    }
+
+    /// A partition of a user topic that exists: `PartitionNotFound`, or the damage that keeps
+    /// its topic closed.
+    fn check_committable(&self, topic: &str, partition: u32) -> Result<(), CommitError> {
+        match self.partition(topic, partition) {
+            Ok(_) if !groups::is_internal(topic) => Ok(()),
+            Err(Missing::Damaged(damage)) if !groups::is_internal(topic) => {
+                Err(TopicError::Corruption(damage).into())
+            }
+            _ => {
+                let topic = topic.to_owned();
+                Err(CommitError::PartitionNotFound { topic, partition })
+            }
+        }
+    }
+
+    /// Whether a commit record could be appended now: not when `__consumer_offsets` is kept
+    /// closed by damage, or its partition refuses appends for damage at its end.
+    fn check_offsets_appendable(&self) -> Result<(), CommitError> {
+        if let Some(damage) = self.damage_of(OFFSETS_TOPIC) {
+            return Err(TopicError::Corruption(damage).into());
+        }
+        let partition = self.topic(OFFSETS_TOPIC).and_then(|t| t.partitions.first().cloned());
+        match partition.and_then(|p| p.append_refusal()) {
+            Some(damage) => Err(AppendError::Corruption(damage).into()),
+            None => Ok(()),
+        }
     }
 
     /// Append commit records to `__consumer_offsets` (creating it first) and make them
@@ -232,9 +267,14 @@ impl<I: Io> Engine<I> {
         self.inner.committed.lock().get(&key)
     }
 
-    /// The damage in the consumer offsets topic that hid commit records at open, if any: then
-    /// a group's committed offset may be an older one than its last commit, and a consumer
-    /// that resumes from it would read records again.
+    /// The damage in the consumer offsets topic that hid commit records at open, if any (the
+    /// first found; also the topic's own damage when it is kept closed). Then a group's
+    /// committed offset may be an older one than its last commit (whose record was in the
+    /// damaged part), and a consumer that resumes from it would read records again; recovery
+    /// rolled no transaction back, since which committed is unknown. Commits go on while the
+    /// topic takes appends (damage in a sealed segment), after the damage, and the next open
+    /// reads them; they are refused with the `Corruption` when the damage is at the end of its
+    /// log or the topic is kept closed.
     pub fn committed_offsets_damage(&self) -> Option<Corruption> {
         self.inner.committed.lock().damage.clone()
     }
@@ -244,36 +284,49 @@ impl<I: Io> Engine<I> {
         self.inner.committed.lock().of_group(group)
     }
 
-    /// Rebuild the committed offsets from the offsets topic, every record in order.
+    /// Rebuild the committed offsets from the offsets topic, every record in order. Damage
+    /// (a batch that fails its checks, a lost segment, a record that does not decode) never
+    /// fails the open: the first is kept as `damage`, the rest of the damaged segment is
+    /// skipped, and reading goes on at the next segment, so commits acknowledged after the
+    /// damage (they are appended after it) are still known. Only I/O errors fail.
     pub(super) fn load_committed(
         partition: &Partition<I>,
         path: &Path,
-    ) -> Result<Committed, OpenError> {
+    ) -> Result<Committed, IoError> {
         let mut committed = Committed::default();
         let end = partition.high_watermark();
         let mut next = partition.describe().log_start_offset;
-        while next < end {
-            let fetch = partition.read(next, 1 << 20).map_err(|error| match error {
-                ReadError::Corruption(corruption) => OpenError::Corruption(corruption),
-                ReadError::Io(error) => OpenError::Io(error),
-                other => OpenError::Io(IoError::new(
-                    "read consumer offsets",
-                    path,
-                    std::io::Error::other(other.to_string()),
-                )),
-            })?;
+        loop {
+            let fetch = match partition.read(next, 1 << 20) {
+                Ok(fetch) => fetch,
+                Err(ReadError::Corruption(corruption)) => {
+                    // Damage at the end of the log is found here too (reads from there
+                    // report it), also when `next` has reached the high watermark.
+                    committed.damage.get_or_insert(corruption);
+                    match partition.next_segment_base(next) {
+                        Some(base) if base < end => {
+                            next = base;
+                            continue;
+                        }
+                        _ => break,
+                    }
+                }
+                Err(ReadError::Io(error)) => return Err(error),
+                Err(other) => {
+                    let error = std::io::Error::other(other.to_string());
+                    return Err(IoError::new("read consumer offsets", path, error));
+                }
+            };
             if fetch.is_empty() {
                 break;
             }
             for record in fetch.records().filter(|r| r.offset() >= next) {
-                committed.apply(&record, path)?;
+                if let Err(corruption) = committed.apply(&record, path) {
+                    committed.damage.get_or_insert(corruption);
+                }
             }
+            assert!(fetch.next_offset() > next, "a read that is not empty moves forward");
             next = fetch.next_offset();
-        }
-        if let Err(ReadError::Corruption(corruption)) = partition.read(next, 1) {
-            // Damage (reported by the open) hides the records after it: which transaction
-            // committed is unknown, so none is rolled back, and no group's position is known.
-            committed.damage = Some(corruption);
         }
         Ok(committed)
     }

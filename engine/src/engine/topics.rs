@@ -24,11 +24,17 @@ pub struct TopicDescription {
 impl<I: Io> Engine<I> {
     /// Create a topic. Crash-safe: the topic is built in a hidden directory, fsynced, and
     /// renamed into place; a crash before the rename leaves nothing behind after the next open.
-    /// Names starting with `__` are reserved for internal topics.
+    /// Names starting with `__` are reserved for internal topics. A topic of this name kept
+    /// closed by damage ([`Engine::damaged_topics`]) is refused with its `Corruption`: its
+    /// files are still there.
     pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
         if groups::is_internal(name) {
             let reason = "names starting with \"__\" are reserved for internal topics";
             return Err(TopicError::InvalidName { name: name.to_owned(), reason });
+        }
+        // Before forgetting commits: the damaged topic's are still its own.
+        if let Some(damage) = self.damage_of(name) {
+            return Err(TopicError::Corruption(damage));
         }
         if self.topic(name).is_none() {
             // A topic of this name deleted before (and a crash before its records were
@@ -70,6 +76,10 @@ impl<I: Io> Engine<I> {
         let _admin = self.inner.admin.lock();
         if self.inner.topics.read().contains_key(name) {
             return Err(TopicError::AlreadyExists { name: name.to_owned() });
+        }
+        // A damaged topic's directory is still in place: never build another over it.
+        if let Some(damage) = self.damage_of(name) {
+            return Err(TopicError::Corruption(damage));
         }
         let io = self.io();
         let topics_directory = self.topics_directory();
@@ -125,13 +135,22 @@ impl<I: Io> Engine<I> {
     /// the topic directory fsynced. A crash leaves the old settings or the new ones. New
     /// settings apply from the next append (segment size and age), the next roll (index
     /// interval) and the next [`Engine::tick`] (retention).
+    ///
+    /// On a topic kept closed because its `topic.meta` is damaged or missing
+    /// ([`Engine::damaged_topics`]), this is the repair: `config` is written as its new
+    /// `topic.meta` and the topic is opened (recovered) and usable at once. `partitions`
+    /// must equal the partition directories found (`0` to `partitions - 1`); the other
+    /// settings are the caller's to know. A topic closed by damage elsewhere is refused with
+    /// that `Corruption`.
     pub fn alter_topic_config(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
         self.check_writable()?;
         config.validate()?;
         self.inner.context.poison.check()?;
+        if self.topic(name).is_none() && self.damage_of(name).is_some() {
+            return self.repair_topic(name, config);
+        }
         let _admin = self.inner.admin.lock();
-        let topic =
-            self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
+        let topic = self.existing_topic(name)?;
         let current = *topic.config.lock();
         if config.partitions != current.partitions {
             return Err(TopicError::InvalidConfig {
@@ -156,8 +175,101 @@ impl<I: Io> Engine<I> {
         Ok(())
     }
 
+    /// `alter_topic_config` on a topic kept closed by damage: write `topic.meta` anew and open
+    /// the topic.
+    fn repair_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        // In the order commits take them (the offsets topic is created holding both).
+        let mut committed = self.inner.committed.lock();
+        let admin = self.inner.admin.lock();
+        let Some(damage) = self.damage_of(name) else {
+            // Repaired or deleted meanwhile: an ordinary alter now.
+            drop((admin, committed));
+            return self.alter_topic_config(name, config);
+        };
+        let io = self.io();
+        let directory = self.topics_directory().join(name);
+        let meta_path = directory.join(TOPIC_META_FILE);
+        if damage.file != meta_path {
+            // Settings cannot mend a damaged segment or log start.
+            return Err(TopicError::Corruption(damage));
+        }
+        let listed = io.list(&directory).map_err(|e| IoError::new("list", &directory, e))?;
+        let mut found: Vec<Option<u32>> = listed
+            .iter()
+            .filter(|e| e.is_directory)
+            .map(|e| e.name.parse().ok().filter(|id: &u32| id.to_string() == e.name))
+            .collect();
+        found.sort_unstable();
+        let expected: Vec<Option<u32>> = (0..config.partitions).map(Some).collect();
+        if found != expected {
+            let found = found.len();
+            return Err(TopicError::InvalidConfig {
+                reason: format!(
+                    "the damaged topic {name:?} holds {found} partition directories, and the \
+                     config must name exactly those (0 to n - 1) to repair it"
+                ),
+            });
+        }
+        let result = segment::write_file_durably(io, &meta_path, config.encode())
+            .and_then(|()| fsync_directory(io, &directory));
+        result.inspect_err(|e| {
+            self.inner.context.poison.set(format!("repair topic {name}: {e}"));
+        })?;
+        tracing::warn!(topic = name, "topic.meta rewritten over damage; opening the topic");
+        let mut partitions: Vec<Arc<Partition<I>>> = Vec::new();
+        for id in 0..config.partitions {
+            let transaction_end = committed.transaction_end(name, id);
+            let context = &self.inner.context;
+            let opened = Partition::open(
+                context,
+                directory.join(id.to_string()),
+                name,
+                id,
+                config,
+                transaction_end,
+            );
+            match opened {
+                Ok((partition, _)) => partitions.push(partition),
+                Err(error) => {
+                    for partition in &partitions {
+                        partition.mark_deleted();
+                    }
+                    return Err(match error {
+                        OpenError::Corruption(damage) => {
+                            // Still closed, now by damage the new settings do not mend.
+                            self.inner.damaged.write().insert(name.to_owned(), damage.clone());
+                            TopicError::Corruption(damage)
+                        }
+                        OpenError::Io(e) => {
+                            self.inner.context.poison.set(format!("repair topic {name}: {e}"));
+                            TopicError::Io(e)
+                        }
+                        other => TopicError::Io(IoError::new(
+                            "open repaired partition",
+                            &directory,
+                            std::io::Error::other(other.to_string()),
+                        )),
+                    });
+                }
+            }
+        }
+        if name == OFFSETS_TOPIC {
+            let first = partitions.first().expect("the offsets topic has a partition");
+            *committed = Self::load_committed(first, &directory)?;
+        }
+        let topic = Topic { config: Mutex::new(config), partitions };
+        // Into `topics` before out of `damaged`: a lookup meanwhile finds one or the other.
+        self.inner.topics.write().insert(name.to_owned(), Arc::new(topic));
+        self.inner.damaged.write().remove(name);
+        Ok(())
+    }
+
     /// Delete a topic and all its data. Crash-safe: the directory is first renamed to a hidden
     /// name (durably), then removed; a crash in between is finished at the next open.
+    ///
+    /// A topic kept closed by damage ([`Engine::damaged_topics`]) is deleted the same way,
+    /// with every file in its directory: the remedy when its data is not wanted back (put
+    /// the damaged file back from a backup instead to keep it).
     pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
         if groups::is_internal(name) {
             let reason = "internal topics cannot be deleted";
@@ -166,12 +278,14 @@ impl<I: Io> Engine<I> {
         self.check_writable()?;
         self.inner.context.poison.check()?;
         let _admin = self.inner.admin.lock();
-        let Some(removed) = self.inner.topics.write().remove(name) else {
+        let removed = self.inner.topics.write().remove(name);
+        if let Some(removed) = removed {
+            // No append may roll a segment into the directory about to be renamed.
+            for partition in &removed.partitions {
+                partition.mark_deleted();
+            }
+        } else if self.inner.damaged.write().remove(name).is_none() {
             return Err(TopicError::NotFound { name: name.to_owned() });
-        };
-        // No append may roll a segment into the directory about to be renamed.
-        for partition in &removed.partitions {
-            partition.mark_deleted();
         }
         let io = self.io();
         let topics_directory = self.topics_directory();
@@ -195,6 +309,8 @@ impl<I: Io> Engine<I> {
             CommitError::Topic(e) => e,
             CommitError::Append(AppendError::Io(e)) => TopicError::Io(e),
             CommitError::Append(AppendError::Poisoned(p)) => TopicError::Poisoned(p),
+            // `__consumer_offsets` damaged at the end of its log takes no tombstone.
+            CommitError::Append(AppendError::Corruption(c)) => TopicError::Corruption(c),
             other => TopicError::Io(IoError::new(
                 "forget transactions",
                 &self.topics_directory().join(name),
@@ -203,20 +319,33 @@ impl<I: Io> Engine<I> {
         }
     }
 
-    /// Names of all topics but the internal ones (`__consumer_offsets`), sorted.
+    /// Names of all topics but the internal ones (`__consumer_offsets`), sorted; also those
+    /// kept closed by damage ([`Engine::damaged_topics`]), whose operations report it.
     pub fn list_topics(&self) -> Vec<String> {
-        self.inner.topics.read().keys().filter(|t| !groups::is_internal(t)).cloned().collect()
+        let mut names: Vec<String> = self.inner.topics.read().keys().cloned().collect();
+        names.extend(self.inner.damaged.read().keys().cloned());
+        names.retain(|t| !groups::is_internal(t));
+        names.sort();
+        names.dedup();
+        names
     }
 
+    /// A topic's settings and partitions; `Corruption` for a topic kept closed by damage.
     pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {
-        let topic =
-            self.topic(name).ok_or_else(|| TopicError::NotFound { name: name.to_owned() })?;
+        let topic = self.existing_topic(name)?;
         let partitions = topic.partitions.iter().map(|p| p.describe()).collect();
         let config = *topic.config.lock();
         Ok(TopicDescription { name: name.to_owned(), config, partitions })
     }
 
-    /// The number of partitions of a topic.
+    /// The number of partitions of a topic: `NotFound`, or `Corruption` for a topic kept
+    /// closed by damage (its count may be unknown).
+    pub fn topic_partitions(&self, name: &str) -> Result<u32, TopicError> {
+        Ok(self.existing_topic(name)?.config.lock().partitions)
+    }
+
+    /// The number of partitions of a topic; `None` also for a topic kept closed by damage
+    /// (its count may be unknown): [`Engine::topic_partitions`] tells the two apart.
     pub fn partition_count(&self, topic: &str) -> Option<u32> {
         self.topic(topic).map(|t| t.config.lock().partitions)
     }

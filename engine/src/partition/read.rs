@@ -50,6 +50,18 @@ impl<I: Io> Partition<I> {
         Ok(self.watermark.wait_past(offset, timeout))
     }
 
+    /// The base offset of the first segment that starts after `offset`, if any: where a
+    /// reader that must go on past damage at `offset` picks up again.
+    pub fn next_segment_base(&self, offset: Offset) -> Option<Offset> {
+        let state = self.state.lock();
+        state.segments.iter().map(|s| s.base_offset).find(|base| *base > offset)
+    }
+
+    /// The damage at the end of the log that refuses appends, if any.
+    pub fn append_refusal(&self) -> Option<Corruption> {
+        self.state.lock().damaged.as_ref().map(|(_, corruption)| corruption.clone())
+    }
+
     /// Read whole batches starting at or before `from`, up to about `max_bytes` (at least one
     /// batch), from one segment, never past the high watermark.
     pub fn read(&self, from: Offset, max_bytes: usize) -> Result<Fetch, ReadError> {
