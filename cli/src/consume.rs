@@ -69,9 +69,8 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     } else {
         crate::open_for_reading(data)?
     };
-    let count = chronik.partition_count(&args.topic).ok_or_else(|| {
-        chronik::Error::from(chronik::ReadError::TopicNotFound { topic: args.topic.clone() })
-    })?;
+    // A topic kept closed by damage is reported as damage (exit 3), not as missing.
+    let count = chronik.topic_partitions(&args.topic).map_err(chronik::Error::from)?;
     let partitions: Vec<u32> = match args.partition {
         Some(p) if p >= count => {
             return Err(

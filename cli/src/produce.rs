@@ -126,9 +126,16 @@ fn too_large_line(error: anyhow::Error, batch: &[Vec<u8>], acknowledged: u64) ->
 /// checked first, against the partitions the topic has or would be created with: a bad one
 /// creates nothing.
 fn ensure_topic(chronik: &Chronik, args: &ProduceArgs) -> anyhow::Result<u32> {
-    if let Some(count) = chronik.partition_count(&args.topic) {
-        check_partition(args, count, false)?;
-        return Ok(count);
+    match chronik.topic_partitions(&args.topic) {
+        Ok(count) => {
+            check_partition(args, count, false)?;
+            return Ok(count);
+        }
+        // Damage keeps the topic closed: never create a new one over it.
+        Err(error @ chronik::TopicError::Corruption(_)) => {
+            return Err(chronik::Error::from(error).into());
+        }
+        Err(_) => {}
     }
     check_new_topic(args)?;
     let config = TopicConfig::default().with_partitions(args.create_partitions);

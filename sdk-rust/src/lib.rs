@@ -198,10 +198,10 @@ impl Producer {
     /// The partition for a key: xxh3 of the key modulo the partition count, so records with the
     /// same key keep their order in one partition.
     pub fn partition_for_key(&self, key: &[u8]) -> Result<u32, AppendError> {
-        let count = self
-            .engine
-            .partition_count(&self.topic)
-            .ok_or_else(|| AppendError::TopicNotFound { topic: self.topic.clone() })?;
+        let count = self.engine.topic_partitions(&self.topic).map_err(|error| match error {
+            TopicError::Corruption(corruption) => AppendError::Corruption(corruption),
+            _ => AppendError::TopicNotFound { topic: self.topic.clone() },
+        })?;
         Ok(partition_for_key(key, count))
     }
 }

@@ -783,6 +783,15 @@ impl Sim {
         engine: &SimEngine,
         report: Option<&RecoveryReport>,
     ) -> Result<(), Violation> {
+        if engine.damaged_topics().iter().any(|damaged| damaged.name == TOPIC) {
+            // A flip in the topic's metadata keeps it closed: every read must say so.
+            if !matches!(engine.read(TOPIC, 0, Offset::ZERO, 1), Err(ReadError::Corruption(_))) {
+                let detail = "a damaged topic's read did not report the damage".to_owned();
+                return Err(Violation::new("corruption_never_served", detail));
+            }
+            self.counters.rot_reported += 1;
+            return Ok(());
+        }
         if engine.partition_count(TOPIC).is_none() {
             if self.model.topic == TopicState::Present {
                 let lines = report.map(RecoveryReport::lines);
