@@ -22,27 +22,7 @@ SNIPPET_SECONDS_MAX = 120
 
 # (file relative to the repository root, line of the opening fence): why it fails, and what
 # its error output says (a listed snippet failing another way is a failure).
-KNOWN_FAILING = {
-    ("README.md", 501): (
-        "a fragment: uses `chronik` (not imported) and `db` (opened in the snippet before it, "
-        "and closed at its end); its `app.run()` runs until Ctrl-C; no topic `lines`",
-        "NameError: name 'chronik' is not defined",
-    ),
-    ("README.md", 545): (
-        "a fragment: uses `chronik` (not imported) and `db` (never opened here); no topics "
-        "`clicks` and `users`",
-        "NameError: name 'chronik' is not defined",
-    ),
-    ("README.md", 531): (
-        "a fragment: its test simulates `count`, the processor of the snippet before it, "
-        "not defined here",
-        "NameError: name 'count' is not defined",
-    ),
-    ("docs/operators.md", 262): (
-        "a fragment: uses `db`, never opened",
-        "NameError: name 'db' is not defined",
-    ),
-}
+KNOWN_FAILING: dict = {}
 
 FENCE = re.compile(r"^```python\s*$")
 

@@ -620,6 +620,24 @@ impl ProcessorConfig {
         self
     }
 
+    /// Call `listener` as each store's restore progresses (after each fetch, and once done),
+    /// for progress bars and logs; [`RestoreProgress::rebuilt`] says why a disk store was
+    /// rebuilt from its changelog.
+    ///
+    /// ```
+    /// let config = chronik::processor::ProcessorConfig::new("app", "clicks")
+    ///     .store("counts")
+    ///     .on_restore(|p| if p.done { eprintln!("{}: {} restored", p.store, p.restored) });
+    /// assert!(config.on_restore.is_some());
+    /// ```
+    pub fn on_restore(
+        mut self,
+        listener: impl Fn(RestoreProgress<'_>) + Send + Sync + 'static,
+    ) -> ProcessorConfig {
+        self.on_restore = Some(Arc::new(listener));
+        self
+    }
+
     /// The changelog topic of `store`.
     pub fn changelog(&self, store: &str) -> String {
         format!("{}-{store}-changelog", self.application)
