@@ -402,7 +402,10 @@ impl Simulation {
             .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
         app.run_until_caught_up().map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
         let calls = disk.stats().calls - before;
-        let expected = self.outcome(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
+        let (expected, damaged) = self.outcome(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
+        if damaged {
+            return Err(failure(u64::MAX, "the fault-free run read a damaged store".into()));
+        }
         check(&expected).map_err(|detail| SimulationFailure {
             seed: u64::MAX,
             kind: FailureKind::Model,
@@ -473,10 +476,14 @@ impl Simulation {
                     if !last {
                         disk.restore_power();
                     }
-                    let outcome = self.outcome(&live, &runner).map_err(failure)?;
-                    let damaged =
-                        runner.every_store().iter().any(|(_, _, store)| store.check().is_err());
-                    if !damaged {
+                    let (outcome, damaged_read) = self.outcome(&live, &runner).map_err(failure)?;
+                    // Every store checked (each damaged one is condemned), not only up to the
+                    // first damaged one.
+                    let damaged_checked = runner
+                        .every_store()
+                        .iter()
+                        .fold(false, |any, (_, _, store)| store.check().is_err() | any);
+                    if !damaged_read && !damaged_checked {
                         return Ok(outcome);
                     }
                     if damage_reruns == 0 {
@@ -560,14 +567,21 @@ impl Simulation {
         Ok(engine)
     }
 
-    fn outcome(&self, engine: &SimEngine, app: &impl App) -> Result<Outcome, String> {
+    /// The stores and outputs after a run, and whether reading a store met damage (each
+    /// damaged store is then condemned, so the next runner rebuilds it: every store is read,
+    /// not only up to the first damaged one).
+    fn outcome(&self, engine: &SimEngine, app: &impl App) -> Result<(Outcome, bool), String> {
         let mut outcome = Outcome::default();
+        let mut damaged = false;
         for (name, partition, store) in app.every_store() {
-            let entries = store
-                .iter()
-                .map(|entry| entry.map(|(k, v)| (k.to_vec(), v.to_vec())))
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("store {name} of partition {partition}: {e}"))?;
+            let mut entries = Vec::new();
+            for entry in store {
+                match entry {
+                    Ok((k, v)) => entries.push((k.to_vec(), v.to_vec())),
+                    Err(StoreError::Damaged(_)) => damaged = true,
+                    Err(e) => return Err(format!("store {name} of partition {partition}: {e}")),
+                }
+            }
             outcome.stores.insert((name.to_owned(), partition), entries);
         }
         for (topic, partitions) in &self.outputs {
@@ -588,7 +602,7 @@ impl Simulation {
                 outcome.outputs.insert((topic.clone(), partition), records);
             }
         }
-        Ok(outcome)
+        Ok((outcome, damaged))
     }
 }
 
