@@ -364,7 +364,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
          rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} deletes={} delete_moves={} commits={} compaction_passes={} \
          compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
-         oracle_checks={}",
+         group_consumer_records={} group_consumer_commits={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -387,6 +387,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.transactions,
         c.failed_transactions,
         c.pipelined_appends,
+        c.group_consumer_records,
+        c.group_consumer_commits,
         c.oracle_checks
     );
     match &totals.first_failure {

@@ -46,6 +46,9 @@ pub struct PartitionModel {
     pub committed: Option<u64>,
     /// A commit that failed: the engine may hold it or `committed`.
     pub uncertain_commit: Option<u64>,
+    /// The SDK group consumer's committed position (group `sdk`, committed only right after
+    /// an open, with no fault armed, so every commit is acknowledged).
+    pub sdk_committed: Option<u64>,
 }
 
 impl PartitionModel {

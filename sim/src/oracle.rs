@@ -14,6 +14,7 @@ use crate::disk::SimDisk;
 use crate::model::{Model, ModelRecord, TopicState};
 use crate::rng::Rng;
 use crate::workload::{SCRATCH, TOPIC};
+use chronik::Consumer;
 use chronik_engine::{Engine, Offset};
 use std::fmt;
 
@@ -26,6 +27,9 @@ pub const SCAN_FETCH_BYTES_MAX: u64 = 16 * 1024;
 pub const SCAN_FETCHES_MAX: u64 = 1 << 20;
 /// Random offsets each `reads_exact` and `timestamp_lookup` check tries per partition.
 const PROBES_PER_PARTITION: u64 = 8;
+/// Largest `max_bytes` the `sdk_readers` poll loops ask for, as a power of two: from a single
+/// batch (any fetch returns at least one) to many.
+const POLL_BYTES_MAX_LOG2: u64 = 16;
 
 /// An oracle found the engine wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +109,7 @@ pub fn standard() -> Vec<Box<dyn Oracle>> {
         Box::new(TimestampLookup),
         Box::new(RetentionBounds),
         Box::new(CompactionKeepsLatest),
+        Box::new(SdkReaders),
     ]
 }
 
@@ -494,6 +499,101 @@ impl Oracle for CompactionKeepsLatest {
                     return Err(Violation::new(self.name(), detail));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+/// The SDK's readers of a partition yield exactly what the engine's own full read (the scan,
+/// checked by the oracles before this one) yields, and end at the high watermark, never
+/// before: [`chronik::Consumer`]'s iterator from offset zero (the log start, where retention
+/// or `delete_records` moved it), and a loop of [`Consumer::poll`] with a seeded `max_bytes`
+/// (down to one batch per fetch) until it returns an empty fetch. Both run on the shared
+/// cursor (`chronik::next_fetch`), which reads past batches compaction emptied and fetches
+/// that hold no record at or past the position; a reader taking such a fetch for its end
+/// stops short of the high watermark here.
+#[derive(Debug)]
+pub struct SdkReaders;
+
+impl Oracle for SdkReaders {
+    fn name(&self) -> &'static str {
+        "sdk_readers"
+    }
+
+    fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation> {
+        for (index, scanned) in context.scan.partitions.iter().enumerate() {
+            let partition = index as u32;
+            let end = Offset::new(context.scan.end(index));
+            let read_error = |surface: &str, e: chronik_engine::ReadError| {
+                let detail = format!("partition {partition}: {surface}: {e}");
+                Violation::new("reads_succeed", detail)
+            };
+            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
+            let mut read = Vec::with_capacity(scanned.len());
+            // One more than the scan holds, so that a reader yielding too many is seen.
+            for item in consumer.by_ref().take(scanned.len() + 1) {
+                let record = item.map_err(|e| read_error("the iterator", e))?;
+                let model = ModelRecord {
+                    key: record.key,
+                    value: record.value,
+                    timestamp: record.timestamp,
+                };
+                read.push(ScannedRecord { offset: record.offset, record: model });
+            }
+            self.judge(partition, "the iterator", &read, scanned, &consumer, end)?;
+            let max_bytes = 1_usize << rng.between(0, POLL_BYTES_MAX_LOG2);
+            let max_bytes = rng.between(1, max_bytes as u64) as usize;
+            let surface = format!("a poll loop of {max_bytes} bytes");
+            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
+            let mut read = Vec::with_capacity(scanned.len());
+            for _ in 0..SCAN_FETCHES_MAX {
+                let fetch = consumer.poll(max_bytes).map_err(|e| read_error(&surface, e))?;
+                if fetch.is_empty() {
+                    break;
+                }
+                read.extend(fetch.records().map(|r| owned(&r)));
+            }
+            self.judge(partition, &surface, &read, scanned, &consumer, end)?;
+        }
+        Ok(())
+    }
+}
+
+impl SdkReaders {
+    /// What `surface` read, from the log start to where it said it was done, against the
+    /// scan; its position must be the high watermark, and it must say it is caught up.
+    fn judge(
+        &self,
+        partition: u32,
+        surface: &str,
+        read: &[ScannedRecord],
+        scanned: &[ScannedRecord],
+        consumer: &Consumer<SimDisk>,
+        end: Offset,
+    ) -> Result<(), Violation> {
+        let position = consumer.position();
+        if let Some(at) =
+            (0..read.len().max(scanned.len())).find(|&i| read.get(i) != scanned.get(i))
+        {
+            let (found, expected) = (read.get(at), scanned.get(at));
+            let detail = format!(
+                "partition {partition}: {surface} yielded {} records, the engine's read {}; \
+                 record {at} is {:?}, the read's {:?} (the reader stopped at {position}, \
+                 the high watermark is {end})",
+                read.len(),
+                scanned.len(),
+                found.map(|r| (r.offset.get(), describe(&r.record))),
+                expected.map(|r| (r.offset.get(), describe(&r.record))),
+            );
+            return Err(Violation::new(self.name(), detail));
+        }
+        let caught_up = consumer.caught_up();
+        if position != end || !matches!(caught_up, Ok(true)) {
+            let detail = format!(
+                "partition {partition}: {surface} ended at {position} (caught up: \
+                 {caught_up:?}), the high watermark is {end}"
+            );
+            return Err(Violation::new(self.name(), detail));
         }
         Ok(())
     }
