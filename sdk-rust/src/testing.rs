@@ -42,7 +42,7 @@ use crate::processor::{
     Processor, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Runner,
 };
 use crate::store::{DiskOptions, Store, StoreError, StoreKind};
-use crate::{Durability, Offset, Options, Record, TopicConfig};
+use crate::{Cleanup, Durability, Offset, Options, Record, TopicConfig};
 use chronik_engine::Engine;
 use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
 use std::collections::BTreeMap;
@@ -154,6 +154,8 @@ trait App {
     fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError>;
     /// Every store, with its name and partition.
     fn every_store(&self) -> Vec<(&str, u32, &Store)>;
+    /// The configuration of every application it runs (a topology's stages).
+    fn configs(&self) -> Vec<&ProcessorConfig>;
 }
 
 impl<P: Processor> App for Runner<SimDisk, P> {
@@ -172,6 +174,10 @@ impl<P: Processor> App for Runner<SimDisk, P> {
         }
         all
     }
+
+    fn configs(&self) -> Vec<&ProcessorConfig> {
+        vec![self.config()]
+    }
 }
 
 impl App for TopologyRunner<SimDisk> {
@@ -182,6 +188,41 @@ impl App for TopologyRunner<SimDisk> {
     fn every_store(&self) -> Vec<(&str, u32, &Store)> {
         self.stores()
     }
+
+    fn configs(&self) -> Vec<&ProcessorConfig> {
+        TopologyRunner::configs(self)
+    }
+}
+
+/// The detail of a [`FailureKind::Run`] failure starts with this when a run until caught up
+/// ended with an input position short of its high watermark.
+pub const NOT_CAUGHT_UP: &str = "an input was not read to its high watermark";
+
+/// After `run_until_caught_up`: every application's committed position in every partition of
+/// every input has reached that partition's high watermark. A fetch that held no record (the
+/// input's batches there emptied by compaction) is not the end of the input.
+fn check_caught_up(engine: &SimEngine, app: &impl App) -> Result<(), String> {
+    for config in app.configs() {
+        for input in &config.inputs {
+            let partitions = engine.partition_count(input).ok_or_else(|| {
+                format!("{NOT_CAUGHT_UP}: the input {input} of {} is gone", config.application)
+            })?;
+            for partition in 0..partitions {
+                let end = engine.high_watermark(input, partition).map_err(|e| e.to_string())?;
+                let committed = engine
+                    .committed_offset(&config.application, input, partition)
+                    .unwrap_or(Offset::ZERO);
+                if committed < end {
+                    return Err(format!(
+                        "{NOT_CAUGHT_UP}: {} committed {committed} of {input} partition \
+                         {partition} after running until caught up; its high watermark is {end}",
+                        config.application
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a run writes store snapshots, and how often.
@@ -258,10 +299,27 @@ impl Settings {
 
 type SimEngine = Engine<SimDisk>;
 
+/// What a simulation's input topics are like.
+#[derive(Clone, Copy, Debug)]
+struct Inputs {
+    /// The application's stores are memory stores by default.
+    memory: bool,
+    /// Compacted topics, compacted before the first run.
+    compacted: bool,
+}
+
+/// Segments of compacted input topics: small, so that a few hundred records fill several
+/// and compaction has sealed ones to empty.
+const COMPACTED_SEGMENT_BYTES: u64 = 4096;
+
 /// The simulated data directory.
 const DATA: &str = "/data";
 /// Chance that a bit of a synced store file (snapshot, run, manifest) rots before an attempt.
 const ROT_PER_MILLION: u32 = 500_000;
+/// Attempts without faults a seed may rerun to rebuild stores found damaged. Each condemns
+/// at least one store and rots nothing, so the reruns end within the number of stores (a
+/// task's stores times the partitions): this bounds a bug that would rerun forever.
+const DAMAGE_RERUNS_MAX: u32 = 64;
 
 /// Before an attempt that may fail: sometimes rot a bit of a store file, sometimes fail
 /// I/O, and cut the power after some of the disk calls.
@@ -349,7 +407,28 @@ impl Simulation {
         let open = |engine: &SimEngine, settings: &Settings| {
             Runner::new(engine, settings.apply(config.clone()), &mut factory)
         };
-        self.run_app(&config.inputs, memory, open, |_| Ok(()))
+        self.run_app(&config.inputs, Inputs { memory, compacted: false }, open, |_| Ok(()))
+    }
+
+    /// [`Simulation::run`] on compacted input topics: `cleanup = compact` in segments of
+    /// 4 KiB, compacted once the input is written and before any run, so that the processor
+    /// reads past batches compaction emptied (give records keys, some of them repeated).
+    /// Every run, the fault-free one included, sees the same compacted input; each must
+    /// still read every input to its high watermark.
+    pub fn run_on_compacted_input<P, F>(
+        &self,
+        mut factory: F,
+    ) -> Result<SimulationReport, SimulationFailure>
+    where
+        P: Processor,
+        F: FnMut(u32) -> P,
+    {
+        let memory = self.config.store_kind == StoreKind::Memory;
+        let config = &self.config;
+        let open = |engine: &SimEngine, settings: &Settings| {
+            Runner::new(engine, settings.apply(config.clone()), &mut factory)
+        };
+        self.run_app(&config.inputs, Inputs { memory, compacted: true }, open, |_| Ok(()))
     }
 
     /// Run `topology` instead of a processor: its stages, with each seed's settings applied
@@ -374,13 +453,13 @@ impl Simulation {
         let open = |engine: &SimEngine, settings: &Settings| {
             TopologyRunner::with(engine, topology, |config| settings.apply(config))
         };
-        self.run_app(&topology.sources(), memory, open, check)
+        self.run_app(&topology.sources(), Inputs { memory, compacted: false }, open, check)
     }
 
     fn run_app<A: App>(
         &self,
         inputs: &[String],
-        memory: bool,
+        kind: Inputs,
         mut open: impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
         check: impl Fn(&Outcome) -> Result<(), String>,
     ) -> Result<SimulationReport, SimulationFailure> {
@@ -393,7 +472,7 @@ impl Simulation {
         let disk = SimDisk::new(Rng::new(0));
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
         let engine = self
-            .setup(&disk, &clock, inputs)
+            .setup(&disk, &clock, inputs, kind.compacted)
             .map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
         let before = disk.stats().calls;
         // Committing after every record: the most disk calls a seed's run can make, the range
@@ -401,6 +480,7 @@ impl Simulation {
         let mut app = open(&engine, &Settings::FAULT_FREE)
             .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
         app.run_until_caught_up().map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
+        check_caught_up(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
         let calls = disk.stats().calls - before;
         let expected = self.outcome(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
         check(&expected).map_err(|detail| SimulationFailure {
@@ -412,7 +492,7 @@ impl Simulation {
         drop(engine);
         let mut report = SimulationReport::default();
         for seed in seeds {
-            let found = self.run_seed(seed, calls, inputs, memory, &mut open, &mut report)?;
+            let found = self.run_seed(seed, calls, inputs, kind, &mut open, &mut report)?;
             if let Some((kind, detail)) = difference(&expected, &found) {
                 return Err(SimulationFailure { seed, kind, detail });
             }
@@ -426,7 +506,7 @@ impl Simulation {
         seed: u64,
         calls: u64,
         inputs: &[String],
-        memory: bool,
+        kind: Inputs,
         open: &mut impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
         report: &mut SimulationReport,
     ) -> Result<Outcome, SimulationFailure> {
@@ -437,17 +517,21 @@ impl Simulation {
         let (crash_faults, io_faults) = seed_faults(&mut rng);
         disk.set_faults(crash_faults);
         let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
-        let settings = Settings::draw(&mut rng, memory, Arc::clone(&tail_violation));
+        let settings = Settings::draw(&mut rng, kind.memory, Arc::clone(&tail_violation));
         let tail = || tail_violation.lock().expect("oracle lock").take();
         let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
-        let engine =
-            self.setup(&disk, &clock, inputs).map_err(|e| failure(format!("setup: {e}")))?;
+        let engine = self
+            .setup(&disk, &clock, inputs, kind.compacted)
+            .map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
-        // A rotted store file may surface only in the last attempt; it then runs again.
-        let mut damage_reruns = 2;
+        // A rotted store file may surface only when the outcome is read, or in the last
+        // attempt; every store found damaged is condemned, and the run goes on without faults
+        // (no rot, no cut), so each rerun rebuilds at least one store for good.
+        let mut damage_reruns = DAMAGE_RERUNS_MAX;
+        let mut rebuilding = false;
         let mut attempt = 0;
         loop {
-            let last = attempt >= self.crashes_max;
+            let last = attempt >= self.crashes_max || rebuilding;
             attempt += 1;
             if let Some(detail) = tail() {
                 return Err(tail_failure(detail));
@@ -474,18 +558,27 @@ impl Simulation {
                         disk.restore_power();
                     }
                     let outcome = self.outcome(&live, &runner).map_err(failure)?;
-                    let damaged =
-                        runner.every_store().iter().any(|(_, _, store)| store.check().is_err());
-                    if !damaged {
+                    check_caught_up(&live, &runner).map_err(failure)?;
+                    // Every store checked (`check` condemns a damaged one), not only up to
+                    // the first damaged one: each left unchecked would need a rerun of its own.
+                    let damaged = runner
+                        .every_store()
+                        .iter()
+                        .filter(|(_, _, store)| store.check().is_err())
+                        .count();
+                    if damaged == 0 {
                         return Ok(outcome);
                     }
                     if damage_reruns == 0 {
-                        return Err(failure("a damaged store was not rebuilt".into()));
+                        return Err(failure(format!(
+                            "a damaged store was not rebuilt: {damaged} damaged after \
+                             {DAMAGE_RERUNS_MAX} reruns without faults"
+                        )));
                     }
-                    // Rot the run never read surfaced when the outcome was read: the store
-                    // is condemned, and the next attempt rebuilds it.
+                    // Rot the run never read surfaced when the outcome was read: the stores
+                    // are condemned, and the next attempt, without faults, rebuilds them.
                     damage_reruns -= 1;
-                    attempt -= 1;
+                    rebuilding = true;
                     report.crashes += 1;
                     drop(runner);
                     drop(live);
@@ -495,7 +588,7 @@ impl Simulation {
                     if last && damage_reruns > 0 =>
                 {
                     damage_reruns -= 1;
-                    attempt -= 1;
+                    rebuilding = true;
                     drop(live);
                     disk.restore_power();
                 }
@@ -531,15 +624,21 @@ impl Simulation {
         }
     }
 
-    /// A disk with the topics and the input.
+    /// A disk with the topics and the input (compacted, with `compacted`).
     fn setup(
         &self,
         disk: &SimDisk,
         clock: &SimClock,
         inputs: &[String],
+        compacted: bool,
     ) -> Result<SimEngine, String> {
         let engine = open_engine(disk, clock)?;
-        let input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
+        let mut input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
+        if compacted {
+            input.cleanup = Cleanup::Compact;
+            input.segment_bytes = COMPACTED_SEGMENT_BYTES;
+            input.min_cleanable_dirty_ratio = 0.0;
+        }
         for topic in inputs {
             engine.create_topic(topic, input).map_err(|e| e.to_string())?;
         }
@@ -556,6 +655,13 @@ impl Simulation {
                 .get(record.input)
                 .ok_or("an input record's input is not one of the inputs")?;
             engine.append(topic, record.partition, &[view]).map_err(|e| e.to_string())?;
+        }
+        if compacted {
+            for topic in inputs {
+                for partition in 0..self.input_partitions {
+                    engine.compact_partition(topic, partition).map_err(|e| e.to_string())?;
+                }
+            }
         }
         Ok(engine)
     }
