@@ -520,43 +520,60 @@ impl Oracle for SdkReaders {
         "sdk_readers"
     }
 
+    /// One of the two surfaces per partition and open, drawn: each is a full read, and
+    /// every open of every seed reading with both would cost the swarm a third more.
     fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation> {
         for (index, scanned) in context.scan.partitions.iter().enumerate() {
             let partition = index as u32;
-            let end = Offset::new(context.scan.end(index));
-            let read_error = |surface: &str, e: chronik_engine::ReadError| {
-                let detail = format!("partition {partition}: {surface}: {e}");
-                Violation::new("reads_succeed", detail)
+            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
+            let (surface, read) = if rng.chance(crate::rng::PER_MILLION / 2) {
+                // One more than the scan holds, so that a reader yielding too many is seen.
+                ("the iterator".to_owned(), iterate(&mut consumer, scanned.len() + 1))
+            } else {
+                let max_bytes = 1_u64 << rng.between(0, POLL_BYTES_MAX_LOG2);
+                let max_bytes = rng.between(1, max_bytes) as usize;
+                let surface = format!("a poll loop of {max_bytes} bytes");
+                (surface, poll_to_the_end(&mut consumer, max_bytes))
             };
-            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
-            let mut read = Vec::with_capacity(scanned.len());
-            // One more than the scan holds, so that a reader yielding too many is seen.
-            for item in consumer.by_ref().take(scanned.len() + 1) {
-                let record = item.map_err(|e| read_error("the iterator", e))?;
-                let model = ModelRecord {
-                    key: record.key,
-                    value: record.value,
-                    timestamp: record.timestamp,
-                };
-                read.push(ScannedRecord { offset: record.offset, record: model });
-            }
-            self.judge(partition, "the iterator", &read, scanned, &consumer, end)?;
-            let max_bytes = 1_usize << rng.between(0, POLL_BYTES_MAX_LOG2);
-            let max_bytes = rng.between(1, max_bytes as u64) as usize;
-            let surface = format!("a poll loop of {max_bytes} bytes");
-            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
-            let mut read = Vec::with_capacity(scanned.len());
-            for _ in 0..SCAN_FETCHES_MAX {
-                let fetch = consumer.poll(max_bytes).map_err(|e| read_error(&surface, e))?;
-                if fetch.is_empty() {
-                    break;
-                }
-                read.extend(fetch.records().map(|r| owned(&r)));
-            }
+            let read = read.map_err(|e| {
+                Violation::new("reads_succeed", format!("partition {partition}: {surface}: {e}"))
+            })?;
+            let end = Offset::new(context.scan.end(index));
             self.judge(partition, &surface, &read, scanned, &consumer, end)?;
         }
         Ok(())
     }
+}
+
+/// At most `records_max` records from `consumer`'s iterator, until it ends.
+pub fn iterate(
+    consumer: &mut Consumer<SimDisk>,
+    records_max: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    let mut read = Vec::new();
+    for item in consumer.by_ref().take(records_max) {
+        let record = item?;
+        let model =
+            ModelRecord { key: record.key, value: record.value, timestamp: record.timestamp };
+        read.push(ScannedRecord { offset: record.offset, record: model });
+    }
+    Ok(read)
+}
+
+/// `consumer.poll(max_bytes)` until it returns an empty fetch, and every record it returned.
+fn poll_to_the_end(
+    consumer: &mut Consumer<SimDisk>,
+    max_bytes: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    let mut read = Vec::new();
+    for _ in 0..SCAN_FETCHES_MAX {
+        let fetch = consumer.poll(max_bytes)?;
+        if fetch.is_empty() {
+            break;
+        }
+        read.extend(fetch.records().map(|r| owned(&r)));
+    }
+    Ok(read)
 }
 
 impl SdkReaders {

@@ -34,7 +34,7 @@
 use crate::clock::{EPOCH_MS, SimClock};
 use crate::disk::{BitFlip, SimDisk, Stats};
 use crate::model::{Model, ModelBatch, ModelRecord, TopicState, UncertainTransaction};
-use crate::oracle::{self, Context, Oracle, Scan, SimEngine, Violation};
+use crate::oracle::{self, Context, Oracle, Scan, ScannedRecord, SimEngine, Violation};
 use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
 use crate::workload::{SCRATCH, Step, Swarm, TOPIC};
@@ -1478,26 +1478,19 @@ impl Sim {
             let first = scanned.partition_point(|r| r.offset.get() < from);
             let expected = &scanned[first..];
             let wanted = self.check_rng.between(1, SDK_GROUP_RECORDS_MAX) as usize;
-            let mut read = Vec::with_capacity(wanted);
-            for item in consumer.by_ref().take(wanted) {
-                let record = item.map_err(|e| {
-                    Violation::new("reads_succeed", format!("group consumer p{partition}: {e}"))
-                })?;
-                let model = ModelRecord {
-                    key: record.key,
-                    value: record.value,
-                    timestamp: record.timestamp,
+            let read = oracle::iterate(&mut consumer, wanted).map_err(|e| {
+                Violation::new("reads_succeed", format!("group consumer p{partition}: {e}"))
+            })?;
+            let expected = &expected[..wanted.min(expected.len())];
+            if read != expected {
+                let offsets = |records: &[ScannedRecord]| -> Vec<u64> {
+                    records.iter().map(|r| r.offset.get()).collect()
                 };
-                read.push((record.offset, model));
-            }
-            let expected_read: Vec<(Offset, ModelRecord)> =
-                expected.iter().take(wanted).map(|r| (r.offset, r.record.clone())).collect();
-            if read != expected_read {
                 let detail = format!(
                     "partition {partition}: the group consumer resumed at {committed} and read \
                      offsets {:?}, the engine holds {:?} from {from}",
-                    read.iter().map(|r| r.0.get()).collect::<Vec<_>>(),
-                    expected_read.iter().map(|r| r.0.get()).collect::<Vec<_>>()
+                    offsets(&read),
+                    offsets(expected)
                 );
                 return Err(Violation::new(ORACLE, detail));
             }
