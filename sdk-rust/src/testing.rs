@@ -194,6 +194,13 @@ impl App for TopologyRunner<SimDisk> {
     }
 }
 
+/// Check every store, which condemns a damaged one (so the next start rebuilds it), and
+/// count the damaged: all of them, not only up to the first, since each left unchecked would
+/// need a rerun of its own.
+fn condemn_damaged(app: &impl App) -> usize {
+    app.every_store().iter().filter(|(_, _, store)| store.check().is_err()).count()
+}
+
 /// The detail of a [`FailureKind::Run`] failure starts with this when a run until caught up
 /// ended with an input position short of its high watermark.
 pub const NOT_CAUGHT_UP: &str = "an input was not read to its high watermark";
@@ -559,13 +566,7 @@ impl Simulation {
                     }
                     let outcome = self.outcome(&live, &runner).map_err(failure)?;
                     check_caught_up(&live, &runner).map_err(failure)?;
-                    // Every store checked (`check` condemns a damaged one), not only up to
-                    // the first damaged one: each left unchecked would need a rerun of its own.
-                    let damaged = runner
-                        .every_store()
-                        .iter()
-                        .filter(|(_, _, store)| store.check().is_err())
-                        .count();
+                    let damaged = condemn_damaged(&runner);
                     if damaged == 0 {
                         return Ok(outcome);
                     }

@@ -364,7 +364,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
          rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} deletes={} delete_moves={} commits={} compaction_passes={} \
          compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
-         group_consumer_records={} group_consumer_commits={} oracle_checks={}",
+         group_consumer_records={} group_consumer_commits={} compacted_away={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -389,6 +389,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.pipelined_appends,
         c.group_consumer_records,
         c.group_consumer_commits,
+        c.compacted_away,
         c.oracle_checks
     );
     match &totals.first_failure {

@@ -259,6 +259,9 @@ pub struct Counters {
     /// Records the SDK's group consumers read after opens, and their commits.
     pub group_consumer_records: u64,
     pub group_consumer_commits: u64,
+    /// Offsets between a log start and end that compaction had removed, summed over the
+    /// scans after opens: what readers (the SDK's included) had to read past.
+    pub compacted_away: u64,
 }
 
 impl Counters {
@@ -296,6 +299,7 @@ impl Counters {
         self.pipelined_appends += other.pipelined_appends;
         self.group_consumer_records += other.group_consumer_records;
         self.group_consumer_commits += other.group_consumer_commits;
+        self.compacted_away += other.compacted_away;
     }
 }
 
@@ -674,6 +678,10 @@ impl Sim {
             }
         }
         self.crashed_since_open = false;
+        for (index, scanned) in scan.partitions.iter().enumerate() {
+            let offsets = scan.end(index) - scan.starts[index];
+            self.counters.compacted_away += offsets - scanned.len() as u64;
+        }
         self.group_consumers(engine, &scan)?;
         let counts: Vec<usize> = scan.partitions.iter().map(Vec::len).collect();
         self.trace.event(format!("oracles passed, records {counts:?}"));
