@@ -1456,9 +1456,11 @@ impl Sim {
     /// every partition, recreated in the group `sdk`, starts at the position the group
     /// committed last (or zero), then yields exactly the engine's records from there (or from
     /// the log start, where retention or a delete removed the position) with no hole, across
-    /// every crash and reopen before. It reads a few records and commits, but only a position
-    /// whose records are durable: a crash may take records that were never durable, and a
-    /// committed position past the end of the log is another matter (oracle `sdk_readers`).
+    /// every crash and reopen before (oracle `sdk_readers`). It reads a few records and
+    /// commits, but only a position whose records the model knows durable: a crash may take
+    /// records that were not, and a position committed past the end a crash left is a
+    /// different case (the consumer's reads then fail with `OffsetOutOfRange`, since the
+    /// shared cursor resets only positions below the log start), not judged here.
     fn group_consumers(&mut self, engine: &SimEngine, scan: &Scan) -> Result<(), Violation> {
         const ORACLE: &str = "sdk_readers";
         if scan.partitions.is_empty() {
