@@ -108,6 +108,9 @@ pub struct SimulationReport {
     /// Input records processed by the attempts that ran to the end (a seed's last attempt
     /// processes what its earlier ones left uncommitted).
     pub records_processed: u64,
+    /// Input records compaction removed before the runs, over all seeds, when the input
+    /// topics are compacted ([`Simulation::run_on_compacted_input`]): what the runs read past.
+    pub input_records_compacted: u64,
 }
 
 /// A seed whose final state or outputs differ from the fault-free run, or that failed.
@@ -478,7 +481,7 @@ impl Simulation {
             |seed, detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
         let disk = SimDisk::new(Rng::new(0));
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
-        let engine = self
+        let (engine, compacted) = self
             .setup(&disk, &clock, inputs, kind.compacted)
             .map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
         let before = disk.stats().calls;
@@ -504,6 +507,7 @@ impl Simulation {
                 return Err(SimulationFailure { seed, kind, detail });
             }
             report.seeds += 1;
+            report.input_records_compacted += compacted;
         }
         Ok(report)
     }
@@ -527,7 +531,7 @@ impl Simulation {
         let settings = Settings::draw(&mut rng, kind.memory, Arc::clone(&tail_violation));
         let tail = || tail_violation.lock().expect("oracle lock").take();
         let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
-        let engine = self
+        let (engine, _) = self
             .setup(&disk, &clock, inputs, kind.compacted)
             .map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
@@ -625,14 +629,15 @@ impl Simulation {
         }
     }
 
-    /// A disk with the topics and the input (compacted, with `compacted`).
+    /// A disk with the topics and the input (compacted, with `compacted`), and how many
+    /// input records compaction removed.
     fn setup(
         &self,
         disk: &SimDisk,
         clock: &SimClock,
         inputs: &[String],
         compacted: bool,
-    ) -> Result<SimEngine, String> {
+    ) -> Result<(SimEngine, u64), String> {
         let engine = open_engine(disk, clock)?;
         let mut input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
         if compacted {
@@ -657,14 +662,24 @@ impl Simulation {
                 .ok_or("an input record's input is not one of the inputs")?;
             engine.append(topic, record.partition, &[view]).map_err(|e| e.to_string())?;
         }
+        let mut removed = 0;
         if compacted {
+            // Records are cleanable once their time has come: the clock goes past the
+            // latest input timestamp first.
+            let latest = self.input.iter().filter_map(|r| r.timestamp).max().unwrap_or(0);
+            let now = engine.now_ms();
+            if latest >= now {
+                clock.advance(u64::try_from(latest - now).unwrap_or(0) + 1);
+            }
             for topic in inputs {
                 for partition in 0..self.input_partitions {
-                    engine.compact_partition(topic, partition).map_err(|e| e.to_string())?;
+                    let report =
+                        engine.compact_partition(topic, partition).map_err(|e| e.to_string())?;
+                    removed += report.map_or(0, |r| r.records_in - r.records_kept);
                 }
             }
         }
-        Ok(engine)
+        Ok((engine, removed))
     }
 
     fn outcome(&self, engine: &SimEngine, app: &impl App) -> Result<Outcome, String> {

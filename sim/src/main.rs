@@ -439,13 +439,16 @@ fn run_processors(start: u64, seeds: u64) -> bool {
     let started = Instant::now();
     let mut crashes = 0;
     let mut workloads: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    let mut compacted = 0;
+    let (mut compacted, mut compacted_away) = (0, 0);
     for seed in start..start.saturating_add(seeds) {
         let drawn = chronik_sim::processors::draw(seed);
         *workloads.entry(format!("{:?}", drawn.workload).to_lowercase()).or_default() += 1;
         compacted += u64::from(drawn.compacted_input);
         match chronik_sim::processors::run_seed(seed) {
-            Ok(report) => crashes += report.crashes,
+            Ok(report) => {
+                crashes += report.crashes;
+                compacted_away += report.input_records_compacted;
+            }
             Err(violation) => {
                 eprintln!("VIOLATION in seed {seed}: {violation}");
                 eprintln!("replay: chronik-sim processors --start {seed} --seeds 1");
@@ -456,8 +459,9 @@ fn run_processors(start: u64, seeds: u64) -> bool {
     let elapsed = started.elapsed().as_secs_f64();
     let mix: Vec<String> = workloads.iter().map(|(name, n)| format!("{name} {n}")).collect();
     println!(
-        "processors: seeds={seeds} from {start} ({}; compacted inputs {compacted}) \
-         crashes={crashes} seeds/s={:.1} failures=0",
+        "processors: seeds={seeds} from {start} ({}; compacted inputs {compacted}, \
+         {compacted_away} input records compacted away) crashes={crashes} seeds/s={:.1} \
+         failures=0",
         mix.join(", "),
         seeds as f64 / elapsed.max(1e-9)
     );
