@@ -572,8 +572,21 @@ fn poll_to_the_end(
     consumer: &mut Consumer<SimDisk>,
     max_bytes: usize,
 ) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    poll(consumer, max_bytes, usize::MAX)
+}
+
+/// `consumer.poll(max_bytes)` until it returns an empty fetch or at least `records_min`
+/// records, and every record it returned.
+pub fn poll(
+    consumer: &mut Consumer<SimDisk>,
+    max_bytes: usize,
+    records_min: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
     let mut read = Vec::new();
     for _ in 0..SCAN_FETCHES_MAX {
+        if read.len() >= records_min {
+            break;
+        }
         let fetch = consumer.poll(max_bytes)?;
         if fetch.is_empty() {
             break;

@@ -66,8 +66,11 @@ const GROUP: &str = "sim";
 /// The consumer group of the SDK's group consumers (`chronik::Consumer::in_group`),
 /// recreated at every open.
 const SDK_GROUP: &str = "sdk";
-/// Most records a group consumer reads after an open before it commits.
+/// Most records a group consumer iterates after an open before it commits (one that polls
+/// takes the whole fetch that reaches them).
 const SDK_GROUP_RECORDS_MAX: u64 = 64;
+/// Largest `max_bytes` of a group consumer's polls.
+const SDK_GROUP_POLL_BYTES_MAX: u64 = 4096;
 /// Chance (per million) that a tick with no power cut armed arms one inside its maintenance
 /// work (retention, compaction and its segment swaps), where a round's cut rarely lands.
 const TICK_POWER_CUT_PER_MILLION: u32 = 250_000;
@@ -1487,11 +1490,19 @@ impl Sim {
             let from = committed.max(scan.starts[index]);
             let first = scanned.partition_point(|r| r.offset.get() < from);
             let expected = &scanned[first..];
+            // Half the group consumers iterate (each first fetch copies out a whole
+            // megabyte), half poll a few KiB at a time, taking whole fetches.
             let wanted = self.check_rng.between(1, SDK_GROUP_RECORDS_MAX) as usize;
-            let read = oracle::iterate(&mut consumer, wanted).map_err(|e| {
+            let read = if self.check_rng.chance(crate::rng::PER_MILLION / 2) {
+                oracle::iterate(&mut consumer, wanted)
+            } else {
+                let max_bytes = self.check_rng.between(1, SDK_GROUP_POLL_BYTES_MAX) as usize;
+                oracle::poll(&mut consumer, max_bytes, wanted)
+            };
+            let read = read.map_err(|e| {
                 Violation::new("reads_succeed", format!("group consumer p{partition}: {e}"))
             })?;
-            let expected = &expected[..wanted.min(expected.len())];
+            let expected = &expected[..read.len().max(wanted).min(expected.len())];
             if read != expected {
                 let offsets = |records: &[ScannedRecord]| -> Vec<u64> {
                     records.iter().map(|r| r.offset.get()).collect()
