@@ -445,8 +445,15 @@ pub fn retention_violation(
         return Some(format!("log start {start} moved back below {seen}"));
     }
     let bound = model.retention_bound(partition, now_ms);
-    (start > seen && start > bound)
-        .then(|| format!("log start {start} past what retention and deletes may remove ({bound})"))
+    (start > seen && start > bound).then(|| {
+        let record = model.partitions[partition].possible_records().nth(bound as usize);
+        let timestamp = record.map(|r| r.timestamp);
+        format!(
+            "log start {start} past what retention and deletes may remove ({bound}: its \
+             record's timestamp {timestamp:?}, now {now_ms}, retention_ms {:?})",
+            model.retention_ms
+        )
+    })
 }
 
 /// On a compacted topic, compaction removes only records a later record of the same key
