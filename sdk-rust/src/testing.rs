@@ -42,7 +42,7 @@ use crate::processor::{
     Processor, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Runner,
 };
 use crate::store::{DiskOptions, Store, StoreError, StoreKind};
-use crate::{Durability, Offset, Options, Record, TopicConfig};
+use crate::{Cleanup, Durability, Offset, Options, Record, TopicConfig};
 use chronik_engine::Engine;
 use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
 use std::collections::BTreeMap;
@@ -108,6 +108,9 @@ pub struct SimulationReport {
     /// Input records processed by the attempts that ran to the end (a seed's last attempt
     /// processes what its earlier ones left uncommitted).
     pub records_processed: u64,
+    /// Input records compaction removed before the runs, over all seeds, when the input
+    /// topics are compacted ([`Simulation::run_on_compacted_input`]): what the runs read past.
+    pub input_records_compacted: u64,
 }
 
 /// A seed whose final state or outputs differ from the fault-free run, or that failed.
@@ -154,6 +157,8 @@ trait App {
     fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError>;
     /// Every store, with its name and partition.
     fn every_store(&self) -> Vec<(&str, u32, &Store)>;
+    /// The configuration of every application it runs (a topology's stages).
+    fn configs(&self) -> Vec<&ProcessorConfig>;
 }
 
 impl<P: Processor> App for Runner<SimDisk, P> {
@@ -172,6 +177,10 @@ impl<P: Processor> App for Runner<SimDisk, P> {
         }
         all
     }
+
+    fn configs(&self) -> Vec<&ProcessorConfig> {
+        vec![self.config()]
+    }
 }
 
 impl App for TopologyRunner<SimDisk> {
@@ -182,6 +191,48 @@ impl App for TopologyRunner<SimDisk> {
     fn every_store(&self) -> Vec<(&str, u32, &Store)> {
         self.stores()
     }
+
+    fn configs(&self) -> Vec<&ProcessorConfig> {
+        TopologyRunner::configs(self)
+    }
+}
+
+/// Check every store, which condemns a damaged one (so the next start rebuilds it), and
+/// count the damaged: all of them, not only up to the first, since each left unchecked would
+/// need a rerun of its own.
+fn condemn_damaged(app: &impl App) -> usize {
+    app.every_store().iter().filter(|(_, _, store)| store.check().is_err()).count()
+}
+
+/// The detail of a [`FailureKind::Run`] failure starts with this when a run until caught up
+/// ended with an input position short of its high watermark.
+pub const NOT_CAUGHT_UP: &str = "an input was not read to its high watermark";
+
+/// After `run_until_caught_up`: every application's committed position in every partition of
+/// every input has reached that partition's high watermark. A fetch that held no record (the
+/// input's batches there emptied by compaction) is not the end of the input.
+fn check_caught_up(engine: &SimEngine, app: &impl App) -> Result<(), String> {
+    for config in app.configs() {
+        for input in &config.inputs {
+            let partitions = engine.partition_count(input).ok_or_else(|| {
+                format!("{NOT_CAUGHT_UP}: the input {input} of {} is gone", config.application)
+            })?;
+            for partition in 0..partitions {
+                let end = engine.high_watermark(input, partition).map_err(|e| e.to_string())?;
+                let committed = engine
+                    .committed_offset(&config.application, input, partition)
+                    .unwrap_or(Offset::ZERO);
+                if committed < end {
+                    return Err(format!(
+                        "{NOT_CAUGHT_UP}: {} committed {committed} of {input} partition \
+                         {partition} after running until caught up; its high watermark is {end}",
+                        config.application
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a run writes store snapshots, and how often.
@@ -258,10 +309,27 @@ impl Settings {
 
 type SimEngine = Engine<SimDisk>;
 
+/// What a simulation's input topics are like.
+#[derive(Clone, Copy, Debug)]
+struct Inputs {
+    /// The application's stores are memory stores by default.
+    memory: bool,
+    /// Compacted topics, compacted before the first run.
+    compacted: bool,
+}
+
+/// Segments of compacted input topics: small, so that a few hundred records fill several
+/// and compaction has sealed ones to empty.
+const COMPACTED_SEGMENT_BYTES: u64 = 4096;
+
 /// The simulated data directory.
 const DATA: &str = "/data";
 /// Chance that a bit of a synced store file (snapshot, run, manifest) rots before an attempt.
 const ROT_PER_MILLION: u32 = 500_000;
+/// Attempts without faults a seed may rerun to rebuild stores found damaged. Each condemns
+/// at least one store and rots nothing, so the reruns end within the number of stores (a
+/// task's stores times the partitions): this bounds a bug that would rerun forever.
+const DAMAGE_RERUNS_MAX: u32 = 64;
 
 /// Before an attempt that may fail: sometimes rot a bit of a store file, sometimes fail
 /// I/O, and cut the power after some of the disk calls.
@@ -349,7 +417,28 @@ impl Simulation {
         let open = |engine: &SimEngine, settings: &Settings| {
             Runner::new(engine, settings.apply(config.clone()), &mut factory)
         };
-        self.run_app(&config.inputs, memory, open, |_| Ok(()))
+        self.run_app(&config.inputs, Inputs { memory, compacted: false }, open, |_| Ok(()))
+    }
+
+    /// [`Simulation::run`] on compacted input topics: `cleanup = compact` in segments of
+    /// 4 KiB, compacted once the input is written and before any run, so that the processor
+    /// reads past batches compaction emptied (give records keys, some of them repeated).
+    /// Every run, the fault-free one included, sees the same compacted input; each must
+    /// still read every input to its high watermark.
+    pub fn run_on_compacted_input<P, F>(
+        &self,
+        mut factory: F,
+    ) -> Result<SimulationReport, SimulationFailure>
+    where
+        P: Processor,
+        F: FnMut(u32) -> P,
+    {
+        let memory = self.config.store_kind == StoreKind::Memory;
+        let config = &self.config;
+        let open = |engine: &SimEngine, settings: &Settings| {
+            Runner::new(engine, settings.apply(config.clone()), &mut factory)
+        };
+        self.run_app(&config.inputs, Inputs { memory, compacted: true }, open, |_| Ok(()))
     }
 
     /// Run `topology` instead of a processor: its stages, with each seed's settings applied
@@ -374,13 +463,13 @@ impl Simulation {
         let open = |engine: &SimEngine, settings: &Settings| {
             TopologyRunner::with(engine, topology, |config| settings.apply(config))
         };
-        self.run_app(&topology.sources(), memory, open, check)
+        self.run_app(&topology.sources(), Inputs { memory, compacted: false }, open, check)
     }
 
     fn run_app<A: App>(
         &self,
         inputs: &[String],
-        memory: bool,
+        kind: Inputs,
         mut open: impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
         check: impl Fn(&Outcome) -> Result<(), String>,
     ) -> Result<SimulationReport, SimulationFailure> {
@@ -392,8 +481,8 @@ impl Simulation {
             |seed, detail: String| SimulationFailure { seed, kind: FailureKind::Run, detail };
         let disk = SimDisk::new(Rng::new(0));
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
-        let engine = self
-            .setup(&disk, &clock, inputs)
+        let (engine, compacted) = self
+            .setup(&disk, &clock, inputs, kind.compacted)
             .map_err(|e| failure(u64::MAX, format!("setup: {e}")))?;
         let before = disk.stats().calls;
         // Committing after every record: the most disk calls a seed's run can make, the range
@@ -401,6 +490,7 @@ impl Simulation {
         let mut app = open(&engine, &Settings::FAULT_FREE)
             .map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
         app.run_until_caught_up().map_err(|e| failure(u64::MAX, format!("fault-free run: {e}")))?;
+        check_caught_up(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
         let calls = disk.stats().calls - before;
         let (expected, damaged) = self.outcome(&engine, &app).map_err(|e| failure(u64::MAX, e))?;
         if damaged {
@@ -415,11 +505,12 @@ impl Simulation {
         drop(engine);
         let mut report = SimulationReport::default();
         for seed in seeds {
-            let found = self.run_seed(seed, calls, inputs, memory, &mut open, &mut report)?;
+            let found = self.run_seed(seed, calls, inputs, kind, &mut open, &mut report)?;
             if let Some((kind, detail)) = difference(&expected, &found) {
                 return Err(SimulationFailure { seed, kind, detail });
             }
             report.seeds += 1;
+            report.input_records_compacted += compacted;
         }
         Ok(report)
     }
@@ -429,7 +520,7 @@ impl Simulation {
         seed: u64,
         calls: u64,
         inputs: &[String],
-        memory: bool,
+        kind: Inputs,
         open: &mut impl FnMut(&SimEngine, &Settings) -> Result<A, ProcessorError>,
         report: &mut SimulationReport,
     ) -> Result<Outcome, SimulationFailure> {
@@ -440,17 +531,21 @@ impl Simulation {
         let (crash_faults, io_faults) = seed_faults(&mut rng);
         disk.set_faults(crash_faults);
         let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
-        let settings = Settings::draw(&mut rng, memory, Arc::clone(&tail_violation));
+        let settings = Settings::draw(&mut rng, kind.memory, Arc::clone(&tail_violation));
         let tail = || tail_violation.lock().expect("oracle lock").take();
         let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
-        let engine =
-            self.setup(&disk, &clock, inputs).map_err(|e| failure(format!("setup: {e}")))?;
+        let (engine, _) = self
+            .setup(&disk, &clock, inputs, kind.compacted)
+            .map_err(|e| failure(format!("setup: {e}")))?;
         let mut engine = Some(engine);
-        // A rotted store file may surface only in the last attempt; it then runs again.
-        let mut damage_reruns = 2;
+        // A rotted store file may surface only when the outcome is read, or in the last
+        // attempt; every store found damaged is condemned, and the run goes on without faults
+        // (no rot, no cut), so each rerun rebuilds at least one store for good.
+        let mut damage_reruns = DAMAGE_RERUNS_MAX;
+        let mut rebuilding = false;
         let mut attempt = 0;
         loop {
-            let last = attempt >= self.crashes_max;
+            let last = attempt >= self.crashes_max || rebuilding;
             attempt += 1;
             if let Some(detail) = tail() {
                 return Err(tail_failure(detail));
@@ -477,22 +572,23 @@ impl Simulation {
                         disk.restore_power();
                     }
                     let (outcome, damaged_read) = self.outcome(&live, &runner).map_err(failure)?;
-                    // Every store checked (each damaged one is condemned), not only up to the
-                    // first damaged one.
-                    let damaged_checked = runner
-                        .every_store()
-                        .iter()
-                        .fold(false, |any, (_, _, store)| store.check().is_err() | any);
-                    if !damaged_read && !damaged_checked {
+                    check_caught_up(&live, &runner).map_err(failure)?;
+                    // Every store checked: each damaged one is condemned, and a store whose
+                    // damage the outcome's reading met was condemned then.
+                    let damaged = condemn_damaged(&runner) + usize::from(damaged_read);
+                    if damaged == 0 {
                         return Ok(outcome);
                     }
                     if damage_reruns == 0 {
-                        return Err(failure("a damaged store was not rebuilt".into()));
+                        return Err(failure(format!(
+                            "a damaged store was not rebuilt: {damaged} damaged after \
+                             {DAMAGE_RERUNS_MAX} reruns without faults"
+                        )));
                     }
-                    // Rot the run never read surfaced when the outcome was read: the store
-                    // is condemned, and the next attempt rebuilds it.
+                    // Rot the run never read surfaced when the outcome was read: the stores
+                    // are condemned, and the next attempt, without faults, rebuilds them.
                     damage_reruns -= 1;
-                    attempt -= 1;
+                    rebuilding = true;
                     report.crashes += 1;
                     drop(runner);
                     drop(live);
@@ -502,7 +598,7 @@ impl Simulation {
                     if last && damage_reruns > 0 =>
                 {
                     damage_reruns -= 1;
-                    attempt -= 1;
+                    rebuilding = true;
                     drop(live);
                     disk.restore_power();
                 }
@@ -538,15 +634,22 @@ impl Simulation {
         }
     }
 
-    /// A disk with the topics and the input.
+    /// A disk with the topics and the input (compacted, with `compacted`), and how many
+    /// input records compaction removed.
     fn setup(
         &self,
         disk: &SimDisk,
         clock: &SimClock,
         inputs: &[String],
-    ) -> Result<SimEngine, String> {
+        compacted: bool,
+    ) -> Result<(SimEngine, u64), String> {
         let engine = open_engine(disk, clock)?;
-        let input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
+        let mut input = TopicConfig { partitions: self.input_partitions, ..TopicConfig::default() };
+        if compacted {
+            input.cleanup = Cleanup::Compact;
+            input.segment_bytes = COMPACTED_SEGMENT_BYTES;
+            input.min_cleanable_dirty_ratio = 0.0;
+        }
         for topic in inputs {
             engine.create_topic(topic, input).map_err(|e| e.to_string())?;
         }
@@ -564,7 +667,24 @@ impl Simulation {
                 .ok_or("an input record's input is not one of the inputs")?;
             engine.append(topic, record.partition, &[view]).map_err(|e| e.to_string())?;
         }
-        Ok(engine)
+        let mut removed = 0;
+        if compacted {
+            // Records are cleanable once their time has come: the clock goes past the
+            // latest input timestamp first.
+            let latest = self.input.iter().filter_map(|r| r.timestamp).max().unwrap_or(0);
+            let now = engine.now_ms();
+            if latest >= now {
+                clock.advance(u64::try_from(latest - now).unwrap_or(0) + 1);
+            }
+            for topic in inputs {
+                for partition in 0..self.input_partitions {
+                    let report =
+                        engine.compact_partition(topic, partition).map_err(|e| e.to_string())?;
+                    removed += report.map_or(0, |r| r.records_in - r.records_kept);
+                }
+            }
+        }
+        Ok((engine, removed))
     }
 
     /// The stores and outputs after a run, and whether reading a store met damage (each

@@ -364,7 +364,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
          rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} deletes={} delete_moves={} commits={} compaction_passes={} \
          compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
-         oracle_checks={}",
+         group_consumer_records={} group_consumer_commits={} compacted_away={} oracle_checks={}",
         totals.crashes,
         c.power_cuts_reached,
         c.acknowledged_batches,
@@ -387,6 +387,9 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.transactions,
         c.failed_transactions,
         c.pipelined_appends,
+        c.group_consumer_records,
+        c.group_consumer_commits,
+        c.compacted_away,
         c.oracle_checks
     );
     match &totals.first_failure {
@@ -436,11 +439,16 @@ fn run_processors(start: u64, seeds: u64) -> bool {
     let started = Instant::now();
     let mut crashes = 0;
     let mut workloads: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let (mut compacted, mut compacted_away) = (0, 0);
     for seed in start..start.saturating_add(seeds) {
-        let workload = chronik_sim::processors::draw(seed).workload;
-        *workloads.entry(format!("{workload:?}").to_lowercase()).or_default() += 1;
+        let drawn = chronik_sim::processors::draw(seed);
+        *workloads.entry(format!("{:?}", drawn.workload).to_lowercase()).or_default() += 1;
+        compacted += u64::from(drawn.compacted_input);
         match chronik_sim::processors::run_seed(seed) {
-            Ok(report) => crashes += report.crashes,
+            Ok(report) => {
+                crashes += report.crashes;
+                compacted_away += report.input_records_compacted;
+            }
             Err(violation) => {
                 eprintln!("VIOLATION in seed {seed}: {violation}");
                 eprintln!("replay: chronik-sim processors --start {seed} --seeds 1");
@@ -451,7 +459,9 @@ fn run_processors(start: u64, seeds: u64) -> bool {
     let elapsed = started.elapsed().as_secs_f64();
     let mix: Vec<String> = workloads.iter().map(|(name, n)| format!("{name} {n}")).collect();
     println!(
-        "processors: seeds={seeds} ({}) crashes={crashes} seeds/s={:.1} failures=0",
+        "processors: seeds={seeds} from {start} ({}; compacted inputs {compacted}, \
+         {compacted_away} input records compacted away) crashes={crashes} seeds/s={:.1} \
+         failures=0",
         mix.join(", "),
         seeds as f64 / elapsed.max(1e-9)
     );

@@ -46,6 +46,9 @@ pub struct PartitionModel {
     pub committed: Option<u64>,
     /// A commit that failed: the engine may hold it or `committed`.
     pub uncertain_commit: Option<u64>,
+    /// The SDK group consumer's committed position (group `sdk`, committed only right after
+    /// an open, with no fault armed, so every commit is acknowledged).
+    pub sdk_committed: Option<u64>,
 }
 
 impl PartitionModel {
@@ -78,7 +81,11 @@ impl PartitionModel {
                     last_of_key.insert(key.as_slice(), offset);
                 }
             }
-            let young = records.iter().enumerate().find(|(offset, record)| {
+            // Records below the log start are gone (a delete removes them whatever their
+            // age), so a young one there (an explicit timestamp ahead of the clock, say)
+            // holds nothing back.
+            let gone = usize::try_from(self.log_start).unwrap_or(usize::MAX);
+            let young = records.iter().enumerate().skip(gone).find(|(offset, record)| {
                 let replaced = compacted
                     && record.key.as_ref().is_some_and(|k| last_of_key[k.as_slice()] != *offset);
                 record.timestamp >= now_ms.saturating_sub(ms) && !replaced
@@ -313,5 +320,23 @@ mod tests {
         assert!(model.partitions[0].uncertain.is_empty());
         model.adopt(0, 5);
         assert_eq!(model.partitions[0].batches.len(), 2);
+    }
+
+    /// A record whose timestamp runs ahead of the clock holds retention back only while it is
+    /// there: once a delete moved the log start past it, the segments after it may go by age.
+    /// (The swarm's seeds 1088 and 3014 failed `retention_bounds` on this, and main's own
+    /// 10003317, 10003755 and 10004523.)
+    #[test]
+    fn a_young_record_below_the_log_start_holds_retention_back_no_more() {
+        let mut partition = PartitionModel::default();
+        partition.batches.push(batch(1, 10_000)); // ahead of the clock when appended
+        for _ in 0..4 {
+            partition.batches.push(batch(2, 0));
+        }
+        let bound = |p: &PartitionModel| p.retention_bound(Some(1_000), None, 5_000, false);
+        assert_eq!(bound(&partition), 0);
+        partition.deleted_before = 3;
+        partition.log_start = 3;
+        assert_eq!(bound(&partition), 9, "every record there is older than retention_ms");
     }
 }

@@ -14,6 +14,7 @@ use crate::disk::SimDisk;
 use crate::model::{Model, ModelRecord, TopicState};
 use crate::rng::Rng;
 use crate::workload::{SCRATCH, TOPIC};
+use chronik::Consumer;
 use chronik_engine::{Engine, Offset};
 use std::fmt;
 
@@ -26,6 +27,11 @@ pub const SCAN_FETCH_BYTES_MAX: u64 = 16 * 1024;
 pub const SCAN_FETCHES_MAX: u64 = 1 << 20;
 /// Random offsets each `reads_exact` and `timestamp_lookup` check tries per partition.
 const PROBES_PER_PARTITION: u64 = 8;
+/// Largest `max_bytes` the `sdk_readers` poll loops ask for, as a power of two: from a single
+/// batch (any fetch returns at least one) to many.
+const POLL_BYTES_MAX_LOG2: u64 = 16;
+/// Chance that `sdk_readers` reads a topic that is not compacted after an open.
+const SDK_READS_UNCOMPACTED_PER_MILLION: u32 = 250_000;
 
 /// An oracle found the engine wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +111,7 @@ pub fn standard() -> Vec<Box<dyn Oracle>> {
         Box::new(TimestampLookup),
         Box::new(RetentionBounds),
         Box::new(CompactionKeepsLatest),
+        Box::new(SdkReaders),
     ]
 }
 
@@ -438,8 +445,15 @@ pub fn retention_violation(
         return Some(format!("log start {start} moved back below {seen}"));
     }
     let bound = model.retention_bound(partition, now_ms);
-    (start > seen && start > bound)
-        .then(|| format!("log start {start} past what retention and deletes may remove ({bound})"))
+    (start > seen && start > bound).then(|| {
+        let record = model.partitions[partition].possible_records().nth(bound as usize);
+        let timestamp = record.map(|r| r.timestamp);
+        format!(
+            "log start {start} past what retention and deletes may remove ({bound}: its \
+             record's timestamp {timestamp:?}, now {now_ms}, retention_ms {:?})",
+            model.retention_ms
+        )
+    })
 }
 
 /// On a compacted topic, compaction removes only records a later record of the same key
@@ -494,6 +508,136 @@ impl Oracle for CompactionKeepsLatest {
                     return Err(Violation::new(self.name(), detail));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+/// The SDK's readers of a partition yield exactly what the engine's own full read (the scan,
+/// checked by the oracles before this one) yields, and end at the high watermark, never
+/// before: [`chronik::Consumer`]'s iterator from offset zero (the log start, where retention
+/// or `delete_records` moved it), and a loop of [`Consumer::poll`] with a seeded `max_bytes`
+/// (down to one batch per fetch) until it returns an empty fetch. Both run on the shared
+/// cursor (`chronik::next_fetch`), which reads past batches compaction emptied and fetches
+/// that hold no record at or past the position; a reader taking such a fetch for its end
+/// stops short of the high watermark here.
+#[derive(Debug)]
+pub struct SdkReaders;
+
+impl Oracle for SdkReaders {
+    fn name(&self) -> &'static str {
+        "sdk_readers"
+    }
+
+    /// One of the two surfaces per partition and open, drawn, and on a topic that is not
+    /// compacted only at one open in [`SDK_READS_UNCOMPACTED_PER_MILLION`]: each is a full
+    /// read, and both at every open of every seed cost the swarm a third more. Compacted
+    /// topics, where batches hold no record or fewer than their offsets, are read every time.
+    fn check(&self, context: &Context<'_>, rng: &mut Rng) -> Result<(), Violation> {
+        if !context.model.compacted && !rng.chance(SDK_READS_UNCOMPACTED_PER_MILLION) {
+            return Ok(());
+        }
+        for (index, scanned) in context.scan.partitions.iter().enumerate() {
+            let partition = index as u32;
+            let mut consumer = Consumer::new(context.engine.clone(), TOPIC, partition);
+            let (surface, read) = if rng.chance(crate::rng::PER_MILLION / 2) {
+                // One more than the scan holds, so that a reader yielding too many is seen.
+                ("the iterator".to_owned(), iterate(&mut consumer, scanned.len() + 1))
+            } else {
+                let max_bytes = 1_u64 << rng.between(0, POLL_BYTES_MAX_LOG2);
+                let max_bytes = rng.between(1, max_bytes) as usize;
+                let surface = format!("a poll loop of {max_bytes} bytes");
+                (surface, poll_to_the_end(&mut consumer, max_bytes))
+            };
+            let read = read.map_err(|e| {
+                Violation::new("reads_succeed", format!("partition {partition}: {surface}: {e}"))
+            })?;
+            let end = Offset::new(context.scan.end(index));
+            self.judge(partition, &surface, &read, scanned, &consumer, end)?;
+        }
+        Ok(())
+    }
+}
+
+/// At most `records_max` records from `consumer`'s iterator, until it ends.
+pub fn iterate(
+    consumer: &mut Consumer<SimDisk>,
+    records_max: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    let mut read = Vec::new();
+    for item in consumer.by_ref().take(records_max) {
+        let record = item?;
+        let model =
+            ModelRecord { key: record.key, value: record.value, timestamp: record.timestamp };
+        read.push(ScannedRecord { offset: record.offset, record: model });
+    }
+    Ok(read)
+}
+
+/// `consumer.poll(max_bytes)` until it returns an empty fetch, and every record it returned.
+fn poll_to_the_end(
+    consumer: &mut Consumer<SimDisk>,
+    max_bytes: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    poll(consumer, max_bytes, usize::MAX)
+}
+
+/// `consumer.poll(max_bytes)` until it returns an empty fetch or at least `records_min`
+/// records, and every record it returned.
+pub fn poll(
+    consumer: &mut Consumer<SimDisk>,
+    max_bytes: usize,
+    records_min: usize,
+) -> Result<Vec<ScannedRecord>, chronik_engine::ReadError> {
+    let mut read = Vec::new();
+    for _ in 0..SCAN_FETCHES_MAX {
+        if read.len() >= records_min {
+            break;
+        }
+        let fetch = consumer.poll(max_bytes)?;
+        if fetch.is_empty() {
+            break;
+        }
+        read.extend(fetch.records().map(|r| owned(&r)));
+    }
+    Ok(read)
+}
+
+impl SdkReaders {
+    /// What `surface` read, from the log start to where it said it was done, against the
+    /// scan; its position must be the high watermark, and it must say it is caught up.
+    fn judge(
+        &self,
+        partition: u32,
+        surface: &str,
+        read: &[ScannedRecord],
+        scanned: &[ScannedRecord],
+        consumer: &Consumer<SimDisk>,
+        end: Offset,
+    ) -> Result<(), Violation> {
+        let position = consumer.position();
+        if let Some(at) =
+            (0..read.len().max(scanned.len())).find(|&i| read.get(i) != scanned.get(i))
+        {
+            let (found, expected) = (read.get(at), scanned.get(at));
+            let detail = format!(
+                "partition {partition}: {surface} yielded {} records, the engine's read {}; \
+                 record {at} is {:?}, the read's {:?} (the reader stopped at {position}, \
+                 the high watermark is {end})",
+                read.len(),
+                scanned.len(),
+                found.map(|r| (r.offset.get(), describe(&r.record))),
+                expected.map(|r| (r.offset.get(), describe(&r.record))),
+            );
+            return Err(Violation::new(self.name(), detail));
+        }
+        let caught_up = consumer.caught_up();
+        if position != end || !matches!(caught_up, Ok(true)) {
+            let detail = format!(
+                "partition {partition}: {surface} ended at {position} (caught up: \
+                 {caught_up:?}), the high watermark is {end}"
+            );
+            return Err(Violation::new(self.name(), detail));
         }
         Ok(())
     }

@@ -9,18 +9,23 @@
 //! now and then). The seed also draws partitions, key space, record counts and timestamps, and
 //! `chronik::testing` draws the commit cadence, the snapshots and the faults from it.
 //!
+//! Half the counting and join seeds compact their input topics before the runs (every run
+//! alike), so tasks read past batches compaction emptied.
+//!
 //! Oracles: `restore_equivalence` (every store's final entries equal the fault-free run's,
 //! whatever mix of crashes, changelog restores and snapshot-plus-tail restores came between)
 //! and `exactly_once_outputs` (every output partition holds exactly the fault-free run's
-//! records, in order: nothing duplicated, lost or changed); `processor_runs` if a run failed
-//! without a fault to blame.
+//! records, in order: nothing duplicated, lost or changed), `inputs_caught_up` (after every
+//! run until caught up, each application's committed position in every input partition is
+//! that partition's high watermark); `processor_runs` if a run failed without a fault to
+//! blame.
 
 use crate::oracle::Violation;
 use crate::rng::{PER_MILLION, Rng};
 use crate::windows::{self, JoinKind, Shape};
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
-use chronik::testing::{FailureKind, InputRecord, Simulation, SimulationReport};
+use chronik::testing::{FailureKind, InputRecord, NOT_CAUGHT_UP, Simulation, SimulationReport};
 
 /// The workload a seed draws.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +109,9 @@ pub struct Drawn {
     pub simulation: Simulation,
     pub limit: u8,
     pub shape: Shape,
+    /// Counting and joins: the input topics are compacted before the runs, so tasks read past
+    /// batches compaction emptied ([`Simulation::run_on_compacted_input`]).
+    pub compacted_input: bool,
 }
 
 /// The simulation a seed draws, and its workload.
@@ -177,14 +185,21 @@ pub fn draw(seed: u64) -> Drawn {
     } else {
         workload
     };
-    Drawn { workload, simulation, limit, shape }
+    // Drawn last, so the draws above stay what they were before compacted inputs.
+    let compacted_input =
+        rng.chance(PER_MILLION / 2) && matches!(workload, Workload::Counting | Workload::Join);
+    Drawn { workload, simulation, limit, shape, compacted_input }
 }
 
 /// Run one seed's processor workload; the oracle that failed, if any.
 pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
-    let Drawn { workload, simulation, limit, shape } = draw(seed);
+    let Drawn { workload, simulation, limit, shape, compacted_input } = draw(seed);
     let result = match workload {
+        Workload::Counting if compacted_input => {
+            simulation.run_on_compacted_input(|_| Counting { limit })
+        }
         Workload::Counting => simulation.run(|_| Counting { limit }),
+        Workload::Join if compacted_input => simulation.run_on_compacted_input(|_| Join),
         Workload::Join => simulation.run(|_| Join),
         Workload::Windows | Workload::Sessions | Workload::TableJoin | Workload::StreamJoin => {
             windows::run(workload, &simulation, shape)
@@ -194,6 +209,7 @@ pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
         let oracle = match failure.kind {
             FailureKind::State => "restore_equivalence",
             FailureKind::Outputs => "exactly_once_outputs",
+            FailureKind::Run if failure.detail.starts_with(NOT_CAUGHT_UP) => "inputs_caught_up",
             FailureKind::Run => "processor_runs",
             FailureKind::Tail => "restore_reads_tail",
             FailureKind::Model => "topology_model",

@@ -34,7 +34,7 @@
 use crate::clock::{EPOCH_MS, SimClock};
 use crate::disk::{BitFlip, SimDisk, Stats};
 use crate::model::{Model, ModelBatch, ModelRecord, TopicState, UncertainTransaction};
-use crate::oracle::{self, Context, Oracle, Scan, SimEngine, Violation};
+use crate::oracle::{self, Context, Oracle, Scan, ScannedRecord, SimEngine, Violation};
 use crate::rng::Rng;
 use crate::trace::{TRACE_EVENTS_MAX, Trace, fnv1a};
 use crate::workload::{SCRATCH, Step, Swarm, TOPIC};
@@ -63,6 +63,14 @@ const LIVENESS_BATCHES: u64 = 3;
 const ROT_READS_PER_PARTITION: u64 = 4;
 /// The consumer group whose commits the workload makes.
 const GROUP: &str = "sim";
+/// The consumer group of the SDK's group consumers (`chronik::Consumer::in_group`),
+/// recreated at every open.
+const SDK_GROUP: &str = "sdk";
+/// Most records a group consumer iterates after an open before it commits (one that polls
+/// takes the whole fetch that reaches them).
+const SDK_GROUP_RECORDS_MAX: u64 = 64;
+/// Largest `max_bytes` of a group consumer's polls.
+const SDK_GROUP_POLL_BYTES_MAX: u64 = 4096;
 /// Chance (per million) that a tick with no power cut armed arms one inside its maintenance
 /// work (retention, compaction and its segment swaps), where a round's cut rarely lands.
 const TICK_POWER_CUT_PER_MILLION: u32 = 250_000;
@@ -251,6 +259,12 @@ pub struct Counters {
     pub failed_transactions: u64,
     /// Appends queued together by pipelined steps (`append_nowait`).
     pub pipelined_appends: u64,
+    /// Records the SDK's group consumers read after opens, and their commits.
+    pub group_consumer_records: u64,
+    pub group_consumer_commits: u64,
+    /// Offsets between a log start and end that compaction had removed, summed over the
+    /// scans after opens: what readers (the SDK's included) had to read past.
+    pub compacted_away: u64,
 }
 
 impl Counters {
@@ -286,6 +300,9 @@ impl Counters {
         self.transactions += other.transactions;
         self.failed_transactions += other.failed_transactions;
         self.pipelined_appends += other.pipelined_appends;
+        self.group_consumer_records += other.group_consumer_records;
+        self.group_consumer_commits += other.group_consumer_commits;
+        self.compacted_away += other.compacted_away;
     }
 }
 
@@ -664,6 +681,11 @@ impl Sim {
             }
         }
         self.crashed_since_open = false;
+        for (index, scanned) in scan.partitions.iter().enumerate() {
+            let offsets = scan.end(index) - scan.starts[index];
+            self.counters.compacted_away += offsets - scanned.len() as u64;
+        }
+        self.group_consumers(engine, &scan)?;
         let counts: Vec<usize> = scan.partitions.iter().map(Vec::len).collect();
         self.trace.event(format!("oracles passed, records {counts:?}"));
         Ok(scan)
@@ -1440,6 +1462,81 @@ impl Sim {
             }
             Err(other) => Err(Violation::new("commit_errors", other.to_string())),
         }
+    }
+
+    /// After an open (and the model's adoption of what it found): the SDK's group consumer of
+    /// every partition, recreated in the group `sdk`, starts at the position the group
+    /// committed last (or zero), then yields exactly the engine's records from there (or from
+    /// the log start, where retention or a delete removed the position) with no hole, across
+    /// every crash and reopen before (oracle `sdk_readers`). It reads a few records and
+    /// commits, but only a position whose records the model knows durable: a crash may take
+    /// records that were not, and a position committed past the end a crash left is a
+    /// different case (the consumer's reads then fail with `OffsetOutOfRange`, since the
+    /// shared cursor resets only positions below the log start), not judged here.
+    fn group_consumers(&mut self, engine: &SimEngine, scan: &Scan) -> Result<(), Violation> {
+        const ORACLE: &str = "sdk_readers";
+        if scan.partitions.is_empty() {
+            // No topic (its create failed and was lost): nothing committed for it either.
+            for model in &mut self.model.partitions {
+                model.sdk_committed = None;
+            }
+            return Ok(());
+        }
+        for (index, scanned) in scan.partitions.iter().enumerate() {
+            let partition = index as u32;
+            let mut consumer =
+                chronik::Consumer::in_group(engine.clone(), SDK_GROUP, TOPIC, partition);
+            let model = &self.model.partitions[index];
+            let committed = model.sdk_committed.unwrap_or(0);
+            if consumer.position().get() != committed {
+                let detail = format!(
+                    "partition {partition}: the group consumer starts at {}, its group \
+                     committed {committed}",
+                    consumer.position()
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            let from = committed.max(scan.starts[index]);
+            let first = scanned.partition_point(|r| r.offset.get() < from);
+            let expected = &scanned[first..];
+            // Half the group consumers iterate (each first fetch copies out a whole
+            // megabyte), half poll a few KiB at a time, taking whole fetches.
+            let wanted = self.check_rng.between(1, SDK_GROUP_RECORDS_MAX) as usize;
+            let read = if self.check_rng.chance(crate::rng::PER_MILLION / 2) {
+                oracle::iterate(&mut consumer, wanted)
+            } else {
+                let max_bytes = self.check_rng.between(1, SDK_GROUP_POLL_BYTES_MAX) as usize;
+                oracle::poll(&mut consumer, max_bytes, wanted)
+            };
+            let read = read.map_err(|e| {
+                Violation::new("reads_succeed", format!("group consumer p{partition}: {e}"))
+            })?;
+            let expected = &expected[..read.len().max(wanted).min(expected.len())];
+            if read != expected {
+                let offsets = |records: &[ScannedRecord]| -> Vec<u64> {
+                    records.iter().map(|r| r.offset.get()).collect()
+                };
+                let detail = format!(
+                    "partition {partition}: the group consumer resumed at {committed} and read \
+                     offsets {:?}, the engine holds {:?} from {from}",
+                    offsets(&read),
+                    offsets(expected)
+                );
+                return Err(Violation::new(ORACLE, detail));
+            }
+            self.counters.group_consumer_records += read.len() as u64;
+            let position = consumer.position().get();
+            let durable = self.model.partitions[index].durable_records;
+            if position <= durable && position != committed {
+                consumer.commit().map_err(|e| {
+                    let detail = format!("partition {partition}: a commit without faults: {e}");
+                    Violation::new("commits_survive", detail)
+                })?;
+                self.counters.group_consumer_commits += 1;
+                self.model.partitions[index].sdk_committed = Some(position);
+            }
+        }
+        Ok(())
     }
 
     /// After an open: the group's committed position of every partition is the last

@@ -47,6 +47,10 @@ fn every_oracle_holds_on_every_seed() {
     assert!(total.failed_appends > 0 && total.truncated_bytes > 0);
     assert!(total.poison_probes > 0 && total.double_opens > 0 && total.power_cuts_reached > 0);
     assert!(total.clean_closes > 0 && total.restarts_without_crash > 0);
+    // The SDK's group consumers read and committed, and compaction removed offsets that the
+    // SDK's readers had to read past (`sdk_readers`).
+    assert!(total.group_consumer_records > 0 && total.group_consumer_commits > 0);
+    assert!(total.compacted_away > 0);
 }
 
 #[test]
