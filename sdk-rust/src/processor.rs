@@ -630,6 +630,7 @@ impl ProcessorConfig {
     ///     .on_restore(|p| if p.done { eprintln!("{}: {} restored", p.store, p.restored) });
     /// assert!(config.on_restore.is_some());
     /// ```
+    #[must_use]
     pub fn on_restore(
         mut self,
         listener: impl Fn(RestoreProgress<'_>) + Send + Sync + 'static,
