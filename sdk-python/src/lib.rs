@@ -932,8 +932,9 @@ impl PyConsumer {
             return Ok(Vec::new());
         }
         if records.is_empty() {
-            // Caught up; where, if retention moved the log start past the position.
-            state.position = from.max(next);
+            // Caught up at the high watermark (below the old position when that was past the
+            // end, above it when retention moved the log start past it).
+            state.position = next;
             return Ok(records);
         }
         state.buffered = records.into();

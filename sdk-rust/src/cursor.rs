@@ -17,8 +17,11 @@ use chronik_engine::{Engine, Fetch, Offset, ReadError};
 /// The next fetch of `topic`/`partition` at or after `from` that holds a record, or an empty
 /// fetch (no batch, [`Fetch::is_empty`]) when `from` is the high watermark. A `from` that
 /// retention or `delete_records` removed reads from the log start instead (Kafka's
-/// `auto.offset.reset = earliest`); [`Fetch::from`] says where the fetch was read from, and
-/// [`Fetch::next_offset`] where the next one starts.
+/// `auto.offset.reset = earliest`), and a `from` past the high watermark (a position committed
+/// in `os` mode before a crash took the records below it, or a seek past the end) from the
+/// high watermark, so records appended later are read, not skipped. [`Fetch::from`] says
+/// where the fetch was read from, and [`Fetch::next_offset`] where the next one starts: the
+/// reader's new position.
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -38,11 +41,12 @@ pub fn next_fetch<I: Io>(
     from: Offset,
     max_bytes: usize,
 ) -> Result<Fetch, ReadError> {
-    skip_recordless(from, |from| read_from_log_start(engine, topic, partition, from, max_bytes))
+    skip_recordless(from, |from| read_in_range(engine, topic, partition, from, max_bytes))
 }
 
-/// One engine read at `from`, or at the log start when `from` is below it.
-fn read_from_log_start<I: Io>(
+/// One engine read at `from`, or at the log start when `from` is below it, or at the high
+/// watermark when past it.
+pub(crate) fn read_in_range<I: Io>(
     engine: &Engine<I>,
     topic: &str,
     partition: u32,
@@ -52,6 +56,9 @@ fn read_from_log_start<I: Io>(
     match engine.read(topic, partition, from, max_bytes) {
         Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
             engine.read(topic, partition, Offset::new(start), max_bytes)
+        }
+        Err(ReadError::OffsetOutOfRange { requested, end, .. }) if requested > end => {
+            engine.read(topic, partition, Offset::new(end), max_bytes)
         }
         other => other,
     }
@@ -71,7 +78,8 @@ pub(crate) fn skip_recordless<E>(
         }
         if canary::active(Canary::ReaderStopsAtEmptyFetch) {
             // The bug: "this fetch held no record" taken for "caught up".
-            return Ok(Fetch::default());
+            let stop = Fetch::from_records(from, from, &[]).expect("an empty fetch is valid");
+            return Ok(stop);
         }
         let next = fetch.next_offset();
         assert!(

@@ -354,7 +354,9 @@ impl<I: Io> Consumer<I> {
         self.buffered.clear();
         let fetch =
             next_fetch(&self.engine, &self.topic, self.partition, self.position, max_bytes)?;
-        self.position = self.position.max(fetch.next_offset());
+        // Past the records read; or the log start, or the high watermark, when the position
+        // was out of range.
+        self.position = fetch.next_offset();
         Ok(fetch)
     }
 

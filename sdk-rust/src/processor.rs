@@ -49,7 +49,7 @@ pub(crate) trait TaskLog {
     fn now_ms(&self) -> i64;
     fn partition_count(&self, topic: &str) -> Option<u32>;
     /// Records of `topic`/`partition` from `from`, about `max_bytes` of them; from the log
-    /// start instead if retention removed `from`.
+    /// start instead if retention removed `from`, from the high watermark if `from` is past it.
     fn read(
         &self,
         topic: &str,
@@ -100,12 +100,7 @@ impl<I: Io> TaskLog for Engine<I> {
         from: Offset,
         max_bytes: usize,
     ) -> Result<Fetch, ProcessorError> {
-        match Engine::read(self, topic, partition, from, max_bytes) {
-            Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
-                Ok(Engine::read(self, topic, partition, Offset::new(start), max_bytes)?)
-            }
-            other => Ok(other?),
-        }
+        Ok(crate::cursor::read_in_range(self, topic, partition, from, max_bytes)?)
     }
 
     fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError> {
@@ -1468,8 +1463,10 @@ impl<P: Processor> Task<P> {
         }
         for (i, head) in heads.iter_mut().enumerate() {
             if head.peek().is_none() {
-                // Past offsets compaction removed at the end of the fetch.
-                self.positions[i] = self.positions[i].max(fetches[i].0.next_offset());
+                // Past offsets compaction removed at the end of the fetch; or, when the
+                // position was out of range, the log start or the high watermark (a position
+                // past it: an `os`-mode crash took input records below a committed position).
+                self.positions[i] = fetches[i].0.next_offset();
             }
         }
         self.stats.records += processed as u64;

@@ -374,3 +374,24 @@ fn every_surface_reads_a_random_compacted_and_holed_log_whole() {
     }
     quickcheck::QuickCheck::new().tests(16).quickcheck(property as fn(Vec<Step>, u8) -> bool);
 }
+
+/// A position past the high watermark (a group's commit that an `os`-mode crash outlived, or
+/// a seek past the end) reads from the high watermark: records appended later are read, not
+/// skipped until the log grows past the old position.
+#[test]
+fn a_position_past_the_end_reads_what_is_appended_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    chronik.create_topic("t", TopicConfig::default()).unwrap();
+    for i in 0..10u8 {
+        chronik.append("t", 0, &[Record::new(None, &[i])]).unwrap();
+    }
+    let mut consumer = chronik.consumer("t", 0);
+    consumer.seek(Offset::new(50));
+    assert!(consumer.next().is_none(), "nothing new yet");
+    assert_eq!(consumer.position(), Offset::new(10), "moved back to the high watermark");
+    assert!(consumer.caught_up().unwrap());
+    chronik.append("t", 0, &[Record::new(None, b"new")]).unwrap();
+    let next = consumer.next().expect("the new record").unwrap();
+    assert_eq!((next.offset, next.value), (Offset::new(10), b"new".to_vec()));
+}
