@@ -47,6 +47,26 @@ impl Codec {
         }
     }
 
+    /// Whether `decode` takes `bytes`, without the GIL or any Python object: `Err` says why
+    /// not. The runner checks input records with it before the handler sees them.
+    pub fn check(self, bytes: &[u8]) -> Result<(), String> {
+        match self {
+            Codec::Bytes => Ok(()),
+            Codec::Str => std::str::from_utf8(bytes)
+                .map(drop)
+                .map_err(|e| format!("not UTF-8 text (format \"str\"): {e}")),
+            // The same parse as `decode`'s, so what passes here decodes there.
+            Codec::Json => serde_json::from_slice::<serde_json::Value>(bytes)
+                .map(drop)
+                .map_err(|e| format!("not JSON (format \"json\"): {e}")),
+        }
+    }
+
+    /// Whether this format can refuse anything (`bytes` takes all).
+    pub fn can_refuse(self) -> bool {
+        self != Codec::Bytes
+    }
+
     pub fn decode<'py>(self, py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         match self {
             Codec::Bytes => Ok(PyBytes::new(py, bytes).into_any()),
