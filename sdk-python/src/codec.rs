@@ -55,8 +55,15 @@ impl Codec {
             Codec::Str => std::str::from_utf8(bytes)
                 .map(drop)
                 .map_err(|e| format!("not UTF-8 text (format \"str\"): {e}")),
-            // The same parse as `decode`'s, so what passes here decodes there.
-            Codec::Json => serde_json::from_slice::<serde_json::Value>(bytes)
+            // Syntax only, without building the value (`decode` builds it after): what
+            // passes decodes, but for numbers beyond a float's range and lone UTF-16
+            // surrogates in escapes, which `decode` refuses as a ValueError.
+            Codec::Json => std::str::from_utf8(bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+                        .map_err(|e| e.to_string())
+                })
                 .map(drop)
                 .map_err(|e| format!("not JSON (format \"json\"): {e}")),
         }

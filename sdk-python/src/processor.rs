@@ -188,16 +188,34 @@ impl PyProcessor {
         ProcessError(message)
     }
 
+    /// `record` for the handler, decoded; `c` says where it is from if it does not decode.
     fn record<'py>(
         &self,
         py: Python<'py>,
         record: &RecordView<'_>,
+        c: &Py<PyContext>,
     ) -> PyResult<Bound<'py, PyRecord>> {
+        // The runner's check passed it, but that is the formats' syntax only: name the
+        // record here too (whatever the policy, as the handler cannot be given it).
+        let named = |part: &str, e: PyErr| {
+            let c = c.borrow(py);
+            let reason = format!("{part} {}", e.value(py));
+            let message = format!(
+                "input {:?}, partition {}, offset {}: cannot decode: {reason}",
+                c.input,
+                c.partition,
+                record.offset().get()
+            );
+            decode_error(message, &c.input, c.partition, record.offset().get(), &reason)
+        };
         let key = match record.key() {
-            Some(key) => Some(self.spec.key_format.decode(py, key)?.unbind()),
+            Some(key) => {
+                Some(self.spec.key_format.decode(py, key).map_err(|e| named("key", e))?.unbind())
+            }
             None => None,
         };
-        let value = self.spec.value_format.decode(py, record.value())?.unbind();
+        let value = self.spec.value_format.decode(py, record.value());
+        let value = value.map_err(|e| named("value", e))?.unbind();
         let headers = record
             .headers()
             .map(|h| (PyBytes::new(py, h.key).unbind(), PyBytes::new(py, h.value).unbind()))
@@ -252,7 +270,7 @@ impl Processor for PyProcessor {
             if let Some(batch) = &me.process_batch {
                 let list = PyList::empty(py);
                 for record in records {
-                    list.append(me.record(py, record)?)?;
+                    list.append(me.record(py, record, c)?)?;
                 }
                 batch.call1(py, (list, c))?;
                 return Ok(());
@@ -264,7 +282,7 @@ impl Processor for PyProcessor {
                     stream_time = record.timestamp();
                     c.try_borrow_mut(py)?.stream_time = stream_time;
                 }
-                process.call1(py, (me.record(py, record)?, c))?;
+                process.call1(py, (me.record(py, record, c)?, c))?;
             }
             Ok(())
         })
@@ -726,6 +744,19 @@ fn store_error(error: chronik::store::StoreError) -> PyErr {
     }
 }
 
+/// `DecodeError` with its `topic`, `partition`, `offset` and `reason`.
+fn decode_error(message: String, topic: &str, partition: u32, offset: u64, reason: &str) -> PyErr {
+    let err = DecodeError::new_err(message);
+    Python::attach(|py| {
+        let value = err.value(py);
+        value.setattr("topic", topic)?;
+        value.setattr("partition", partition)?;
+        value.setattr("offset", offset)?;
+        value.setattr("reason", reason)
+    })
+    .map_or_else(|e| e, |()| err)
+}
+
 /// A run's end as a Python exception: the handler's own exception when it raised one.
 pub(crate) fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
     run_error_raising(|| spec.take_raised(), error)
@@ -742,15 +773,7 @@ pub(crate) fn run_error_raising(
         }
         ProcessorError::Config(_) => InvalidArgumentError::new_err(error.to_string()),
         ProcessorError::Decode { ref input, partition, offset, ref reason } => {
-            let err = DecodeError::new_err(error.to_string());
-            Python::attach(|py| {
-                let value = err.value(py);
-                value.setattr("topic", input)?;
-                value.setattr("partition", partition)?;
-                value.setattr("offset", offset)?;
-                value.setattr("reason", reason)
-            })
-            .map_or_else(|e| e, |()| err)
+            decode_error(error.to_string(), input, partition, offset, reason)
         }
         ProcessorError::Topic(e) => crate::error(e.into()),
         ProcessorError::Read(e) => crate::error(e.into()),

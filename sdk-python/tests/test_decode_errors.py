@@ -120,6 +120,19 @@ def test_a_key_not_in_the_key_format_is_named_too(db, kind):
     assert "key" in raised.value.reason and "UTF-8" in raised.value.reason
 
 
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_an_app_names_a_record_that_passes_the_json_syntax_check_yet_does_not_decode(db, policy):
+    """The runner's check is JSON syntax; a float beyond range decodes to nothing: the App
+    still names the record (it cannot be skipped past: the check let it through)."""
+    db.create_topic("in", partitions=1)
+    db.create_topic("out", partitions=1)
+    send(db, "in", GOOD[:1] + [(b"k", b"1e400", 5)])
+    with pytest.raises(chronik.DecodeError) as raised:
+        app(db, on_decode_error=policy).run_until_caught_up()
+    assert (raised.value.topic, raised.value.partition, raised.value.offset) == ("in", 0, 1)
+    assert "value" in raised.value.reason
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_skip_counts_and_the_outputs_are_those_without_the_bad_records(db, kind):
     db.create_topic("in", partitions=1)
