@@ -47,6 +47,33 @@ impl Codec {
         }
     }
 
+    /// Whether `decode` takes `bytes`, without the GIL or any Python object: `Err` says why
+    /// not. The runner checks input records with it before the handler sees them.
+    pub fn check(self, bytes: &[u8]) -> Result<(), String> {
+        match self {
+            Codec::Bytes => Ok(()),
+            Codec::Str => std::str::from_utf8(bytes)
+                .map(drop)
+                .map_err(|e| format!("not UTF-8 text (format \"str\"): {e}")),
+            // Syntax only, without building the value (`decode` builds it after): what
+            // passes decodes, but for numbers beyond a float's range and lone UTF-16
+            // surrogates in escapes, which `decode` refuses as a ValueError.
+            Codec::Json => std::str::from_utf8(bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|_| {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+                        .map_err(|e| e.to_string())
+                })
+                .map(drop)
+                .map_err(|e| format!("not JSON (format \"json\"): {e}")),
+        }
+    }
+
+    /// Whether this format can refuse anything (`bytes` takes all).
+    pub fn can_refuse(self) -> bool {
+        self != Codec::Bytes
+    }
+
     pub fn decode<'py>(self, py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         match self {
             Codec::Bytes => Ok(PyBytes::new(py, bytes).into_any()),

@@ -50,6 +50,13 @@ pyo3::create_exception!(
     "The offset is not in the log."
 );
 pyo3::create_exception!(_chronik, ChronikIoError, ChronikError, "An I/O error.");
+pyo3::create_exception!(
+    _chronik,
+    DecodeError,
+    ChronikError,
+    "An input record is not in the processor's key or value format: `topic`, `partition` and \
+     `offset` say which, `reason` why."
+);
 pyo3::create_exception!(_chronik, ClosedError, ChronikError, "The data directory was closed.");
 pyo3::create_exception!(
     _chronik,
@@ -1043,5 +1050,6 @@ fn _chronik(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IoError", py.get_type::<ChronikIoError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
     m.add("ReadOnlyError", py.get_type::<ReadOnlyError>())?;
+    m.add("DecodeError", py.get_type::<DecodeError>())?;
     Ok(())
 }

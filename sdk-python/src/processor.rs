@@ -9,12 +9,12 @@
 
 use crate::codec::{self, Codec};
 use crate::{
-    ChronikError, ClosedError, CorruptionError, InvalidArgumentError, NotFoundError, PyChronik,
-    PyRecord, commit_error,
+    ChronikError, ClosedError, CorruptionError, DecodeError, InvalidArgumentError, NotFoundError,
+    PyChronik, PyRecord, commit_error,
 };
 use chronik::processor::{
-    Context, ProcessError, Processor, ProcessorConfig, ProcessorError, Punctuation, RunStats,
-    Runner, Store, StoreKind,
+    Context, DecodeCheck, OnDecodeError, ProcessError, Processor, ProcessorConfig, ProcessorError,
+    Punctuation, RunStats, Runner, Store, StoreKind,
 };
 use chronik::{RecordView, SystemIo};
 use pyo3::exceptions::{PyException, PyKeyError};
@@ -188,16 +188,34 @@ impl PyProcessor {
         ProcessError(message)
     }
 
+    /// `record` for the handler, decoded; `c` says where it is from if it does not decode.
     fn record<'py>(
         &self,
         py: Python<'py>,
         record: &RecordView<'_>,
+        c: &Py<PyContext>,
     ) -> PyResult<Bound<'py, PyRecord>> {
+        // The runner's check passed it, but that is the formats' syntax only: name the
+        // record here too (whatever the policy, as the handler cannot be given it).
+        let named = |part: &str, e: PyErr| {
+            let c = c.borrow(py);
+            let reason = format!("{part} {}", e.value(py));
+            let message = format!(
+                "input {:?}, partition {}, offset {}: cannot decode: {reason}",
+                c.input,
+                c.partition,
+                record.offset().get()
+            );
+            decode_error(message, &c.input, c.partition, record.offset().get(), &reason)
+        };
         let key = match record.key() {
-            Some(key) => Some(self.spec.key_format.decode(py, key)?.unbind()),
+            Some(key) => {
+                Some(self.spec.key_format.decode(py, key).map_err(|e| named("key", e))?.unbind())
+            }
             None => None,
         };
-        let value = self.spec.value_format.decode(py, record.value())?.unbind();
+        let value = self.spec.value_format.decode(py, record.value());
+        let value = value.map_err(|e| named("value", e))?.unbind();
         let headers = record
             .headers()
             .map(|h| (PyBytes::new(py, h.key).unbind(), PyBytes::new(py, h.value).unbind()))
@@ -252,7 +270,7 @@ impl Processor for PyProcessor {
             if let Some(batch) = &me.process_batch {
                 let list = PyList::empty(py);
                 for record in records {
-                    list.append(me.record(py, record)?)?;
+                    list.append(me.record(py, record, c)?)?;
                 }
                 batch.call1(py, (list, c))?;
                 return Ok(());
@@ -264,7 +282,7 @@ impl Processor for PyProcessor {
                     stream_time = record.timestamp();
                     c.try_borrow_mut(py)?.stream_time = stream_time;
                 }
-                process.call1(py, (me.record(py, record)?, c))?;
+                process.call1(py, (me.record(py, record, c)?, c))?;
             }
             Ok(())
         })
@@ -599,12 +617,9 @@ pub(crate) fn check(
         formats.push((name, codec));
     }
     apply_options(&mut config, options)?;
-    Ok(Checked {
-        config,
-        key_format: Codec::parse(key_format)?,
-        value_format: Codec::parse(value_format)?,
-        stores: formats,
-    })
+    let (key_format, value_format) = (Codec::parse(key_format)?, Codec::parse(value_format)?);
+    config.decode_check = record_check(key_format, value_format, |_| true);
+    Ok(Checked { config, key_format, value_format, stores: formats })
 }
 
 /// Check an application's settings without making it (see [`check`]).
@@ -626,6 +641,7 @@ pub(crate) fn apply_options(
     config: &mut ProcessorConfig,
     options: &Bound<'_, PyDict>,
 ) -> PyResult<()> {
+    let (mut policy, mut dead_letter_topic) = (None, None);
     for (key, value) in options.iter() {
         let key: String = key.extract()?;
         if value.is_none() {
@@ -642,6 +658,8 @@ pub(crate) fn apply_options(
             }
             "punctuate_stream_ms" => config.punctuate_stream_ms = Some(value.extract()?),
             "punctuate_wall_ms" => config.punctuate_wall_ms = Some(value.extract()?),
+            "on_decode_error" => policy = Some(value.extract::<String>()?),
+            "dead_letter_topic" => dead_letter_topic = Some(value.extract::<String>()?),
             other => {
                 return Err(InvalidArgumentError::new_err(format!("unknown option {other:?}")));
             }
@@ -651,7 +669,51 @@ pub(crate) fn apply_options(
     if config.commit_interval_ms == 0 || config.threads == 0 {
         return Err(InvalidArgumentError::new_err("commit_interval_ms and threads must be > 0"));
     }
+    config.on_decode_error = decode_policy(policy.as_deref(), dead_letter_topic)?;
     Ok(())
+}
+
+/// `on_decode_error` and `dead_letter_topic` as the runner's policy; a topic without the
+/// dead-letter policy is refused rather than ignored (it would say records go where they
+/// do not).
+fn decode_policy(policy: Option<&str>, topic: Option<String>) -> PyResult<OnDecodeError> {
+    match (policy.unwrap_or("fail"), topic) {
+        ("fail", None) => Ok(OnDecodeError::Fail),
+        ("skip", None) => Ok(OnDecodeError::Skip),
+        ("dead_letter", Some(topic)) if !topic.is_empty() => {
+            Ok(OnDecodeError::DeadLetter { topic })
+        }
+        ("dead_letter", _) => Err(InvalidArgumentError::new_err(
+            "on_decode_error=\"dead_letter\" needs dead_letter_topic, an existing topic",
+        )),
+        ("fail" | "skip", Some(_)) => Err(InvalidArgumentError::new_err(
+            "dead_letter_topic is used only with on_decode_error=\"dead_letter\"",
+        )),
+        (other, _) => Err(InvalidArgumentError::new_err(format!(
+            "on_decode_error {other:?}: one of \"fail\", \"skip\", \"dead_letter\""
+        ))),
+    }
+}
+
+/// The runner's check that an input record's key (if any) and value decode in `key` and
+/// `value`, for the inputs `checked` accepts; `None` when neither format can refuse.
+pub(crate) fn record_check(
+    key: Codec,
+    value: Codec,
+    checked: impl Fn(&str) -> bool + Send + Sync + 'static,
+) -> Option<DecodeCheck> {
+    if !key.can_refuse() && !value.can_refuse() {
+        return None;
+    }
+    Some(Arc::new(move |topic, record| {
+        if !checked(topic) {
+            return Ok(());
+        }
+        if let Some(bytes) = record.key() {
+            key.check(bytes).map_err(|e| format!("key {e}"))?;
+        }
+        value.check(record.value()).map_err(|e| format!("value {e}"))
+    }))
 }
 
 /// A store's format and kind from its spec: `+`-separated words, each a format (`json`, the
@@ -682,6 +744,19 @@ fn store_error(error: chronik::store::StoreError) -> PyErr {
     }
 }
 
+/// `DecodeError` with its `topic`, `partition`, `offset` and `reason`.
+fn decode_error(message: String, topic: &str, partition: u32, offset: u64, reason: &str) -> PyErr {
+    let err = DecodeError::new_err(message);
+    Python::attach(|py| {
+        let value = err.value(py);
+        value.setattr("topic", topic)?;
+        value.setattr("partition", partition)?;
+        value.setattr("offset", offset)?;
+        value.setattr("reason", reason)
+    })
+    .map_or_else(|e| e, |()| err)
+}
+
 /// A run's end as a Python exception: the handler's own exception when it raised one.
 pub(crate) fn run_error(spec: &Spec, error: ProcessorError) -> PyErr {
     run_error_raising(|| spec.take_raised(), error)
@@ -697,6 +772,9 @@ pub(crate) fn run_error_raising(
             raised().unwrap_or_else(|| ChronikError::new_err(error.to_string()))
         }
         ProcessorError::Config(_) => InvalidArgumentError::new_err(error.to_string()),
+        ProcessorError::Decode { ref input, partition, offset, ref reason } => {
+            decode_error(error.to_string(), input, partition, offset, reason)
+        }
         ProcessorError::Topic(e) => crate::error(e.into()),
         ProcessorError::Read(e) => crate::error(e.into()),
         ProcessorError::Commit(e) => commit_error(e),
@@ -719,6 +797,8 @@ pub(crate) fn stats_dict(py: Python<'_>, stats: RunStats) -> PyResult<Bound<'_, 
     out.set_item("stores_opened", stats.stores_opened)?;
     out.set_item("stores_rebuilt", stats.stores_rebuilt)?;
     out.set_item("late_records", stats.late_records)?;
+    out.set_item("skipped_records", stats.skipped_records)?;
+    out.set_item("dead_letters", stats.dead_letters)?;
     Ok(out)
 }
 

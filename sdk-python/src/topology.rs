@@ -5,7 +5,9 @@
 //! fails the batch: nothing of it commits, and the run raises that exception.
 
 use crate::codec::Codec;
-use crate::processor::{AppState, apply_options, run_error_raising, run_stoppable, stats_dict};
+use crate::processor::{
+    AppState, apply_options, record_check, run_error_raising, run_stoppable, stats_dict,
+};
 use crate::{ChronikError, ClosedError, InvalidArgumentError, PyChronik};
 use chronik::SystemIo;
 use chronik::dsl::{
@@ -15,7 +17,8 @@ use chronik::processor::{ProcessError, ProcessorError, RunStats, StoreKind};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 type Runner = TopologyRunner<SystemIo>;
 
@@ -24,6 +27,9 @@ pub(crate) struct Functions {
     key: Codec,
     value: Codec,
     raised: Mutex<Option<PyErr>>,
+    /// The topics read as streams: the runner checks their records decode in the formats.
+    /// Not tables (an empty value deletes a row) nor internal topics (written encoded).
+    streams: RwLock<BTreeSet<String>>,
 }
 
 impl Functions {
@@ -552,7 +558,8 @@ impl PyWindowed {
 /// `db` may be `None` for a topology only simulated (`chronik.testing.simulate`). Keys are in
 /// `key_format`, values (and aggregates) in `value_format`: "bytes", "str" or "json".
 /// Settings: commit_interval_ms, commit_every_records, snapshot_every_commits, threads,
-/// store_kind.
+/// store_kind, on_decode_error and dead_letter_topic (the records of its streams, not its
+/// tables, are checked against the formats before any operator sees them: as `App`'s).
 #[pyclass(name = "Topology", module = "chronik._chronik", frozen)]
 pub(crate) struct PyTopology {
     pub(crate) topology: Topology,
@@ -617,12 +624,17 @@ impl PyTopology {
             key: Codec::parse(key_format)?,
             value: Codec::parse(value_format)?,
             raised: Mutex::new(None),
+            streams: RwLock::new(BTreeSet::new()),
         });
         let topology = Topology::new(name);
         let mut config = chronik::processor::ProcessorConfig::new(name, "");
         if let Some(options) = options {
             apply_options(&mut config, options)?;
         }
+        let streams = Arc::clone(&functions);
+        config.decode_check = record_check(functions.key, functions.value, move |topic| {
+            streams.streams.read().unwrap_or_else(PoisonError::into_inner).contains(topic)
+        });
         topology.configure(|_| config);
         let raised = Arc::clone(&functions);
         topology.around_batch(Arc::new(move |batch| {
@@ -657,6 +669,9 @@ impl PyTopology {
 
     /// The records of `topic`, as a stream.
     fn stream(&self, topic: &str) -> PyStream {
+        let mut streams = self.functions.streams.write().unwrap_or_else(PoisonError::into_inner);
+        streams.insert(topic.to_owned());
+        drop(streams);
         PyStream { stream: self.topology.stream(topic), functions: Arc::clone(&self.functions) }
     }
 

@@ -249,8 +249,16 @@ impl ProcessError {
 pub enum ProcessorError {
     #[error("invalid processor setup: {0}")]
     Config(String),
-    #[error("partition {partition}: {source}")]
-    Process { partition: u32, source: ProcessError },
+    /// The processor failed. `input` is the input topic it was processing (the first input
+    /// for `init`, timers and `close`), `offset` the failing record's where the runner knows
+    /// it: with the default [`Processor::process_batch`], which hands over one record at a
+    /// time.
+    #[error("input {input:?}, partition {partition}{}: {source}", at_offset(*.offset))]
+    Process { input: String, partition: u32, offset: Option<u64>, source: ProcessError },
+    /// An input record that [`ProcessorConfig::decode_check`] refused, under
+    /// [`OnDecodeError::Fail`]. Nothing of its batch is committed.
+    #[error("input {input:?}, partition {partition}, offset {offset}: cannot decode: {reason}")]
+    Decode { input: String, partition: u32, offset: u64, reason: String },
     #[error(transparent)]
     Topic(#[from] TopicError),
     #[error(transparent)]
@@ -277,6 +285,36 @@ pub enum ProcessorError {
     )]
     ExactlyOnceUnavailable(String),
 }
+
+fn at_offset(offset: Option<u64>) -> String {
+    offset.map(|offset| format!(", offset {offset}")).unwrap_or_default()
+}
+
+/// Whether an input record decodes in the processor's formats: `Err(reason)` if not. Given
+/// the input topic, so a check may leave some inputs alone (a topology's tables, whose empty
+/// values are deletions).
+pub type DecodeCheck = Arc<dyn Fn(&str, &RecordView<'_>) -> Result<(), String> + Send + Sync>;
+
+/// What the runner does with an input record that [`ProcessorConfig::decode_check`] refuses
+/// (Kafka Streams' deserialization exception handler, and its dead-letter queues).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnDecodeError {
+    /// Stop the run with [`ProcessorError::Decode`]; nothing of the record's batch commits.
+    #[default]
+    Fail,
+    /// Leave the record out, counted in [`RunStats::skipped_records`], and go on.
+    Skip,
+    /// Emit the record as it is (key, value, timestamp, headers) to `topic`, with the headers
+    /// [`DEAD_LETTER_HEADERS`] added, in the task's next commit (exactly once), and go on.
+    /// Counted in [`RunStats::dead_letters`]. The topic must exist when the runner is made.
+    DeadLetter { topic: String },
+}
+
+/// The headers a dead-lettered record gets: its input topic, partition and offset (decimal
+/// text) and why it did not decode.
+pub const DEAD_LETTER_HEADERS: [&str; 4] =
+    ["dead_letter.topic", "dead_letter.partition", "dead_letter.offset", "dead_letter.error"];
 
 /// A stream processor: called for each input record of its partition, in order.
 pub trait Processor: Send {
@@ -306,8 +344,11 @@ pub trait Processor: Send {
     ) -> Result<(), ProcessError> {
         for record in records {
             ctx.stream_time = ctx.stream_time.max(record.timestamp());
+            // So that a failure names its record.
+            ctx.offset = Some(record.offset());
             self.process(record, ctx)?;
         }
+        ctx.offset = None;
         Ok(())
     }
 
@@ -344,6 +385,8 @@ pub struct Context<'a> {
     partition: u32,
     stream_time: i64,
     input: &'a str,
+    /// The record being processed, where one is known (see [`ProcessorError::Process`]).
+    offset: Option<Offset>,
 }
 
 impl Context<'_> {
@@ -543,6 +586,10 @@ pub struct ProcessorConfig {
     pub punctuate_stream_ms: Option<i64>,
     pub punctuate_wall_ms: Option<i64>,
     pub on_restore: Option<RestoreListener>,
+    /// Checks each input record before the processor gets it (`None`: no check, the
+    /// default); what a refused record does is `on_decode_error`'s.
+    pub decode_check: Option<DecodeCheck>,
+    pub on_decode_error: OnDecodeError,
 }
 
 impl std::fmt::Debug for ProcessorConfig {
@@ -555,6 +602,7 @@ impl std::fmt::Debug for ProcessorConfig {
             .field("store_kinds", &self.store_kinds)
             .field("commit_interval_ms", &self.commit_interval_ms)
             .field("threads", &self.threads)
+            .field("on_decode_error", &self.on_decode_error)
             .finish_non_exhaustive()
     }
 }
@@ -574,6 +622,8 @@ impl ProcessorConfig {
             punctuate_stream_ms: None,
             punctuate_wall_ms: None,
             on_restore: None,
+            decode_check: None,
+            on_decode_error: OnDecodeError::Fail,
         }
     }
 
@@ -653,6 +703,7 @@ impl ProcessorConfig {
 /// What a run did, summed over its tasks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
+    /// Input records taken: handed to the processor, or left out by the decode policy.
     pub records: u64,
     pub commits: u64,
     pub emitted: u64,
@@ -667,6 +718,10 @@ pub struct RunStats {
     pub stores_rebuilt: u64,
     /// Events a topology's windowed operators found too late, committed in this run.
     pub late_records: u64,
+    /// Input records that did not decode, left out ([`OnDecodeError::Skip`]) or sent to the
+    /// dead-letter topic ([`OnDecodeError::DeadLetter`]).
+    pub skipped_records: u64,
+    pub dead_letters: u64,
 }
 
 impl RunStats {
@@ -680,6 +735,8 @@ impl RunStats {
         self.stores_opened += other.stores_opened;
         self.stores_rebuilt += other.stores_rebuilt;
         self.late_records += other.late_records;
+        self.skipped_records += other.skipped_records;
+        self.dead_letters += other.dead_letters;
     }
 }
 
@@ -749,6 +806,12 @@ impl<I: Io, P: Processor> Runner<I, P> {
         }
         if config.commit_interval_ms == 0 || config.threads == 0 {
             return Err(ProcessorError::Config("commit interval and threads must be > 0".into()));
+        }
+        // Now, not at the first bad record, which may come long after.
+        if let OnDecodeError::DeadLetter { topic } = &config.on_decode_error
+            && engine.partition_count(topic).is_none()
+        {
+            return Err(TopicError::NotFound { name: topic.clone() }.into());
         }
         for store in &config.stores {
             let topic = config.changelog(store);
@@ -1319,9 +1382,14 @@ impl<P: Processor> Task<P> {
             partition: self.partition,
             stream_time: self.stream_time,
             input,
+            offset: None,
         };
-        let result = f(&mut self.processor, &mut ctx)
-            .map_err(|source| ProcessorError::Process { partition: self.partition, source });
+        let result = f(&mut self.processor, &mut ctx).map_err(|source| ProcessorError::Process {
+            input: input.to_owned(),
+            partition: self.partition,
+            offset: ctx.offset.map(Offset::get),
+            source,
+        });
         self.check_stores()?;
         result
     }
@@ -1443,17 +1511,19 @@ impl<P: Processor> Task<P> {
                 }
                 end += 1;
             }
-            let batch: Vec<RecordView<'_>> =
-                order[start..end].iter().map(|(_, record)| record.clone()).collect();
+            let batch = self.screen(config, input, &order[start..end])?;
             self.input = input;
-            self.call(&config.inputs[input], |processor, ctx| {
-                processor.process_batch(&batch, ctx)
-            })?;
-            let last = batch.last().expect("a batch holds a record");
+            if !batch.is_empty() {
+                self.call(&config.inputs[input], |processor, ctx| {
+                    processor.process_batch(&batch, ctx)
+                })?;
+            }
+            let last = &order[end - 1].1;
             self.stream_time = self.stream_time.max(time);
             self.positions[input] = last.offset().plus(1);
-            processed += batch.len();
-            self.uncommitted_records += batch.len() as u64;
+            // Records left out count too: they move the position, and so call for a commit.
+            processed += end - start;
+            self.uncommitted_records += (end - start) as u64;
             if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n)
                 || self.pending_bytes() > PENDING_BYTES_MAX
             {
@@ -1472,6 +1542,65 @@ impl<P: Processor> Task<P> {
         self.stats.records += processed as u64;
         self.commit_if_due(engine, config, false)?;
         Ok(processed)
+    }
+
+    /// The records of `run` (all of input `input`) that pass the decode check, the others
+    /// failed, skipped or dead-lettered as `config.on_decode_error` says.
+    fn screen<'r>(
+        &mut self,
+        config: &ProcessorConfig,
+        input: usize,
+        run: &[(usize, RecordView<'r>)],
+    ) -> Result<Vec<RecordView<'r>>, ProcessorError> {
+        let records = run.iter().map(|(_, record)| record.clone());
+        let Some(check) = &config.decode_check else { return Ok(records.collect()) };
+        let topic = &config.inputs[input];
+        debug_assert!(run.iter().all(|(i, _)| *i == input), "a run is of one input");
+        let mut passed = Vec::with_capacity(run.len());
+        for record in records {
+            let Err(reason) = check(topic, &record) else {
+                passed.push(record);
+                continue;
+            };
+            match &config.on_decode_error {
+                OnDecodeError::Fail => {
+                    return Err(ProcessorError::Decode {
+                        input: topic.clone(),
+                        partition: self.partition,
+                        offset: record.offset().get(),
+                        reason,
+                    });
+                }
+                OnDecodeError::Skip => self.stats.skipped_records += 1,
+                OnDecodeError::DeadLetter { topic: dead } => {
+                    self.dead_letter(dead, topic, &record, &reason);
+                    self.stats.dead_letters += 1;
+                }
+            }
+        }
+        Ok(passed)
+    }
+
+    /// Emit `record` unchanged to the dead-letter topic `dead`, with where it came from and
+    /// why in [`DEAD_LETTER_HEADERS`]: committed with the task's outputs, so exactly once.
+    fn dead_letter(&mut self, dead: &str, input: &str, record: &RecordView<'_>, reason: &str) {
+        let mut headers: Vec<(Vec<u8>, Vec<u8>)> =
+            record.headers().map(|h| (h.key.to_vec(), h.value.to_vec())).collect();
+        let [topic, partition, offset, error] = DEAD_LETTER_HEADERS;
+        headers.push((topic.into(), input.into()));
+        headers.push((partition.into(), self.partition.to_string().into_bytes()));
+        headers.push((offset.into(), record.offset().get().to_string().into_bytes()));
+        headers.push((error.into(), reason.into()));
+        let mut ctx = Context {
+            stores: &mut self.stores,
+            outputs: &mut self.outputs,
+            partition: self.partition,
+            stream_time: self.stream_time,
+            input,
+            offset: Some(record.offset()),
+        };
+        let key = record.key().map(<[u8]>::to_vec);
+        ctx.emit_with(dead, key, record.value().to_vec(), Some(record.timestamp()), headers);
     }
 
     fn punctuate_stream(&mut self, config: &ProcessorConfig) -> Result<(), ProcessorError> {

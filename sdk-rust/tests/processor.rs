@@ -4,7 +4,8 @@
 //! exactly the counts of an uninterrupted run; store writes coalesced per commit; timers.
 
 use chronik::processor::{
-    Context, ProcessError, Processor, ProcessorConfig, ProcessorError, Punctuation, Runner,
+    Context, DEAD_LETTER_HEADERS, OnDecodeError, ProcessError, Processor, ProcessorConfig,
+    ProcessorError, Punctuation, Runner,
 };
 use chronik::{Chronik, Durability, Offset, Options, Record, RecordView, TopicConfig};
 use std::collections::BTreeMap;
@@ -129,7 +130,12 @@ fn a_failed_run_leaves_nothing_uncommitted_and_a_rerun_counts_exactly_once() {
     let mut failing =
         Runner::new(chronik.engine(), slow.clone(), |_| Counter { fail_at: Some(600) }).unwrap();
     let error = failing.run_until_caught_up().unwrap_err();
-    assert!(matches!(error, ProcessorError::Process { .. }), "{error}");
+    // The failing record is named: the default `process_batch` hands records over singly.
+    let ProcessorError::Process { input, partition, offset, .. } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!((input.as_str(), *partition, *offset), ("clicks", 0, Some(600)), "{error}");
+    assert!(error.to_string().contains("\"clicks\", partition 0, offset 600"), "{error}");
     assert!(failing.run_until_caught_up().is_err(), "a failed runner refuses to go on");
     drop(failing);
     let outputs_so_far: usize = totals(&chronik).values().map(|&v| v as usize).sum();
@@ -330,4 +336,75 @@ fn a_restore_from_a_snapshot_and_one_from_the_changelog_alone_give_the_same_stat
     assert!(used.iter().all(|(_, snapshot, _)| snapshot.is_none()), "{used:?}");
     assert_eq!(counts(&from_snapshot), counts(&from_changelog));
     assert_eq!(counts(&from_changelog), expected_counts(3500));
+}
+
+/// A decode check refusing values that are not decimal numbers; records 3 and 7 of one
+/// partition are "oops": failed with their offset, skipped, or dead-lettered exactly once.
+#[test]
+fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let chronik = open(dir.path());
+    chronik.create_topic("numbers", TopicConfig::default()).unwrap();
+    chronik.create_topic("totals", TopicConfig::default()).unwrap();
+    chronik.create_topic("dead", TopicConfig::default()).unwrap();
+    let header = [chronik::Header { key: b"trace", value: b"t" }];
+    for i in 0..10_u64 {
+        let value = if i == 3 || i == 7 { "oops".to_owned() } else { i.to_string() };
+        let record = Record::new(Some(b"k"), value.as_bytes()).with_headers(&header);
+        chronik.append("numbers", 0, &[record]).unwrap();
+    }
+    let config = |policy| {
+        let mut config = ProcessorConfig::new("sum", "numbers").store("counts");
+        config.decode_check = Some(std::sync::Arc::new(|_: &str, record: &RecordView<'_>| {
+            let text = std::str::from_utf8(record.value()).map_err(|e| e.to_string())?;
+            text.parse::<u64>().map(drop).map_err(|e| format!("not a number: {e}"))
+        }));
+        config.on_decode_error = policy;
+        config.commit_every_records = Some(2);
+        config
+    };
+
+    let mut failing =
+        Runner::new(chronik.engine(), config(OnDecodeError::Fail), |_| Counter::default()).unwrap();
+    let error = failing.run_until_caught_up().unwrap_err();
+    let ProcessorError::Decode { input, partition, offset, reason } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!((input.as_str(), *partition, *offset), ("numbers", 0, 3));
+    assert!(reason.contains("not a number"), "{error}");
+    drop(failing);
+    assert_eq!(chronik.high_watermark("totals", 0).unwrap().get(), 2, "its batch uncommitted");
+
+    let missing = OnDecodeError::DeadLetter { topic: "no-such".into() };
+    let refused = Runner::new(chronik.engine(), config(missing), |_| Counter::default());
+    assert!(refused.unwrap_err().to_string().contains("no-such"));
+
+    let dead = OnDecodeError::DeadLetter { topic: "dead".into() };
+    let mut runner = Runner::new(chronik.engine(), config(dead), |_| Counter::default()).unwrap();
+    let stats = runner.run_until_caught_up().unwrap();
+    assert_eq!((stats.records, stats.dead_letters, stats.skipped_records), (8, 2, 0));
+    assert_eq!(chronik.high_watermark("totals", 0).unwrap().get(), 8, "the good records once");
+    let dead: Vec<_> = chronik.consumer("dead", 0).map(Result::unwrap).collect();
+    assert_eq!(dead.len(), 2);
+    for (record, offset) in dead.iter().zip([3, 7]) {
+        assert_eq!(
+            (record.key.as_deref(), record.value.as_slice()),
+            (Some(&b"k"[..]), &b"oops"[..])
+        );
+        let mut expected = vec![(b"trace".to_vec(), b"t".to_vec())];
+        let [topic, partition, at, error] = DEAD_LETTER_HEADERS.map(|h| h.as_bytes().to_vec());
+        expected.push((topic, b"numbers".to_vec()));
+        expected.push((partition, b"0".to_vec()));
+        expected.push((at, offset.to_string().into_bytes()));
+        assert_eq!(record.headers[..4], expected[..]);
+        assert_eq!(record.headers[4].0, error);
+    }
+
+    chronik.append("numbers", 0, &[Record::new(None, b"nope"), Record::new(None, b"10")]).unwrap();
+    let mut runner =
+        Runner::new(chronik.engine(), config(OnDecodeError::Skip), |_| Counter::default()).unwrap();
+    let stats = runner.run_until_caught_up().unwrap();
+    // `records` counts every input taken, those left out too.
+    assert_eq!((stats.records, stats.skipped_records, stats.dead_letters), (2, 1, 0));
+    assert_eq!(chronik.high_watermark("dead", 0).unwrap().get(), 2, "nothing more dead-lettered");
 }

@@ -53,6 +53,15 @@ class Spec:
     topics with a bounded cache (64 MiB per store and partition by default) and restarts by
     reading only the changelog it had not yet taken. `store_kind` sets the kind of every store
     whose spec names none.
+
+    `on_decode_error`: what an input record whose key or value is not in `key_format` /
+    `value_format` does, checked before the handler sees it. `"fail"` (the default): the
+    run raises `DecodeError` (its `topic`, `partition`, `offset` and `reason`), and nothing
+    of the record's batch commits. `"skip"`: the record is left out, counted in the run's
+    `skipped_records`. `"dead_letter"`: the record as it is (key, value, timestamp, headers)
+    goes to `dead_letter_topic` (which must exist) with the headers `dead_letter.topic`,
+    `dead_letter.partition`, `dead_letter.offset` and `dead_letter.error`, in the same
+    transaction as the task's other outputs (exactly once), counted in `dead_letters`.
     """
 
     def __init__(
@@ -70,6 +79,8 @@ class Spec:
         threads: int = 1,
         punctuate_stream_ms: Optional[int] = None,
         punctuate_wall_ms: Optional[int] = None,
+        on_decode_error: str = "fail",
+        dead_letter_topic: Optional[str] = None,
     ) -> None:
         self.name = name
         self.inputs = [input] if isinstance(input, str) else list(input)
@@ -84,6 +95,8 @@ class Spec:
             "threads": threads,
             "punctuate_stream_ms": punctuate_stream_ms,
             "punctuate_wall_ms": punctuate_wall_ms,
+            "on_decode_error": on_decode_error,
+            "dead_letter_topic": dead_letter_topic,
         }
         # Bad store specs, formats and settings raise InvalidArgumentError here, not at the
         # first run (often far from the line that made the mistake).
@@ -205,7 +218,8 @@ class App(Spec):
         (then the processors close and commit, and KeyboardInterrupt propagates). Returns
         counts: records, commits, emitted, restored, snapshots_loaded, snapshots_written,
         stores_opened (disk stores opened with their state: only the changelog after it was
-        read), stores_rebuilt (disk stores found missing, stale, foreign or damaged)."""
+        read), stores_rebuilt (disk stores found missing, stale, foreign or damaged),
+        skipped_records and dead_letters (inputs that did not decode: see `on_decode_error`)."""
         return self._rust().run()
 
     def run_for(self, seconds: float) -> Dict[str, int]:

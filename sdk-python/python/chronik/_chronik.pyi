@@ -18,6 +18,15 @@ class IoError(ChronikError): ...
 class ClosedError(ChronikError): ...
 class ReadOnlyError(ChronikError): ...
 
+class DecodeError(ChronikError):
+    """An input record not in the processor's key or value format (`on_decode_error="fail"`)."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+
 class SimulationFailure(Exception):
     """A simulated run differed from the fault-free run (or an oracle failed)."""
 
@@ -304,7 +313,9 @@ class Windowed:
 class Topology:
     """Streams, tables and their operators, run exactly once on a data directory (or `None`
     to only simulate it). Settings: commit_interval_ms, commit_every_records,
-    snapshot_every_commits, threads, store_kind."""
+    snapshot_every_commits, threads, store_kind, on_decode_error ("fail", "skip" or
+    "dead_letter": for the records of its streams not in its formats, as `App`'s) and
+    dead_letter_topic."""
 
     key_format: str
     value_format: str
