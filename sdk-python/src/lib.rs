@@ -939,8 +939,8 @@ impl PyConsumer {
             return Ok(Vec::new());
         }
         if records.is_empty() {
-            // Caught up at the high watermark (below the old position when that was past the
-            // end, above it when retention moved the log start past it).
+            // Caught up at the high watermark (above the old position when retention moved
+            // the log start past it).
             state.position = next;
             return Ok(records);
         }

@@ -17,11 +17,9 @@ use chronik_engine::{Engine, Fetch, Offset, ReadError};
 /// The next fetch of `topic`/`partition` at or after `from` that holds a record, or an empty
 /// fetch (no batch, [`Fetch::is_empty`]) when `from` is the high watermark. A `from` that
 /// retention or `delete_records` removed reads from the log start instead (Kafka's
-/// `auto.offset.reset = earliest`), and a `from` past the high watermark (a position committed
-/// in `os` mode before a crash took the records below it, or a seek past the end) from the
-/// high watermark, so records appended later are read, not skipped. [`Fetch::from`] says
-/// where the fetch was read from, and [`Fetch::next_offset`] where the next one starts: the
-/// reader's new position.
+/// `auto.offset.reset = earliest`); a `from` past the high watermark is
+/// [`ReadError::OffsetOutOfRange`], at once. [`Fetch::from`] says where the fetch was read
+/// from, and [`Fetch::next_offset`] where the next one starts: the reader's new position.
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -44,8 +42,7 @@ pub fn next_fetch<I: Io>(
     skip_recordless(from, |from| read_in_range(engine, topic, partition, from, max_bytes))
 }
 
-/// One engine read at `from`, or at the log start when `from` is below it, or at the high
-/// watermark when past it.
+/// One engine read at `from`, or at the log start when `from` is below it.
 pub(crate) fn read_in_range<I: Io>(
     engine: &Engine<I>,
     topic: &str,
@@ -56,9 +53,6 @@ pub(crate) fn read_in_range<I: Io>(
     match engine.read(topic, partition, from, max_bytes) {
         Err(ReadError::OffsetOutOfRange { requested, start, .. }) if requested < start => {
             engine.read(topic, partition, Offset::new(start), max_bytes)
-        }
-        Err(ReadError::OffsetOutOfRange { requested, end, .. }) if requested > end => {
-            engine.read(topic, partition, Offset::new(end), max_bytes)
         }
         other => other,
     }

@@ -354,8 +354,7 @@ impl<I: Io> Consumer<I> {
         self.buffered.clear();
         let fetch =
             next_fetch(&self.engine, &self.topic, self.partition, self.position, max_bytes)?;
-        // Past the records read; or the log start, or the high watermark, when the position
-        // was out of range.
+        // Past the records read (or at the log start, when retention removed the position).
         self.position = fetch.next_offset();
         Ok(fetch)
     }
@@ -373,9 +372,15 @@ impl<I: Io> Consumer<I> {
     }
 
     /// Whether the position has reached the high watermark (nothing more to read for now).
+    /// A position past it (a seek past the end; a group's commit that a crash in `os` mode
+    /// outlived) is [`ReadError::OffsetOutOfRange`], as a read from there is.
     pub fn caught_up(&self) -> Result<bool, ReadError> {
         let end = self.engine.high_watermark(&self.topic, self.partition)?;
-        Ok(self.buffered.is_empty() && self.position >= end)
+        if self.position > end {
+            // The read's own error, with the log start and the end in it.
+            return self.engine.read(&self.topic, self.partition, self.position, 1).map(|_| false);
+        }
+        Ok(self.buffered.is_empty() && self.position == end)
     }
 }
 

@@ -49,7 +49,7 @@ pub(crate) trait TaskLog {
     fn now_ms(&self) -> i64;
     fn partition_count(&self, topic: &str) -> Option<u32>;
     /// Records of `topic`/`partition` from `from`, about `max_bytes` of them; from the log
-    /// start instead if retention removed `from`, from the high watermark if `from` is past it.
+    /// start instead if retention removed `from`.
     fn read(
         &self,
         topic: &str,
@@ -1533,9 +1533,8 @@ impl<P: Processor> Task<P> {
         }
         for (i, head) in heads.iter_mut().enumerate() {
             if head.peek().is_none() {
-                // Past offsets compaction removed at the end of the fetch; or, when the
-                // position was out of range, the log start or the high watermark (a position
-                // past it: an `os`-mode crash took input records below a committed position).
+                // Past offsets compaction removed at the end of the fetch (or at the log start,
+                // when retention removed the position).
                 self.positions[i] = fetches[i].0.next_offset();
             }
         }
