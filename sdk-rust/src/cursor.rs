@@ -61,7 +61,7 @@ pub(crate) fn read_in_range<I: Io>(
 /// Read with `read` from `from` on until a fetch holds a record at or past where it was read
 /// from, or holds no batch (the end). Each fetch of batches moves `from` forward, so this
 /// ends: at the latest at the high watermark.
-pub(crate) fn skip_recordless<E>(
+fn skip_recordless<E>(
     mut from: Offset,
     mut read: impl FnMut(Offset) -> Result<Fetch, E>,
 ) -> Result<Fetch, E> {

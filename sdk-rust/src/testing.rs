@@ -407,17 +407,12 @@ const CUT_CALLS_MIN_LOG2: u64 = 3;
 
 impl Simulation {
     /// Run every seed (or only `CHRONIK_SIM_SEED`); stop at the first failure.
-    pub fn run<P, F>(&self, mut factory: F) -> Result<SimulationReport, SimulationFailure>
+    pub fn run<P, F>(&self, factory: F) -> Result<SimulationReport, SimulationFailure>
     where
         P: Processor,
         F: FnMut(u32) -> P,
     {
-        let memory = self.config.store_kind == StoreKind::Memory;
-        let config = &self.config;
-        let open = |engine: &SimEngine, settings: &Settings| {
-            Runner::new(engine, settings.apply(config.clone()), &mut factory)
-        };
-        self.run_app(&config.inputs, Inputs { memory, compacted: false }, open, |_| Ok(()))
+        self.run_processor(factory, false)
     }
 
     /// [`Simulation::run`] on compacted input topics: `cleanup = compact` in segments of
@@ -427,7 +422,19 @@ impl Simulation {
     /// still read every input to its high watermark.
     pub fn run_on_compacted_input<P, F>(
         &self,
+        factory: F,
+    ) -> Result<SimulationReport, SimulationFailure>
+    where
+        P: Processor,
+        F: FnMut(u32) -> P,
+    {
+        self.run_processor(factory, true)
+    }
+
+    fn run_processor<P, F>(
+        &self,
         mut factory: F,
+        compacted: bool,
     ) -> Result<SimulationReport, SimulationFailure>
     where
         P: Processor,
@@ -438,7 +445,7 @@ impl Simulation {
         let open = |engine: &SimEngine, settings: &Settings| {
             Runner::new(engine, settings.apply(config.clone()), &mut factory)
         };
-        self.run_app(&config.inputs, Inputs { memory, compacted: true }, open, |_| Ok(()))
+        self.run_app(&config.inputs, Inputs { memory, compacted }, open, |_| Ok(()))
     }
 
     /// Run `topology` instead of a processor: its stages, with each seed's settings applied
