@@ -2,9 +2,9 @@
 //! and an offset index lookup. `cargo bench -p chronik-benches --bench micro`.
 
 use chronik::Record;
-use chronik::engine::Offset;
-use chronik::engine::internals::format::{encode_batch, parse_batch};
-use chronik::engine::internals::index::SegmentIndex;
+use chronik_engine::Offset;
+use chronik_engine::internals::format::{encode_batch, parse_batch};
+use chronik_engine::internals::index::SegmentIndex;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 

@@ -1,7 +1,7 @@
 //! `chronik compact TOPIC`: compact every partition of a compacted topic now.
 
 use crate::UsageError;
-use chronik::engine::CompactionReport;
+use chronik_engine::CompactionReport;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;

@@ -59,7 +59,7 @@ pub struct ConsumeArgs {
 pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
     if let Some(group) = &args.group {
         // Before anything is printed: a bad name would fail only at the commit, at the end.
-        chronik::engine::internals::groups::validate_group(group)
+        chronik_engine::internals::groups::validate_group(group)
             .map_err(|error| UsageError(error.to_string()))?;
     }
     let chronik = if args.group.is_some() {
@@ -70,7 +70,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         crate::open_for_reading(data)?
     };
     // A topic kept closed by damage is reported as damage (exit 3), not as missing.
-    let count = chronik.topic_partitions(&args.topic).map_err(chronik::Error::from)?;
+    let count = chronik.engine().topic_partitions(&args.topic).map_err(chronik::Error::from)?;
     let partitions: Vec<u32> = match args.partition {
         Some(p) if p >= count => {
             return Err(
@@ -99,7 +99,7 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
         let Some(group) = &args.group else { return Ok(()) };
         let offsets: Vec<(&str, u32, Offset)> =
             partitions.iter().zip(printed).map(|(&p, &o)| (args.topic.as_str(), p, o)).collect();
-        chronik.commit_offsets(group, &offsets).map_err(chronik::Error::from)?;
+        chronik.engine().commit_offsets(group, &offsets).map_err(chronik::Error::from)?;
         Ok(())
     };
     let stdout = std::io::stdout();
@@ -147,9 +147,10 @@ pub fn run(data: &Path, args: &ConsumeArgs) -> anyhow::Result<()> {
             // then look at all of them again.
             let (partition, position) = (partitions[0], consumers[0].position());
             chronik
+                .engine()
                 .wait_for(&args.topic, partition, position, FOLLOW_WAIT)
                 .map_err(chronik::Error::from)?;
-            chronik.refresh().map_err(chronik::Error::from)?;
+            chronik.engine().refresh().map_err(chronik::Error::from)?;
         }
     }
     out.flush()?;
@@ -179,7 +180,7 @@ fn open_to_commit(data: &Path) -> anyhow::Result<chronik::Chronik> {
 /// on, and keeps the damage), so a group's position is unknown: refuse before printing, rather
 /// than print from an older position and fail at the commit.
 fn check_committed_offsets(chronik: &chronik::Chronik) -> anyhow::Result<()> {
-    match chronik.committed_offsets_damage() {
+    match chronik.engine().committed_offsets_damage() {
         None => Ok(()),
         Some(corruption) => Err(anyhow::Error::from(corruption)).context(
             "the consumer groups' committed offsets are damaged, so the group's position is unknown",

@@ -9,11 +9,11 @@
 use crate::UsageError;
 use crate::consume::Format;
 use anyhow::Context as _;
-use chronik::engine::internals::format::BatchView;
-use chronik::engine::internals::layout;
-use chronik::engine::internals::segment::{self, SegmentFile};
-use chronik::engine::io::OpenMode;
-use chronik::engine::verify::{Finding, Severity, VerifyReport, verify};
+use chronik_engine::internals::format::BatchView;
+use chronik_engine::internals::layout;
+use chronik_engine::internals::segment::{self, SegmentFile};
+use chronik_engine::io::OpenMode;
+use chronik_engine::verify::{Finding, Severity, VerifyReport, verify};
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -208,7 +208,7 @@ pub fn run_dump(data: Option<&Path>, args: &DumpArgs) -> anyhow::Result<()> {
     if let Some(topic) = &args.topic {
         let data = data.ok_or_else(|| UsageError("--topic needs --data DIR".to_owned()))?;
         // A name with `/` or `..` would read a directory outside the data directory's topics.
-        chronik::engine::internals::topic::validate_name(topic)
+        chronik_engine::internals::topic::validate_name(topic)
             .map_err(|error| UsageError(error.to_string()))?;
         let topic_dir = data.join("topics").join(topic);
         if !topic_dir.is_dir() {
@@ -296,7 +296,7 @@ fn check_segment_file(io: &Arc<chronik::SystemIo>, path: &Path) -> anyhow::Resul
 
 /// What a file of a data directory is, by its name, for the files that are not segments.
 fn what_file(name: &str) -> Option<&'static str> {
-    use chronik::engine::internals::{checkpoint, log_start, topic};
+    use chronik_engine::internals::{checkpoint, log_start, topic};
     let kinds: [(&str, &str); 10] = [
         (layout::INDEX_SUFFIX, "an offset index"),
         (layout::TIME_INDEX_SUFFIX, "a time index"),

@@ -110,7 +110,7 @@ pub fn open_without_maintenance(data: &std::path::Path) -> anyhow::Result<chroni
         eprintln!("chronik: {reason}");
     }
     let clock = std::sync::Arc::new(chronik::SystemClock);
-    let (engine, recovery) = chronik::engine::Engine::open(io, clock, data, options)
+    let (engine, recovery) = chronik_engine::Engine::open(io, clock, data, options)
         .map_err(chronik::Error::from)
         .with_context(|| format!("cannot open data directory {}", data.display()))?;
     for line in recovery.lines() {

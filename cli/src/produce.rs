@@ -116,7 +116,7 @@ fn too_large_line(error: anyhow::Error, batch: &[Vec<u8>], acknowledged: u64) ->
              acknowledged",
             acknowledged + 1,
             line.len(),
-            chronik::engine::limits::BATCH_BYTES_MAX
+            chronik_engine::limits::BATCH_BYTES_MAX
         ),
         _ => error,
     }
@@ -126,7 +126,7 @@ fn too_large_line(error: anyhow::Error, batch: &[Vec<u8>], acknowledged: u64) ->
 /// checked first, against the partitions the topic has or would be created with: a bad one
 /// creates nothing.
 fn ensure_topic(chronik: &Chronik, args: &ProduceArgs) -> anyhow::Result<u32> {
-    match chronik.topic_partitions(&args.topic) {
+    match chronik.engine().topic_partitions(&args.topic) {
         Ok(count) => {
             check_partition(args, count, false)?;
             return Ok(count);
@@ -147,7 +147,7 @@ fn ensure_topic(chronik: &Chronik, args: &ProduceArgs) -> anyhow::Result<u32> {
 /// The topic `args` would create is valid (name, partition count), and `--partition` is one
 /// of its partitions.
 fn check_new_topic(args: &ProduceArgs) -> anyhow::Result<()> {
-    chronik::engine::internals::topic::validate_name(&args.topic)
+    chronik_engine::internals::topic::validate_name(&args.topic)
         .map_err(crate::topic::usage_if_invalid)?;
     let config = TopicConfig::default().with_partitions(args.create_partitions);
     config.validate().map_err(crate::topic::usage_if_invalid)?;

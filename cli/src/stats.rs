@@ -18,7 +18,7 @@ pub struct StatsArgs {
 
 /// Records per second over the last `window_ms`: the records whose timestamp falls in it.
 fn rate(chronik: &Chronik, topic: &str, partition: u32, end: Offset, window_ms: i64) -> f64 {
-    let since = chronik.now_ms().saturating_sub(window_ms);
+    let since = chronik.engine().now_ms().saturating_sub(window_ms);
     let first = match chronik.offset_for_timestamp(topic, partition, since) {
         Ok(Some(offset)) => offset,
         _ => end,

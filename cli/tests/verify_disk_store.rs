@@ -36,7 +36,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let keys: Vec<String> = (0..1000).map(|i| format!("key-{:05}", chunk * 1000 + i)).collect();
         let records: Vec<Record<'_>> =
             keys.iter().map(|k| Record::new(Some(k.as_bytes()), b"x")).collect();
-        chronik.append("clicks", 0, &records).unwrap();
+        chronik.engine().append("clicks", 0, &records).unwrap();
     }
     // A small cache: the store writes runs.
     let config = ProcessorConfig::new("counter", "clicks")

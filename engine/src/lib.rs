@@ -27,8 +27,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 // The public API: the items below, and the modules a user needs by name (an I/O backend,
-// the runtime's threads, metrics, offline verification, limits). Everything else is private;
-// the CLI, the simulator, benches and tests reach it through `internals`.
+// the runtime's threads, metrics, offline verification, limits, the test canaries).
+// Everything else is private; the CLI, the simulator, benches and the engine's tests reach it
+// through `internals`, which exists only with the cargo feature of that name.
+pub mod canary;
 pub mod io;
 pub mod metrics;
 pub mod runtime;
@@ -46,9 +48,9 @@ pub use partition::{
     Appended, CompactionFailure, CompactionReport, PartitionDescription, PendingAppend,
 };
 pub use recovery::{DamagedTopic, PartitionRecovery, RecoveryReport};
+pub use state_dir::StateDir;
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 
-mod canary;
 mod checkpoint;
 mod compaction;
 mod context;
@@ -67,6 +69,7 @@ mod partition;
 mod reactor;
 mod recovery;
 mod segment;
+mod state_dir;
 mod swap;
 mod sync;
 mod tail;
@@ -75,9 +78,10 @@ mod watermark;
 mod write_path;
 
 /// The engine's internals, for the `chronik` CLI, the simulator, benches and the engine's own
-/// integration tests: file formats, the write path's state machine and reactor, the canaries.
-/// No stability promise; applications use the items at the crate's root.
-#[doc(hidden)]
+/// integration tests: file formats, the write path's state machine and reactor. Built only
+/// with the cargo feature `internals`; no stability promise. Applications use the items at the
+/// crate's root.
+#[cfg(feature = "internals")]
 pub mod internals {
     pub mod canary {
         pub use crate::canary::*;
@@ -118,6 +122,16 @@ pub mod internals {
 }
 
 use std::fmt;
+
+/// The partition of `key` among `partitions`: xxh3-64 of the key modulo the count (a count of
+/// zero is taken as one). Stable across versions, so records with the same key keep their
+/// order in one partition; the SDKs' producers use it when given a key and no partition.
+pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    let partitions = u64::from(partitions.max(1));
+    let partition = format::key_hash(key) % partitions;
+    assert!(partition < partitions, "a key maps to one of the partitions");
+    partition as u32
+}
 
 /// The position of a record in a partition. Offsets start at zero, strictly increase, and are
 /// never reused.
@@ -188,6 +202,8 @@ impl fmt::Debug for dyn Clock {
 pub mod limits {
     /// Largest encoded batch, header included.
     pub const BATCH_BYTES_MAX: u32 = 16 * 1024 * 1024;
+    /// Bytes of a batch's header, before its records ([`crate::Record::encoded_bytes`] each).
+    pub const BATCH_HEADER_BYTES: usize = crate::format::BATCH_HEADER_BYTES;
     /// Most records in one batch.
     pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
     /// Largest segment size a topic may configure; positions inside a segment fit in `u32`.

@@ -378,7 +378,7 @@ impl PyChronik {
     /// writer created after the open are not seen until a new open. No-op for a writer.
     fn refresh(&self, py: Python<'_>) -> PyResult<()> {
         let chronik = self.get()?;
-        py.detach(|| chronik.refresh()).map_err(|e| error(e.into()))
+        py.detach(|| chronik.engine().refresh()).map_err(|e| error(e.into()))
     }
 
     /// Compact every partition of a compacted topic (`cleanup` "compact") now, whatever its
@@ -408,7 +408,7 @@ impl PyChronik {
             return Err(NotFoundError::new_err(format!("{topic:?} has no partition {partition}")));
         }
         if group.is_some()
-            && let Some(corruption) = chronik.committed_offsets_damage()
+            && let Some(corruption) = chronik.engine().committed_offsets_damage()
         {
             // The group's last commit may be hidden by the damage: starting from an older one
             // would hand out records again, silently (the CLI's `consume --group` refuses too).
@@ -548,7 +548,7 @@ impl PyProducer {
         py.detach(|| {
             let mut out = Vec::with_capacity(batches.len());
             for (partition, batch) in &batches {
-                let appended = chronik.append(&self.topic, *partition, batch)?;
+                let appended = chronik.engine().append(&self.topic, *partition, batch)?;
                 out.push((*partition, appended.base_offset.get(), appended.last_offset.get()));
             }
             Ok(out)
@@ -561,8 +561,7 @@ impl PyProducer {
 /// `BATCH_RECORDS_MAX` records and `BATCH_BYTES_MAX` encoded bytes each. A record too large
 /// for any batch stays alone in one, for the engine to refuse with `BatchTooLarge`.
 fn split_batch(records: Vec<Record<'_>>) -> Vec<Vec<Record<'_>>> {
-    use chronik::engine::internals::format::BATCH_HEADER_BYTES;
-    use chronik::engine::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
+    use chronik::limits::{BATCH_BYTES_MAX, BATCH_HEADER_BYTES, BATCH_RECORDS_MAX};
     let records_max = BATCH_RECORDS_MAX as usize;
     let bytes_max = u64::from(BATCH_BYTES_MAX);
     let header_bytes = BATCH_HEADER_BYTES as u64;
@@ -669,7 +668,7 @@ impl PyProducer {
         let record = outgoing.record(&header_views);
         let chronik = self.shared.get()?;
         let pending = py
-            .detach(|| chronik.append_nowait(&self.topic, partition, &[record]))
+            .detach(|| chronik.engine().append_nowait(&self.topic, partition, &[record]))
             .map_err(|e| error(e.into()))?;
         Ok(PyPendingSend { partition, state: Mutex::new(SendState::InFlight(pending)) })
     }
@@ -834,7 +833,7 @@ impl PyConsumer {
                 let fetch = fetch_at(from)?;
                 if fetch.is_empty() && read_only {
                     // Another process writes: what it appended is seen only once looked for.
-                    chronik.refresh()?;
+                    chronik.engine().refresh()?;
                     return fetch_at(from);
                 }
                 Ok(fetch)
@@ -851,8 +850,10 @@ impl PyConsumer {
             }
             // Caught up at `fetch.next_offset()` (the log start, if retention passed `from`).
             let at = fetch.next_offset();
-            py.detach(|| chronik.wait_for(&self.topic, self.partition, at, left.min(WAIT_SLICE)))
-                .map_err(|e| error(e.into()))?;
+            py.detach(|| {
+                chronik.engine().wait_for(&self.topic, self.partition, at, left.min(WAIT_SLICE))
+            })
+            .map_err(|e| error(e.into()))?;
             py.check_signals()?;
         }
     }
@@ -979,7 +980,7 @@ impl PyConsumer {
         let position = self.lock()?.position;
         let offsets = [(self.topic.as_str(), self.partition, position)];
         let chronik = self.shared.get()?;
-        py.detach(|| chronik.commit_offsets(&group, &offsets)).map_err(commit_error)
+        py.detach(|| chronik.engine().commit_offsets(&group, &offsets)).map_err(commit_error)
     }
 
     /// What the group committed last for this partition, if anything.

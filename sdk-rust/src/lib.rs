@@ -25,17 +25,17 @@ pub use chronik_engine::Appended;
 pub use chronik_engine::io::{Backend, Io, PreadIo, SystemIo};
 pub use chronik_engine::runtime::SystemClock;
 pub use chronik_engine::{
-    AppendError, Cleanup, Clock, CommitError, Corruption, CorruptionKind, Durability, Error, Fetch,
-    GroupCommit, Header, Headers, Offset, OpenError, Options, PartitionDescription,
-    PartitionRecovery, ReadError, Record, RecordView, RecoveryReport, TopicConfig,
-    TopicDescription, TopicError, TransactionWrite,
+    AppendError, Cleanup, Clock, CommitError, CompactionReport, Corruption, CorruptionKind,
+    DamagedTopic, Durability, Error, Fetch, GroupCommit, Header, Headers, Offset, OpenError,
+    Options, PartitionDescription, PartitionRecovery, ReadError, Record, RecordView,
+    RecoveryReport, StateDir, TopicConfig, TopicDescription, TopicError, TransactionWrite,
+    partition_for_key,
 };
 
 /// An append in flight from [`Producer::send_nowait`].
 pub type PendingAppend = chronik_engine::PendingAppend<SystemIo>;
 
-/// The engine crate, for what this facade does not re-export.
-pub use chronik_engine as engine;
+pub use chronik_engine::limits;
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod connect;
@@ -52,7 +52,6 @@ pub use cursor::next_fetch;
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;
-use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,8 +116,97 @@ impl Chronik {
         &self.recovery
     }
 
+    /// The engine underneath, for processors' runners and tools; applications append through
+    /// a [`Producer`] and read through a [`Consumer`].
     pub fn engine(&self) -> &DefaultEngine {
         &self.engine
+    }
+
+    pub fn create_topic(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        self.engine.create_topic(name, config)
+    }
+
+    /// Change a topic's settings; the partition count may only grow.
+    pub fn alter_topic_config(&self, name: &str, config: TopicConfig) -> Result<(), TopicError> {
+        self.engine.alter_topic_config(name, config)
+    }
+
+    pub fn delete_topic(&self, name: &str) -> Result<(), TopicError> {
+        self.engine.delete_topic(name)
+    }
+
+    pub fn list_topics(&self) -> Vec<String> {
+        self.engine.list_topics()
+    }
+
+    pub fn describe_topic(&self, name: &str) -> Result<TopicDescription, TopicError> {
+        self.engine.describe_topic(name)
+    }
+
+    /// The topic's partition count, if it exists.
+    pub fn partition_count(&self, topic: &str) -> Option<u32> {
+        self.engine.partition_count(topic)
+    }
+
+    /// The offset the next record of the partition will get: everything below it is readable.
+    pub fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ReadError> {
+        self.engine.high_watermark(topic, partition)
+    }
+
+    /// The first offset whose timestamp is at or after `timestamp_ms`, if any.
+    pub fn offset_for_timestamp(
+        &self,
+        topic: &str,
+        partition: u32,
+        timestamp_ms: i64,
+    ) -> Result<Option<Offset>, ReadError> {
+        self.engine.offset_for_timestamp(topic, partition, timestamp_ms)
+    }
+
+    /// What consumer group `group` committed last for the partition.
+    pub fn committed_offset(&self, group: &str, topic: &str, partition: u32) -> Option<Offset> {
+        self.engine.committed_offset(group, topic, partition)
+    }
+
+    /// Append to several partitions and commit a group's positions, all or nothing.
+    pub fn commit_transaction(
+        &self,
+        writes: &[TransactionWrite<'_>],
+        group: Option<GroupCommit<'_>>,
+    ) -> Result<Vec<Appended>, CommitError> {
+        self.engine.commit_transaction(writes, group)
+    }
+
+    /// Make every append so far durable (in `os` and `interval` modes; `sync` appends are
+    /// durable when acknowledged).
+    pub fn flush(&self) -> Result<(), AppendError> {
+        self.engine.flush()
+    }
+
+    /// Remove the partition's records below `before` (whole segments: Kafka's
+    /// DeleteRecords); returns the new log start.
+    pub fn delete_records(
+        &self,
+        topic: &str,
+        partition: u32,
+        before: Offset,
+    ) -> Result<Offset, AppendError> {
+        self.engine.delete_records(topic, partition, before)
+    }
+
+    /// Compact every partition of a compacted topic now, instead of waiting for the
+    /// background pass.
+    pub fn compact_topic(&self, name: &str) -> Result<Vec<Option<CompactionReport>>, AppendError> {
+        self.engine.compact_topic(name)
+    }
+
+    /// Topics that could not be opened because their metadata is damaged.
+    pub fn damaged_topics(&self) -> Vec<DamagedTopic> {
+        self.engine.damaged_topics()
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.engine.metrics()
     }
 
     pub fn producer(&self, topic: &str) -> Producer {
@@ -135,14 +223,6 @@ impl Chronik {
     /// committed last ([`Consumer::commit`]), or at the log start if it never did.
     pub fn group_consumer(&self, group: &str, topic: &str, partition: u32) -> Consumer {
         Consumer::in_group(self.engine.clone(), group, topic, partition)
-    }
-}
-
-impl Deref for Chronik {
-    type Target = DefaultEngine;
-
-    fn deref(&self) -> &DefaultEngine {
-        &self.engine
     }
 }
 
@@ -204,13 +284,6 @@ impl Producer {
         })?;
         Ok(partition_for_key(key, count))
     }
-}
-
-/// Stable key-to-partition mapping: xxh3-64 of the key modulo `partitions` (a count of zero is
-/// taken as one).
-pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    let partitions = u64::from(partitions.max(1));
-    (chronik_engine::internals::format::key_hash(key) % partitions) as u32
 }
 
 /// Reads one partition in order, remembering its position; in a consumer group, commits it.

@@ -21,13 +21,13 @@ fn open() -> (tempfile::TempDir, Chronik) {
 #[test]
 fn bad_topic_names_and_configs_are_refused() {
     let (_directory, chronik) = open();
-    let long = "x".repeat(chronik::engine::limits::TOPIC_NAME_BYTES_MAX + 1);
+    let long = "x".repeat(chronik::limits::TOPIC_NAME_BYTES_MAX + 1);
     let names = ["", ".", "..", "../escape", "a/b", "/abs", "a\\b", "a\0b", "__internal", &long];
     for name in names {
         let result = chronik.create_topic(name, TopicConfig::default());
         assert!(matches!(result, Err(TopicError::InvalidName { .. })), "name {name:?}: {result:?}");
     }
-    let partitions_max = chronik::engine::limits::PARTITIONS_MAX;
+    let partitions_max = chronik::limits::PARTITIONS_MAX;
     for partitions in [0, partitions_max + 1, u32::MAX] {
         let result = chronik.create_topic("p", TopicConfig::default().with_partitions(partitions));
         assert!(
@@ -49,7 +49,7 @@ fn bad_appends_are_refused() {
     let huge = vec![0_u8; 20 << 20];
     let one = [Record::new(None, b"v")];
     let big = [Record::new(None, &huge)];
-    let too_many_count = chronik::engine::limits::BATCH_RECORDS_MAX as usize + 1;
+    let too_many_count = chronik::limits::BATCH_RECORDS_MAX as usize + 1;
     let too_many = vec![Record::new(None, b""); too_many_count];
     let cases: [(&str, u32, &[Record<'_>], Check); 7] = [
         ("missing", 0, &one, |e| matches!(e, AppendError::TopicNotFound { .. })),

@@ -34,12 +34,12 @@ fn compacted_topic(chronik: &Chronik, topic: &str) {
             time += 1;
             let (key, value) = (format!("user-{key:03}"), format!("v{round}"));
             let record = Record::new(Some(key.as_bytes()), value.as_bytes()).with_timestamp(time);
-            chronik.append(topic, 0, &[record]).unwrap();
+            chronik.engine().append(topic, 0, &[record]).unwrap();
         }
     }
     let reports = chronik.compact_topic(topic).unwrap();
     assert!(reports[0].is_some(), "the compaction pass ran");
-    let first = chronik.read(topic, 0, Offset::ZERO, 1 << 20).unwrap();
+    let first = chronik.engine().read(topic, 0, Offset::ZERO, 1 << 20).unwrap();
     assert!(!first.is_empty(), "the log has batches");
     assert_eq!(first.records().count(), 0, "the first fetch holds no record (the bug's setup)");
 }
@@ -49,7 +49,7 @@ fn engine_records(chronik: &Chronik, topic: &str) -> Vec<(u64, Vec<u8>, Vec<u8>)
     let mut out = Vec::new();
     let mut from = Offset::ZERO;
     loop {
-        let fetch = chronik.read(topic, 0, from, 1 << 20).unwrap();
+        let fetch = chronik.engine().read(topic, 0, from, 1 << 20).unwrap();
         if fetch.is_empty() {
             return out;
         }
@@ -203,7 +203,7 @@ fn a_topology_joins_a_compacted_table_loaded_whole() {
         let key = format!("user-{key:03}");
         let time = i64::from(KEYS * ROUNDS) + 1;
         let record = Record::new(Some(key.as_bytes()), b"click").with_timestamp(time);
-        chronik.append("clicks", 0, &[record]).unwrap();
+        chronik.engine().append("clicks", 0, &[record]).unwrap();
     }
     let topology = chronik::dsl::Topology::new("enrich");
     let profiles = topology.table("profiles");
@@ -273,7 +273,7 @@ fn play(chronik: &Chronik, steps: &[Step]) {
                     .iter()
                     .map(|(k, v)| Record::new(k.as_deref(), v).with_timestamp(time))
                     .collect();
-                chronik.append("log", 0, &batch).unwrap();
+                chronik.engine().append("log", 0, &batch).unwrap();
             }
             Step::Compact => {
                 chronik.compact_topic("log").unwrap();
@@ -299,7 +299,7 @@ fn read_whole(chronik: &Chronik) -> Vec<Row> {
     let mut out = Vec::new();
     let mut from = Offset::ZERO;
     loop {
-        let fetch = match chronik.read("log", 0, from, 1 << 20) {
+        let fetch = match chronik.engine().read("log", 0, from, 1 << 20) {
             Err(chronik::ReadError::OffsetOutOfRange { start, .. }) => {
                 from = Offset::new(start);
                 continue;
@@ -384,7 +384,7 @@ fn a_position_past_the_end_is_out_of_range_not_caught_up() {
     let chronik = open(dir.path());
     chronik.create_topic("t", TopicConfig::default()).unwrap();
     for i in 0..10u8 {
-        chronik.append("t", 0, &[Record::new(None, &[i])]).unwrap();
+        chronik.engine().append("t", 0, &[Record::new(None, &[i])]).unwrap();
     }
     let mut consumer = chronik.consumer("t", 0);
     consumer.seek(Offset::new(50));

@@ -61,7 +61,7 @@ fn a_group_resumes_where_it_committed_after_a_restart() {
             (Offset::new(30), b"event-0030".as_slice())
         );
         assert_eq!(
-            reader.committed_offsets("billing"),
+            reader.engine().committed_offsets("billing"),
             vec![("events".to_owned(), 0, Offset::new(30))]
         );
     }
@@ -73,20 +73,20 @@ fn commits_are_checked_and_internal_topics_are_reserved() {
     let chronik = open(directory.path(), Durability::Sync);
     chronik.create_topic("events", TopicConfig::default()).unwrap();
     assert!(matches!(
-        chronik.commit_offsets("g", &[("missing", 0, Offset::ZERO)]),
+        chronik.engine().commit_offsets("g", &[("missing", 0, Offset::ZERO)]),
         Err(CommitError::PartitionNotFound { .. })
     ));
     assert!(matches!(
-        chronik.commit_offsets("g", &[("events", 3, Offset::ZERO)]),
+        chronik.engine().commit_offsets("g", &[("events", 3, Offset::ZERO)]),
         Err(CommitError::PartitionNotFound { .. })
     ));
     assert!(matches!(
-        chronik.commit_offsets("bad group", &[("events", 0, Offset::ZERO)]),
+        chronik.engine().commit_offsets("bad group", &[("events", 0, Offset::ZERO)]),
         Err(CommitError::InvalidGroup { .. })
     ));
     assert!(chronik.create_topic("__mine", TopicConfig::default()).is_err());
-    chronik.commit_offsets("g", &[("events", 0, Offset::new(5))]).unwrap();
-    chronik.commit_offsets("g", &[("events", 0, Offset::new(7))]).unwrap();
+    chronik.engine().commit_offsets("g", &[("events", 0, Offset::new(5))]).unwrap();
+    chronik.engine().commit_offsets("g", &[("events", 0, Offset::new(7))]).unwrap();
     assert_eq!(chronik.committed_offset("g", "events", 0), Some(Offset::new(7)));
     assert!(chronik.delete_topic("__consumer_offsets").is_err());
     drop(chronik);
@@ -102,7 +102,7 @@ fn a_position_below_the_log_start_moves_to_it() {
         TopicConfig { segment_bytes: 4096, retention_bytes: Some(4096), ..TopicConfig::default() };
     chronik.create_topic("events", config).unwrap();
     fill(&chronik, 2000);
-    chronik.tick().unwrap();
+    chronik.engine().tick().unwrap();
     let start = chronik.describe_topic("events").unwrap().partitions[0].log_start_offset;
     assert!(start > Offset::ZERO);
     let mut consumer = chronik.consumer("events", 0);

@@ -37,7 +37,10 @@ fn produce(chronik: &Chronik, from: u64, to: u64) {
     for i in from..to {
         let key = format!("key-{:05}", i % KEYS);
         let partition = chronik::partition_for_key(key.as_bytes(), 2);
-        chronik.append("clicks", partition, &[Record::new(Some(key.as_bytes()), b"x")]).unwrap();
+        chronik
+            .engine()
+            .append("clicks", partition, &[Record::new(Some(key.as_bytes()), b"x")])
+            .unwrap();
     }
 }
 

@@ -52,7 +52,7 @@ fn a_full_disk_under_a_processor_names_the_output_partition() {
     chronik.create_topic("in", TopicConfig::default()).unwrap();
     chronik.create_topic("pout", TopicConfig::default()).unwrap();
     for i in 0..2000u32 {
-        chronik.append("in", 0, &[Record::new(None, &i.to_le_bytes())]).unwrap();
+        chronik.engine().append("in", 0, &[Record::new(None, &i.to_le_bytes())]).unwrap();
     }
     let config = ProcessorConfig::new("amplify", "in");
     let mut runner = Runner::new(chronik.engine(), config, |_| Amplify).unwrap();

@@ -44,6 +44,7 @@ fn produce(chronik: &Chronik, from: u64, to: u64) {
         let key = format!("user-{}", i % 7);
         let partition = chronik::partition_for_key(key.as_bytes(), 2);
         chronik
+            .engine()
             .append("clicks", partition, &[Record::new(Some(key.as_bytes()), b"click")])
             .unwrap();
     }
@@ -197,7 +198,7 @@ fn stream_time_timers_fire_once_per_window() {
     setup(&chronik);
     for i in 0..50_i64 {
         let record = Record::new(None, b"x").with_timestamp(1_000 + i * 10);
-        chronik.append("clicks", 0, &[record]).unwrap();
+        chronik.engine().append("clicks", 0, &[record]).unwrap();
     }
     let mut config = config();
     config.punctuate_stream_ms = Some(100);
@@ -206,7 +207,7 @@ fn stream_time_timers_fire_once_per_window() {
     let fired = chronik.high_watermark("totals", 0).unwrap();
     // Timestamps 1000..1490: windows end at 1100, 1200, 1300, 1400.
     assert_eq!(fired, Offset::new(4));
-    let fetch = chronik.read("totals", 0, Offset::ZERO, 1 << 20).unwrap();
+    let fetch = chronik.engine().read("totals", 0, Offset::ZERO, 1 << 20).unwrap();
     let values: Vec<String> =
         fetch.records().map(|r| String::from_utf8(r.value().to_vec()).unwrap()).collect();
     assert_eq!(values, ["1100:10", "1200:10", "1300:10", "1400:10"]);
@@ -287,7 +288,7 @@ fn typed_stores_and_outputs_round_trip_through_serde_and_restore() {
     }
     assert_eq!(all.len(), 7);
     assert!(all.values().all(|s| s.clicks == 10 && s.last_page == "click"), "{all:?}");
-    let fetch = chronik.read("totals", 0, Offset::ZERO, 1 << 20).unwrap();
+    let fetch = chronik.engine().read("totals", 0, Offset::ZERO, 1 << 20).unwrap();
     let first = fetch.records().next().unwrap();
     let decoded: UserStats = chronik::processor::decode(first.value()).unwrap();
     assert_eq!(decoded.clicks, 1);
@@ -351,7 +352,7 @@ fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
     for i in 0..10_u64 {
         let value = if i == 3 || i == 7 { "oops".to_owned() } else { i.to_string() };
         let record = Record::new(Some(b"k"), value.as_bytes()).with_headers(&header);
-        chronik.append("numbers", 0, &[record]).unwrap();
+        chronik.engine().append("numbers", 0, &[record]).unwrap();
     }
     let config = |policy| {
         let mut config = ProcessorConfig::new("sum", "numbers").store("counts");
@@ -400,7 +401,10 @@ fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
         assert_eq!(record.headers[4].0, error);
     }
 
-    chronik.append("numbers", 0, &[Record::new(None, b"nope"), Record::new(None, b"10")]).unwrap();
+    chronik
+        .engine()
+        .append("numbers", 0, &[Record::new(None, b"nope"), Record::new(None, b"10")])
+        .unwrap();
     let mut runner =
         Runner::new(chronik.engine(), config(OnDecodeError::Skip), |_| Counter::default()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();

@@ -72,13 +72,14 @@ fn main() -> anyhow::Result<()> {
             let value = vec![0x42_u8; value_bytes];
             let keys: Vec<String> =
                 (0..batch as u64).map(|i| format!("user-{:08}", i % users.max(1))).collect();
+            let mut producer = chronik.producer("rust-sends");
             let started = Instant::now();
             let mut sent = 0;
             while sent < records {
                 let n = batch.min(usize::try_from(records - sent)?);
                 let batch: Vec<Record<'_>> =
                     keys[..n].iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
-                chronik.append("rust-sends", 0, &batch)?;
+                producer.send(0, &batch)?;
                 sent += n as u64;
             }
             chronik.flush()?;

@@ -109,7 +109,7 @@ fn produce(dir: &str, records: u64, start: u64, keys_max: Option<u64>) -> anyhow
                 let batch: Vec<Record<'_>> =
                     keys.iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
                 if !batch.is_empty() {
-                    chronik.append("clicks", p as u32, &batch)?;
+                    chronik.engine().append("clicks", p as u32, &batch)?;
                 }
                 keys.clear();
             }

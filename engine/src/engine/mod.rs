@@ -33,8 +33,9 @@ use crate::partition::Partition;
 use crate::reactor::Reactor;
 use crate::recovery::{DamagedTopic, PartitionRecovery, RecoveryReport};
 use crate::segment;
+use crate::state_dir::StateDir;
 use crate::sync::{Mutex, RwLock};
-use crate::topic::{self, TOPIC_META_FILE, TopicConfig};
+use crate::topic::{TOPIC_META_FILE, TopicConfig};
 use crate::write_path::WritePath;
 use crate::{Clock, Corruption};
 use std::collections::BTreeMap;
@@ -374,45 +375,33 @@ impl<I: Io> Engine<I> {
         Ok(Some((config, partitions)))
     }
 
-    /// Write a small file the application keeps beside its topics (stream processors keep
-    /// their store snapshots so), under `<root>/state/`, durably: temporary file, fdatasync,
-    /// rename, directory fsync. `name` is one path component (1 to 200 bytes of ASCII letters,
-    /// digits, `.`, `_`, `-`, not starting with `.`).
-    pub fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<(), TopicError> {
-        self.check_writable()?;
-        self.inner.context.poison.check()?;
-        topic::validate_name(name)?;
-        let io = self.io();
-        let directory = self.inner.root.join(STATE_DIRECTORY);
-        if create_directory_if_missing(io, &directory)? {
-            fsync_directory(io, &self.inner.root)?;
-        }
-        segment::write_file_durably(io, &directory.join(name), bytes)?;
-        fsync_directory(io, &directory)?;
-        Ok(())
+    /// The directory where layers above the engine keep files of their own (stream
+    /// processors' snapshots and disk stores), through this engine's I/O.
+    pub fn state_dir(&self) -> StateDir {
+        let io: Arc<dyn Io> = Arc::clone(&self.inner.context.io) as Arc<dyn Io>;
+        StateDir::new(
+            io,
+            &self.inner.root,
+            self.inner.root.join(STATE_DIRECTORY),
+            self.inner.options.read_only,
+            Arc::clone(&self.inner.context.poison),
+        )
     }
 
-    /// The engine's I/O and its `<root>/state/` directory (created, durably, if missing), for
-    /// layers above the engine that keep larger files of their own there through the same I/O
-    /// (the SDK's disk stores): on the simulated disk they are then simulated too.
+    // TRANSITIONAL: removed once the SDK's processor split lands (it uses `state_dir`).
+    #[doc(hidden)]
+    pub fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<(), TopicError> {
+        self.state_dir().write(name, bytes)
+    }
     #[doc(hidden)]
     pub fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), TopicError> {
-        self.check_writable()?;
-        self.inner.context.poison.check()?;
-        let io = self.io();
-        let directory = self.inner.root.join(STATE_DIRECTORY);
-        if create_directory_if_missing(io, &directory)? {
-            fsync_directory(io, &self.inner.root)?;
-        }
-        let shared: Arc<dyn Io> = Arc::clone(&self.inner.context.io) as Arc<dyn Io>;
-        Ok((shared, directory))
+        let state = self.state_dir();
+        state.create()?;
+        Ok((Arc::clone(state.io()), state.path().to_path_buf()))
     }
-
-    /// A file [`Engine::write_state_file`] wrote, if it exists.
+    #[doc(hidden)]
     pub fn read_state_file(&self, name: &str) -> Result<Option<Vec<u8>>, TopicError> {
-        topic::validate_name(name)?;
-        let path = self.inner.root.join(STATE_DIRECTORY).join(name);
-        Ok(segment::read_small_file(self.io(), &path)?)
+        self.state_dir().read(name)
     }
 
     /// The engine clock's time, in milliseconds since the Unix epoch (simulated time under

@@ -19,7 +19,7 @@ fn send(chronik: &Chronik, topic: &str, events: &[(&str, &str, i64)]) {
     for (key, value, time) in events {
         let partition = crate::partition_for_key(key.as_bytes(), partitions);
         let record = Record::new(Some(key.as_bytes()), value.as_bytes()).with_timestamp(*time);
-        chronik.append(topic, partition, &[record]).unwrap();
+        chronik.engine().append(topic, partition, &[record]).unwrap();
     }
 }
 
@@ -30,7 +30,7 @@ fn read(chronik: &Chronik, topic: &str) -> Vec<String> {
     for partition in 0..chronik.partition_count(topic).unwrap() {
         let mut from = Offset::ZERO;
         loop {
-            let fetch = chronik.read(topic, partition, from, 1 << 20).unwrap();
+            let fetch = chronik.engine().read(topic, partition, from, 1 << 20).unwrap();
             if fetch.is_empty() {
                 break;
             }

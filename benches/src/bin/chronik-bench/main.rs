@@ -227,7 +227,7 @@ fn append_os(
     let batches = records.div_ceil(batch as u64);
     let start = Instant::now();
     for _ in 0..batches {
-        chronik.append(TOPIC, 0, &views)?;
+        chronik.engine().append(TOPIC, 0, &views)?;
     }
     chronik.flush()?;
     let elapsed = start.elapsed();
@@ -260,7 +260,7 @@ fn append_sync(
             std::thread::spawn(move || -> anyhow::Result<()> {
                 let value = [0x5a_u8; 100];
                 while !stop.load(Ordering::Relaxed) {
-                    chronik.append(TOPIC, 0, &[Record::new(None, &value)])?;
+                    chronik.engine().append(TOPIC, 0, &[Record::new(None, &value)])?;
                     acknowledged.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(())
@@ -300,7 +300,7 @@ fn consume(dir: &Path, backend: Backend, copy: bool) -> anyhow::Result<Measure> 
         let (mut records, mut bytes) = (0_u64, 0_u64);
         let mut next = Offset::ZERO;
         while next < end {
-            let fetch = chronik.read(TOPIC, 0, next, 4 << 20)?;
+            let fetch = chronik.engine().read(TOPIC, 0, next, 4 << 20)?;
             for record in fetch.records() {
                 records += 1;
                 if copy {
@@ -481,7 +481,7 @@ fn chronik_scenarios(
 /// memory (the rise of the process's peak resident set during the pass, `VmHWM` reset first).
 /// The engine is opened without the background ticker, so nothing compacts early.
 fn compaction(dir: &Path, backend: Backend, keys: u64) -> anyhow::Result<[Measure; 2]> {
-    use chronik::engine::{Engine, runtime::SystemClock};
+    use chronik_engine::{Engine, runtime::SystemClock};
     let options = Options { durability: Durability::Os, io_backend: backend, ..Options::default() };
     let io = chronik::SystemIo::new(backend)?;
     let (engine, _) = Engine::open(io, Arc::new(SystemClock), dir, options)?;
@@ -563,7 +563,7 @@ fn produce_clicks(
                 let batch: Vec<Record<'_>> =
                     keys.iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
                 if !batch.is_empty() {
-                    chronik.append("clicks", p as u32, &batch)?;
+                    chronik.engine().append("clicks", p as u32, &batch)?;
                 }
                 keys.clear();
             }
@@ -642,7 +642,7 @@ fn processor(dir: &Path, backend: Backend, records: u64) -> anyhow::Result<Vec<M
         let end = chronik.high_watermark(&changelog, p)?;
         let mut next = Offset::ZERO;
         while next < end {
-            let fetch = chronik.read(&changelog, p, next, 4 << 20)?;
+            let fetch = chronik.engine().read(&changelog, p, next, 4 << 20)?;
             for record in fetch.records() {
                 scanned += 1;
                 touched += record.key().map_or(0, |k| k.len() as u64);
