@@ -133,7 +133,7 @@ fn changelog(chronik: &chronik::Chronik, args: &DemoArgs) -> anyhow::Result<()> 
         if batch.len() == args.batch || n + 1 == updates {
             let records: Vec<Record<'_>> =
                 batch.iter().map(|(k, v)| Record::new(Some(k), v)).collect();
-            producer.send(0, &records).map_err(chronik::Error::from)?;
+            producer.send_to(0, &records).map_err(chronik::Error::from)?;
             batch.clear();
         }
     }
@@ -240,7 +240,7 @@ fn send(
     }
     let records: Vec<Record<'_>> =
         queue.iter().map(|(k, v, t)| Record::new(Some(k), v).with_timestamp(*t)).collect();
-    producer.send(partition, &records).map_err(chronik::Error::from)?;
+    producer.send_to(partition, &records).map_err(chronik::Error::from)?;
     queue.clear();
     Ok(())
 }

@@ -183,7 +183,7 @@ fn append_grouped(
     for partition in partitions {
         let indices: Vec<usize> = (0..records.len()).filter(|&i| targets[i] == partition).collect();
         let group: Vec<Record<'_>> = indices.iter().map(|&i| records[i]).collect();
-        let appended = producer.send(partition, &group).map_err(chronik::Error::from)?;
+        let appended = producer.send_to(partition, &group).map_err(chronik::Error::from)?;
         for (n, &i) in indices.iter().enumerate() {
             offsets[i] = appended.base_offset.get() + n as u64;
         }

@@ -393,10 +393,10 @@ impl PyChronik {
 
     fn producer(&self, topic: &str) -> PyResult<PyProducer> {
         let chronik = self.get()?;
-        let partitions = chronik
-            .partition_count(topic)
-            .ok_or_else(|| NotFoundError::new_err(format!("topic {topic:?} does not exist")))?;
-        Ok(PyProducer { shared: Arc::clone(&self.shared), topic: topic.to_owned(), partitions })
+        if chronik.partition_count(topic).is_none() {
+            return Err(NotFoundError::new_err(format!("topic {topic:?} does not exist")));
+        }
+        Ok(PyProducer { shared: Arc::clone(&self.shared), topic: topic.to_owned() })
     }
 
     /// A consumer of one partition; in `group`, it starts where the group committed
@@ -440,7 +440,6 @@ impl PyChronik {
 struct PyProducer {
     shared: Arc<Shared>,
     topic: String,
-    partitions: u32,
 }
 
 /// Bytes taken from Python for an append: a `bytes` object's own buffer, held (immutable, so
@@ -517,76 +516,39 @@ fn outgoing<'py>(
 }
 
 impl PyProducer {
-    fn partition_of(&self, key: Option<&[u8]>, partition: Option<u32>) -> u32 {
-        partition
-            .unwrap_or_else(|| key.map_or(0, |k| chronik::partition_for_key(k, self.partitions)))
+    /// The partition named, or the key's (0 without a key), as the Rust producer chooses it.
+    fn partition_of(&self, key: Option<&[u8]>, partition: Option<u32>) -> PyResult<u32> {
+        match (partition, key) {
+            (Some(partition), _) => Ok(partition),
+            (None, None) => Ok(0),
+            (None, Some(key)) => {
+                let producer = self.shared.get()?.producer(&self.topic);
+                producer.partition_for_key(key).map_err(|e| error(e.into()))
+            }
+        }
     }
 
     /// Append each partition's records as one batch (several where one would pass the
-    /// engine's batch limits: see [`split_batch`]), without the GIL.
+    /// engine's batch limits), without the GIL: the Rust producer's `send_batch`.
     fn append(
         &self,
         py: Python<'_>,
         records: &[Outgoing<'_>],
         partition: Option<u32>,
     ) -> PyResult<Vec<(u32, u64, u64)>> {
-        let mut by_partition: std::collections::BTreeMap<u32, Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (i, record) in records.iter().enumerate() {
-            let key = record.key.as_ref().map(Payload::as_slice);
-            by_partition.entry(self.partition_of(key, partition)).or_default().push(i);
-        }
         let headers: Vec<Vec<chronik::Header<'_>>> =
             records.iter().map(Outgoing::header_views).collect();
-        let mut batches: Vec<(u32, Vec<Record<'_>>)> = Vec::with_capacity(by_partition.len());
-        for (&partition, indexes) in &by_partition {
-            let all: Vec<Record<'_>> =
-                indexes.iter().map(|&i| records[i].record(&headers[i])).collect();
-            batches.extend(split_batch(all).into_iter().map(|batch| (partition, batch)));
-        }
+        let batch: Vec<Record<'_>> =
+            records.iter().zip(&headers).map(|(record, headers)| record.record(headers)).collect();
         let chronik = self.shared.get()?;
-        py.detach(|| {
-            let mut out = Vec::with_capacity(batches.len());
-            for (partition, batch) in &batches {
-                let appended = chronik.engine().append(&self.topic, *partition, batch)?;
-                out.push((*partition, appended.base_offset.get(), appended.last_offset.get()));
-            }
-            Ok(out)
-        })
-        .map_err(|e: AppendError| error(e.into()))
+        py.detach(|| chronik.producer(&self.topic).send_batch(&batch, partition))
+            .map(|sent| {
+                sent.iter()
+                    .map(|s| (s.partition, s.appended.base_offset.get(), s.appended.last_offset.get()))
+                    .collect()
+            })
+            .map_err(|e: AppendError| error(e.into()))
     }
-}
-
-/// `records` cut, in order, into batches within the engine's limits: at most
-/// `BATCH_RECORDS_MAX` records and `BATCH_BYTES_MAX` encoded bytes each. A record too large
-/// for any batch stays alone in one, for the engine to refuse with `BatchTooLarge`.
-fn split_batch(records: Vec<Record<'_>>) -> Vec<Vec<Record<'_>>> {
-    use chronik::limits::{BATCH_BYTES_MAX, BATCH_HEADER_BYTES, BATCH_RECORDS_MAX};
-    let records_max = BATCH_RECORDS_MAX as usize;
-    let bytes_max = u64::from(BATCH_BYTES_MAX);
-    let header_bytes = BATCH_HEADER_BYTES as u64;
-    let total: u64 = records.iter().map(Record::encoded_bytes).sum();
-    if records.len() <= records_max && header_bytes + total <= bytes_max {
-        // The common case: one batch, not copied.
-        return vec![records];
-    }
-    let mut batches = Vec::new();
-    let mut batch: Vec<Record<'_>> = Vec::new();
-    let mut bytes = header_bytes;
-    for record in records {
-        let size = record.encoded_bytes();
-        if !batch.is_empty() && (batch.len() == records_max || bytes + size > bytes_max) {
-            batches.push(std::mem::take(&mut batch));
-            bytes = header_bytes;
-        }
-        bytes += size;
-        batch.push(record);
-    }
-    if !batch.is_empty() {
-        batches.push(batch);
-    }
-    debug_assert!(batches.iter().all(|b| !b.is_empty() && b.len() <= records_max));
-    batches
 }
 
 /// What `send_batch` takes, for its error.
@@ -663,12 +625,13 @@ impl PyProducer {
         timestamp: Option<i64>,
     ) -> PyResult<PyPendingSend> {
         let outgoing = outgoing(key, value, headers, timestamp)?;
-        let partition = self.partition_of(outgoing.key.as_ref().map(Payload::as_slice), partition);
+        let partition =
+            self.partition_of(outgoing.key.as_ref().map(Payload::as_slice), partition)?;
         let header_views = outgoing.header_views();
         let record = outgoing.record(&header_views);
         let chronik = self.shared.get()?;
         let pending = py
-            .detach(|| chronik.engine().append_nowait(&self.topic, partition, &[record]))
+            .detach(|| chronik.producer(&self.topic).send_async_to(partition, &[record]))
             .map_err(|e| error(e.into()))?;
         Ok(PyPendingSend { partition, state: Mutex::new(SendState::InFlight(pending)) })
     }

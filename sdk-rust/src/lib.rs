@@ -8,8 +8,8 @@
 //! let chronik = Chronik::open(directory.path(), Options::default())?;
 //! chronik.create_topic("clicks", TopicConfig::default().with_partitions(2))?;
 //! let mut producer = chronik.producer("clicks");
-//! let appended = producer.send(0, &[Record::new(Some(b"user-7"), b"/home")])?;
-//! assert_eq!(appended.base_offset.get(), 0);
+//! let sent = producer.send(Record::new(Some(b"user-7"), b"/home"))?;
+//! assert_eq!(sent.offset.get(), 0);
 //!
 //! let mut consumer = chronik.consumer("clicks", 0);
 //! let fetch = consumer.poll(1 << 20)?;
@@ -32,7 +32,7 @@ pub use chronik_engine::{
     partition_for_key,
 };
 
-/// An append in flight from [`Producer::send_nowait`].
+/// An append in flight from [`Producer::send_async_to`].
 pub type PendingAppend = chronik_engine::PendingAppend<SystemIo>;
 
 pub use chronik_engine::limits;
@@ -40,6 +40,7 @@ pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod connect;
 mod cursor;
+mod producer;
 pub mod dsl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -49,6 +50,7 @@ pub mod testing;
 
 pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};
 pub use cursor::next_fetch;
+pub use producer::{PendingSend, Producer, Sent, SentBatch};
 
 use chronik_engine::runtime::Runtime;
 use std::collections::VecDeque;
@@ -210,7 +212,7 @@ impl Chronik {
     }
 
     pub fn producer(&self, topic: &str) -> Producer {
-        Producer { engine: self.engine.clone(), topic: topic.to_owned() }
+        Producer::new(self.engine.clone(), topic)
     }
 
     /// A consumer of one partition, starting at offset zero (or the log start, if retention
@@ -223,66 +225,6 @@ impl Chronik {
     /// committed last ([`Consumer::commit`]), or at the log start if it never did.
     pub fn group_consumer(&self, group: &str, topic: &str, partition: u32) -> Consumer {
         Consumer::in_group(self.engine.clone(), group, topic, partition)
-    }
-}
-
-/// Appends batches to one topic.
-#[derive(Debug, Clone)]
-pub struct Producer {
-    engine: DefaultEngine,
-    topic: String,
-}
-
-impl Producer {
-    /// Append `records` as one batch to `partition`; returns once acknowledged under the
-    /// engine's durability mode.
-    pub fn send(
-        &mut self,
-        partition: u32,
-        records: &[Record<'_>],
-    ) -> Result<Appended, AppendError> {
-        self.engine.append(&self.topic, partition, records)
-    }
-
-    /// Queue `records` as one batch to `partition` and return at once, with the append in
-    /// flight: many batches from one producer share the engine's turns, and in `sync` mode
-    /// their fdatasyncs. Wait for the [`PendingAppend`], poll it, or `.await` it (the
-    /// directory's runtime drives the engine meanwhile). Offsets follow the order of the
-    /// calls; [`Producer::flush`] waits for everything queued so far.
-    ///
-    /// ```
-    /// # let dir = tempfile::tempdir().unwrap();
-    /// let db = chronik::Chronik::open(dir.path(), chronik::Options::default()).unwrap();
-    /// db.create_topic("clicks", chronik::TopicConfig::default()).unwrap();
-    /// let mut producer = db.producer("clicks");
-    /// let pending: Vec<_> = (0..1000u32)
-    ///     .map(|i| producer.send_nowait(0, &[chronik::Record::new(None, &i.to_le_bytes())]))
-    ///     .collect::<Result<_, _>>()
-    ///     .unwrap();
-    /// let last = pending.into_iter().map(|p| p.wait().unwrap()).last().unwrap();
-    /// assert_eq!(last.last_offset.get(), 999);
-    /// ```
-    pub fn send_nowait(
-        &mut self,
-        partition: u32,
-        records: &[Record<'_>],
-    ) -> Result<PendingAppend, AppendError> {
-        self.engine.append_nowait(&self.topic, partition, records)
-    }
-
-    /// Make every batch queued so far (to any topic of the directory) durable.
-    pub fn flush(&mut self) -> Result<(), AppendError> {
-        self.engine.flush()
-    }
-
-    /// The partition for a key: xxh3 of the key modulo the partition count, so records with the
-    /// same key keep their order in one partition.
-    pub fn partition_for_key(&self, key: &[u8]) -> Result<u32, AppendError> {
-        let count = self.engine.topic_partitions(&self.topic).map_err(|error| match error {
-            TopicError::Corruption(corruption) => AppendError::Corruption(corruption),
-            _ => AppendError::TopicNotFound { topic: self.topic.clone() },
-        })?;
-        Ok(partition_for_key(key, count))
     }
 }
 

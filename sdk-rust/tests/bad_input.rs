@@ -65,11 +65,11 @@ fn bad_appends_are_refused() {
     let mut acknowledged = Vec::new();
     for (index, (topic, partition, records, check)) in cases.iter().enumerate() {
         let mut producer = chronik.producer(topic);
-        let error = producer.send(*partition, records).expect_err(topic);
+        let error = producer.send_to(*partition, records).expect_err(topic);
         assert!(check(&error), "case {index} ({topic}, {partition}): {error}");
         // A good append after each refusal still works and is kept.
         let value = format!("ok-{index}").into_bytes();
-        chronik.producer("t").send(0, &[Record::new(None, &value)]).expect("good append");
+        chronik.producer("t").send_to(0, &[Record::new(None, &value)]).expect("good append");
         acknowledged.push(value);
     }
     let error = chronik.producer("missing").partition_for_key(b"k").expect_err("no topic");
@@ -83,7 +83,7 @@ fn bad_appends_are_refused() {
 #[test]
 fn bad_reads_are_refused_without_waiting() {
     let (_directory, chronik) = open();
-    chronik.producer("t").send(0, &[Record::new(None, b"v")]).expect("append");
+    chronik.producer("t").send_to(0, &[Record::new(None, b"v")]).expect("append");
     let cases: [(&str, u32, u64); 5] =
         [("missing", 0, 0), ("t", 2, 0), ("t", u32::MAX, 0), ("t", 0, 2), ("t", 0, u64::MAX)];
     for (topic, partition, offset) in cases {
@@ -122,7 +122,7 @@ fn binary_keys_and_values_round_trip() {
     let mut producer = chronik.producer("t");
     let partition = producer.partition_for_key(key).expect("partition");
     assert!(partition < 2);
-    producer.send(partition, &[record]).expect("append");
+    producer.send_to(partition, &[record]).expect("append");
     let read = chronik.consumer("t", partition).next().expect("one").expect("read");
     assert_eq!(read.key.as_deref(), Some(key));
     assert_eq!(read.value, value);

@@ -12,7 +12,7 @@ fn fill(chronik: &Chronik, count: u32) {
     let mut producer = chronik.producer("events");
     for i in 0..count {
         let value = format!("event-{i:04}");
-        producer.send(0, &[Record::new(None, value.as_bytes())]).unwrap();
+        producer.send_to(0, &[Record::new(None, value.as_bytes())]).unwrap();
     }
 }
 

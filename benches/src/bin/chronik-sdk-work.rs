@@ -79,7 +79,7 @@ fn main() -> anyhow::Result<()> {
                 let n = batch.min(usize::try_from(records - sent)?);
                 let batch: Vec<Record<'_>> =
                     keys[..n].iter().map(|k| Record::new(Some(k.as_bytes()), &value)).collect();
-                producer.send(0, &batch)?;
+                producer.send_to(0, &batch)?;
                 sent += n as u64;
             }
             chronik.flush()?;

@@ -457,7 +457,7 @@ fn chronik_scenarios(
             std::fs::remove_dir_all(&dir)?;
         }
     }
-    // One producer keeping many appends in flight (`send_nowait`), on both backends.
+    // One producer keeping many appends in flight (`send_async_to`), on both backends.
     let shapes: &[(usize, usize)] =
         if cli.runs(Group::Sync) { &[(1, 256), (100, 16)] } else { &[] };
     for &(batch, depth) in shapes {

@@ -1,5 +1,5 @@
 //! Pipelined appends in `sync` mode: one thread keeps `depth` appends of `batch` 100 B
-//! records in flight (`Producer::send_nowait`), waiting for the oldest whenever the window is
+//! records in flight (`Producer::send_async_to`), waiting for the oldest whenever the window is
 //! full, so the engine's write path always has the next turn's work queued. Every append's
 //! acknowledgement latency (queued to answered) is recorded.
 
@@ -35,7 +35,7 @@ pub fn append_sync_pipelined(
     loop {
         let now = Instant::now();
         if window.len() < depth && now < deadline {
-            window.push_back((producer.send_nowait(0, &records)?, now));
+            window.push_back((producer.send_async_to(0, &records)?, now));
             continue;
         }
         let Some((pending, queued)) = window.pop_front() else { break };
@@ -83,7 +83,7 @@ pub fn append_os_pipelined(
             let oldest: chronik::PendingAppend = window.pop_front().expect("the window is full");
             oldest.wait()?;
         }
-        window.push_back(producer.send_nowait(0, &views)?);
+        window.push_back(producer.send_async_to(0, &views)?);
     }
     for pending in window {
         pending.wait()?;
