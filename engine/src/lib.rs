@@ -119,6 +119,34 @@ pub mod internals {
     pub mod write_path {
         pub use crate::write_path::*;
     }
+
+    /// What tests and the simulator call on an engine beyond its public methods.
+    pub trait EngineInternals {
+        /// The engine's write shards (none when read-only).
+        fn write_shards(&self) -> usize;
+        /// The count of requests handed to the write path so far, for tests that line
+        /// appenders up behind a turn.
+        fn write_requests_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64>;
+        /// The retention and compaction half of [`crate::Engine::tick`].
+        fn maintain(&self) -> Result<(), crate::AppendError>;
+        /// Poison the engine, as a failed write would.
+        fn poison(&self, reason: String);
+    }
+
+    impl<I: crate::io::Io> EngineInternals for crate::Engine<I> {
+        fn write_shards(&self) -> usize {
+            crate::Engine::write_shards(self)
+        }
+        fn write_requests_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+            crate::Engine::write_requests_counter(self)
+        }
+        fn maintain(&self) -> Result<(), crate::AppendError> {
+            crate::Engine::maintain(self)
+        }
+        fn poison(&self, reason: String) {
+            crate::Engine::poison(self, reason);
+        }
+    }
 }
 
 use std::fmt;

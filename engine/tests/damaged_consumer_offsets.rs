@@ -16,6 +16,7 @@
 
 mod common;
 
+use chronik_engine::internals::EngineInternals;
 use chronik_engine::internals::groups::{OFFSETS_TOPIC, offsets_topic_config};
 use chronik_engine::{
     CommitError, CorruptionKind, Durability, Engine, Error, GroupCommit, Offset, Options, Record,

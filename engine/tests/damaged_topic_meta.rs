@@ -9,6 +9,7 @@
 
 mod common;
 
+use chronik_engine::internals::EngineInternals;
 use chronik_engine::{
     AppendError, CommitError, CorruptionKind, DamagedTopic, Durability, Engine, Error, GroupCommit,
     Offset, Options, ReadError, Record, TopicConfig, TopicError, TransactionWrite,

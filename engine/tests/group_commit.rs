@@ -4,6 +4,7 @@
 
 mod common;
 
+use chronik_engine::internals::EngineInternals;
 use chronik_engine::{Durability, Offset, Record, TopicConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;

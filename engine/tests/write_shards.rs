@@ -6,6 +6,7 @@
 
 mod common;
 
+use chronik_engine::internals::EngineInternals;
 use chronik_engine::runtime::{Runtime, SystemClock};
 use chronik_engine::{Durability, Engine, Options, Record, TopicConfig, TransactionWrite};
 use std::sync::Arc;

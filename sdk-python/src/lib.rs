@@ -544,7 +544,9 @@ impl PyProducer {
         py.detach(|| chronik.producer(&self.topic).send_batch(&batch, partition))
             .map(|sent| {
                 sent.iter()
-                    .map(|s| (s.partition, s.appended.base_offset.get(), s.appended.last_offset.get()))
+                    .map(|s| {
+                        (s.partition, s.appended.base_offset.get(), s.appended.last_offset.get())
+                    })
                     .collect()
             })
             .map_err(|e: AppendError| error(e.into()))

@@ -40,11 +40,11 @@ pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod connect;
 mod cursor;
-mod producer;
 pub mod dsl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod processor;
+mod producer;
 pub mod store;
 pub mod testing;
 

@@ -83,23 +83,20 @@ impl<I: Io> Engine<I> {
 
     /// The engine's write shards (none when read-only): the runtime runs a driver thread
     /// for each.
-    #[doc(hidden)]
-    pub fn write_shards(&self) -> usize {
+    pub(crate) fn write_shards(&self) -> usize {
         self.inner.context.write_paths.len()
     }
 
     /// For the runtime's driver thread of `shard`: turn its write path whenever requests are
     /// queued, until `stop()` holds (then [`Engine::wake_write_path`]).
-    #[doc(hidden)]
-    pub fn drive_write_path(&self, shard: usize, stop: &dyn Fn() -> bool) {
+    pub(crate) fn drive_write_path(&self, shard: usize, stop: &dyn Fn() -> bool) {
         if let Some(path) = self.inner.context.write_paths.get(shard) {
             path.drive_until_idle(stop);
         }
     }
 
     /// Wake the driver threads (to see their stop flag).
-    #[doc(hidden)]
-    pub fn wake_write_path(&self) {
+    pub(crate) fn wake_write_path(&self) {
         for path in &self.inner.context.write_paths {
             path.notify();
         }
@@ -146,8 +143,7 @@ impl<I: Io> Engine<I> {
 
     /// The count of requests handed to the write path so far (zero forever when read-only),
     /// for tests that line appenders up behind a turn.
-    #[doc(hidden)]
-    pub fn write_requests_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+    pub(crate) fn write_requests_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.inner.context.write_paths.first().map_or_else(Arc::default, |path| path.submitted())
     }
 }

@@ -47,7 +47,7 @@ impl<I: Io> Engine<I> {
     /// partition. It takes no lock that retention or compaction holds for long (they hold
     /// `maintenance`, which it never takes), so it runs on time beside a pass in progress:
     /// this is what keeps `interval:MS`'s loss window at MS plus one flusher period.
-    pub fn flush_due(&self) -> Result<(), AppendError> {
+    pub(crate) fn flush_due(&self) -> Result<(), AppendError> {
         self.inner.context.poison.check()?;
         if self.inner.options.read_only {
             return Ok(());
@@ -67,7 +67,7 @@ impl<I: Io> Engine<I> {
     /// `Partition::apply_retention`); then a compaction pass where one is due. A pass may
     /// take long (it reads and rewrites segments); it never holds a lock that appends,
     /// flushes or reads wait for, except for the moment of a segment swap.
-    pub fn maintain(&self) -> Result<(), AppendError> {
+    pub(crate) fn maintain(&self) -> Result<(), AppendError> {
         self.inner.context.poison.check()?;
         if self.inner.options.read_only {
             return Ok(());

@@ -490,7 +490,7 @@ impl<I: Io> Engine<I> {
     }
 
     /// Poison the engine from outside, e.g. when a background worker panicked.
-    pub fn poison(&self, reason: String) {
+    pub(crate) fn poison(&self, reason: String) {
         self.inner.context.poison.set(reason);
     }
 
