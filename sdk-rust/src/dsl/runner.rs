@@ -1,8 +1,12 @@
-//! A topology cut into stages, each run by the processor runtime as one application.
+//! A topology's stages, each run by the processor runtime as one application: the internal
+//! topics created, the stages restored and run (on the calling thread or on their own), and
+//! the repartition topics purged behind them.
 
-use super::exec::{AroundBatch, StageTask};
-use super::window::{Kind, META, Meta};
-use super::{Graph, Node, Op, Topology, store_of};
+use super::builder::Topology;
+use super::graph::{Op, store_of};
+use super::layout::{META, Meta};
+use super::plan::{Plan, stages};
+use super::task::StageTask;
 use crate::processor::{ProcessorConfig, ProcessorError, RunStats, Runner};
 use crate::store::Store;
 use crate::{CommitError, Io, TopicConfig, TopicError};
@@ -19,158 +23,12 @@ const HALT_POLL: Duration = Duration::from_millis(10);
 /// `run_until` purges the repartition topics every this many polls (about a second).
 const PURGE_EVERY_POLLS: u32 = 100;
 
-/// A topology's operators and stages, shared by its tasks.
-pub(crate) struct Plan {
-    pub nodes: Vec<Node>,
-    pub stages: Vec<StagePlan>,
-    pub around_batch: Option<AroundBatch>,
-    /// Counts late events in the engine's metrics (`late_records`).
-    pub late_metric: Box<dyn Fn(u64) + Send + Sync>,
-}
-
-/// The operators connected without a repartition between them: one application of the
-/// runtime.
-pub(crate) struct StagePlan {
-    /// Its operators, in the order built.
-    pub nodes: Vec<usize>,
-    /// The topics it reads: streams first, then tables (so a table's update and a stream's
-    /// event at the same time are taken stream first).
-    pub inputs: Vec<String>,
-    /// Per topic read, the source (or table) operators reading it.
-    pub sources: BTreeMap<String, Vec<usize>>,
-    pub stores: Vec<String>,
-}
-
-/// The stages of `graph`, checked.
-pub(crate) fn stages(graph: &Graph) -> Result<Vec<StagePlan>, String> {
-    fn find(root: &mut [usize], mut node: usize) -> usize {
-        while root[node] != node {
-            root[node] = root[root[node]];
-            node = root[node];
-        }
-        node
+impl Topology {
+    /// Create the internal topics and changelogs that are missing, restore every stage's
+    /// stores, and return the runner. Output topics (`to`) must exist.
+    pub fn runner<I: Io>(&self, engine: &Engine<I>) -> Result<TopologyRunner<I>, ProcessorError> {
+        TopologyRunner::new(engine, self)
     }
-    let count = graph.nodes.len();
-    let mut root: Vec<usize> = (0..count).collect();
-    for (id, node) in graph.nodes.iter().enumerate() {
-        for &parent in &node.parents {
-            let (a, b) = (find(&mut root, id), find(&mut root, parent));
-            root[a.max(b)] = a.min(b);
-        }
-    }
-    let mut by_root: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for id in 0..count {
-        let r = find(&mut root, id);
-        by_root.entry(r).or_default().push(id);
-    }
-    let mut stages = Vec::new();
-    let mut readers: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut stores: BTreeMap<&str, usize> = BTreeMap::new();
-    for nodes in by_root.into_values() {
-        let stage = stages.len();
-        let mut streams = Vec::new();
-        let mut tables = Vec::new();
-        let mut sources: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        let mut stage_stores = Vec::new();
-        for &id in &nodes {
-            let node = &graph.nodes[id];
-            match &node.op {
-                Op::Source { topic } | Op::Table { topic, .. } => {
-                    if readers.insert(topic, stage).is_some_and(|other| other != stage) {
-                        return Err(format!(
-                            "topic {topic} is read by two parts of the topology that are not \
-                             connected (or only through a repartition): read it once with \
-                             `stream` and use that stream for both"
-                        ));
-                    }
-                    let list = if matches!(node.op, Op::Table { .. }) {
-                        &mut tables
-                    } else {
-                        &mut streams
-                    };
-                    if !list.contains(topic) {
-                        list.push(topic.clone());
-                    }
-                    sources.entry(topic.clone()).or_default().push(id);
-                }
-                Op::Aggregate(aggregate) => {
-                    if let Some(windows) = &aggregate.windows {
-                        windows.check()?;
-                        let session = matches!(windows.kind, Kind::Session { .. });
-                        if session && aggregate.aggregator.merge.is_none() {
-                            return Err(format!(
-                                "{}: an aggregate in session windows needs a merge \
-                                 (aggregate_merging)",
-                                node.name
-                            ));
-                        }
-                    }
-                }
-                Op::StreamJoin(join) => {
-                    if node.parents.len() != 2 || node.parents[0] == node.parents[1] {
-                        return Err(format!("{}: a stream joined with itself", node.name));
-                    }
-                    if join.windows.size < 0 || join.windows.grace < 0 {
-                        return Err(format!("{}: join windows must not be negative", node.name));
-                    }
-                }
-                _ => {}
-            }
-            if let Some(store) = store_of(&node.op) {
-                if stores.insert(store, id).is_some() {
-                    return Err(format!("two operators have the store {store}"));
-                }
-                stage_stores.push(store.to_owned());
-            }
-        }
-        if streams.is_empty() {
-            return Err(format!("a table ({}) is joined with no stream", tables.join(", ")));
-        }
-        // A topic read as a stream and as a table is one input, read once.
-        // An event goes to a topic's streams before its table takes it: a stream joined with
-        // its own topic's table sees the row as it was before the event.
-        for readers in sources.values_mut() {
-            readers.sort_by_key(|&id| (matches!(graph.nodes[id].op, Op::Table { .. }), id));
-        }
-        tables.retain(|table| !streams.contains(table));
-        streams.extend(tables);
-        stages.push(StagePlan { nodes, inputs: streams, sources, stores: stage_stores });
-    }
-    Ok(upstream_first(graph, stages))
-}
-
-/// `stages` ordered so that a stage comes after every stage writing a repartition topic it
-/// reads (otherwise, in the order built): a pass of `run_until_caught_up` then hands each
-/// stage all its upstream input before it runs, and a join of a repartitioned stream never
-/// races ahead of its other side.
-fn upstream_first(graph: &Graph, stages: Vec<StagePlan>) -> Vec<StagePlan> {
-    let writer: BTreeMap<&str, usize> = stages
-        .iter()
-        .enumerate()
-        .flat_map(|(i, stage)| stage.nodes.iter().map(move |&node| (node, i)))
-        .filter_map(|(node, i)| match &graph.nodes[node].op {
-            Op::Repartition { topic, .. } => Some((topic.as_str(), i)),
-            _ => None,
-        })
-        .collect();
-    let upstream: Vec<Vec<usize>> = stages
-        .iter()
-        .enumerate()
-        .map(|(i, stage)| {
-            let inputs = stage.inputs.iter().filter_map(|topic| writer.get(topic.as_str()));
-            inputs.copied().filter(|&w| w != i).collect()
-        })
-        .collect();
-    let mut order: Vec<usize> = Vec::with_capacity(stages.len());
-    while order.len() < stages.len() {
-        // The first stage not placed whose upstream stages all are; a cycle (impossible when
-        // repartitions only feed later operators) falls back to the first not placed.
-        let unplaced = (0..stages.len()).filter(|i| !order.contains(i));
-        let ready = unplaced.clone().find(|&i| upstream[i].iter().all(|u| order.contains(u)));
-        order.push(ready.or_else(|| unplaced.min()).expect("a stage not placed yet"));
-    }
-    let mut slots: Vec<Option<StagePlan>> = stages.into_iter().map(Some).collect();
-    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// A topology's stages, restored and ready to run, each a [`Runner`] of its own.
@@ -261,7 +119,7 @@ impl<I: Io> TopologyRunner<I> {
             nodes: graph.nodes.clone(),
             stages,
             around_batch: graph.around_batch.clone(),
-            late_metric: Box::new(move |late| {
+            late_metric: Arc::new(move |late| {
                 chronik_engine::metrics::Metrics::add(
                     &metrics.metrics_registry().late_records,
                     late,

@@ -2,7 +2,9 @@
 //! runs; the errors of a topology that cannot run.
 
 use super::*;
+use crate::processor::ProcessorConfig;
 use crate::{Chronik, Durability, Offset, Options, Record, TopicConfig};
+use std::collections::BTreeMap;
 
 fn open(dir: &std::path::Path) -> Chronik {
     Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() }).unwrap()

@@ -1,18 +1,5 @@
-//! Windows on event time, and how windowed state is laid out in an operator's store.
-//!
-//! Every key of a windowed operator's store starts with one tag byte; times are 8 bytes,
-//! big endian with the sign bit flipped (so byte order is time order); a key inside a store
-//! key is preceded by its length (4 bytes, big endian), so a key is never a prefix of another:
-//!
-//! | tag | rest of the store key | value |
-//! | --- | --- | --- |
-//! | `0x00` | (nothing) | observed time (8, sortable), late events (8), sequence (8) |
-//! | `K` | key | aggregate (aggregations without windows) |
-//! | `W` | window end, key | aggregate (tumbling, hopping, sliding windows) |
-//! | `S` | key length, key, session start | session end (8, sortable), aggregate |
-//! | `E` | session end, key length, key, session start | (empty): sessions by end |
-//! | `R` | side (1), key length, key, time, sequence (8) | value: events kept (sliding windows, joins) |
-//! | `T` | time, side (1), key length, key, sequence (8) | (empty): kept events by time |
+//! Windows on event time: how events are cut into windows, and how far apart the events a
+//! stream-stream join pairs may be.
 
 use std::fmt;
 
@@ -161,73 +148,6 @@ impl fmt::Display for JoinWindows {
     }
 }
 
-pub(crate) const META: &[u8] = &[0];
-pub(crate) const KEYED: u8 = b'K';
-pub(crate) const WINDOWS: u8 = b'W';
-pub(crate) const SESSIONS: u8 = b'S';
-pub(crate) const SESSION_ENDS: u8 = b'E';
-pub(crate) const KEPT: u8 = b'R';
-pub(crate) const KEPT_TIMES: u8 = b'T';
-
-/// A time as 8 bytes whose order is the time's.
-pub fn sortable(t: i64) -> [u8; 8] {
-    (t.cast_unsigned() ^ (1 << 63)).to_be_bytes()
-}
-
-/// The time `sortable` made these bytes from (`None`: not 8 bytes).
-pub fn unsortable(bytes: &[u8]) -> Option<i64> {
-    let bytes: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
-    Some((u64::from_be_bytes(bytes) ^ (1 << 63)).cast_signed())
-}
-
-/// A key inside a store key: its length first.
-pub(crate) fn push_key(out: &mut Vec<u8>, key: &[u8]) {
-    out.extend_from_slice(&u32::try_from(key.len()).unwrap_or(u32::MAX).to_be_bytes());
-    out.extend_from_slice(key);
-}
-
-/// The key pushed at `bytes`' start, and what follows it.
-pub(crate) fn split_key(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
-    let length = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
-    let rest = &bytes[4..];
-    (rest.len() >= length).then(|| rest.split_at(length))
-}
-
-/// An operator's bookkeeping, kept at [`META`] in its store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Meta {
-    /// The largest event time the operator has seen.
-    pub observed: i64,
-    /// Late events so far.
-    pub late: u64,
-    /// The sequence number of the last event kept (sliding windows, joins): the last part of
-    /// their store keys.
-    pub sequence: u64,
-}
-
-impl Meta {
-    pub const NEW: Meta = Meta { observed: i64::MIN, late: 0, sequence: 0 };
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(24);
-        out.extend_from_slice(&sortable(self.observed));
-        out.extend_from_slice(&self.late.to_be_bytes());
-        out.extend_from_slice(&self.sequence.to_be_bytes());
-        out
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Meta> {
-        if bytes.len() != 24 {
-            return None;
-        }
-        Some(Meta {
-            observed: unsortable(&bytes[..8])?,
-            late: u64::from_be_bytes(bytes[8..16].try_into().ok()?),
-            sequence: u64::from_be_bytes(bytes[16..24].try_into().ok()?),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,20 +171,5 @@ mod tests {
                 assert_eq!(found, expected, "t {t} size {size} advance {advance}");
             }
         }
-    }
-
-    #[test]
-    fn sortable_times_sort_and_round_trip() {
-        let times = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
-        for pair in times.windows(2) {
-            assert!(sortable(pair[0]) < sortable(pair[1]));
-        }
-        for t in times {
-            assert_eq!(unsortable(&sortable(t)), Some(t));
-        }
-        assert_eq!(unsortable(&[1, 2]), None);
-        let meta = Meta { observed: -3, late: 7, sequence: 9 };
-        assert_eq!(Meta::decode(&meta.encode()), Some(meta));
-        assert_eq!(Meta::decode(&[0; 5]), None);
     }
 }
