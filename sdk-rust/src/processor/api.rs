@@ -78,8 +78,8 @@ pub enum ProcessorError {
     /// An input record that [`ProcessorConfig::decode_check`] refused, under
     /// [`OnDecodeError::Fail`]. Nothing of its batch is committed.
     ///
-    /// [`ProcessorConfig::decode_check`]: crate::processor::ProcessorConfig::decode_check
-    /// [`OnDecodeError::Fail`]: crate::processor::OnDecodeError::Fail
+    /// [`ProcessorConfig::decode_check`]: super::ProcessorConfig::decode_check
+    /// [`OnDecodeError::Fail`]: super::OnDecodeError::Fail
     #[error("input {input:?}, partition {partition}, offset {offset}: cannot decode: {reason}")]
     Decode { input: String, partition: u32, offset: u64, reason: String },
     #[error(transparent)]
@@ -154,8 +154,8 @@ pub trait Processor: Send {
     /// windows are `[start, end)`; once however many multiples it jumped), or the engine
     /// clock one of [`ProcessorConfig::punctuate_wall_ms`]. Called between records.
     ///
-    /// [`ProcessorConfig::punctuate_stream_ms`]: crate::processor::ProcessorConfig::punctuate_stream_ms
-    /// [`ProcessorConfig::punctuate_wall_ms`]: crate::processor::ProcessorConfig::punctuate_wall_ms
+    /// [`ProcessorConfig::punctuate_stream_ms`]: super::ProcessorConfig::punctuate_stream_ms
+    /// [`ProcessorConfig::punctuate_wall_ms`]: super::ProcessorConfig::punctuate_wall_ms
     fn punctuate(
         &mut self,
         _time: Punctuation,
@@ -192,7 +192,7 @@ pub struct Context<'a> {
 impl Context<'_> {
     /// The store named `name` (one of [`ProcessorConfig::stores`]).
     ///
-    /// [`ProcessorConfig::stores`]: crate::processor::ProcessorConfig::stores
+    /// [`ProcessorConfig::stores`]: super::ProcessorConfig::stores
     pub fn store(&mut self, name: &str) -> Result<&mut Store, ProcessError> {
         self.stores.get_mut(name).ok_or_else(|| ProcessError(format!("no store named {name:?}")))
     }
@@ -299,8 +299,8 @@ pub struct RunStats {
     /// Input records that did not decode, left out ([`OnDecodeError::Skip`]) or sent to the
     /// dead-letter topic ([`OnDecodeError::DeadLetter`]).
     ///
-    /// [`OnDecodeError::Skip`]: crate::processor::OnDecodeError::Skip
-    /// [`OnDecodeError::DeadLetter`]: crate::processor::OnDecodeError::DeadLetter
+    /// [`OnDecodeError::Skip`]: super::OnDecodeError::Skip
+    /// [`OnDecodeError::DeadLetter`]: super::OnDecodeError::DeadLetter
     pub skipped_records: u64,
     pub dead_letters: u64,
 }

@@ -21,18 +21,18 @@ pub type DecodeCheck = Arc<dyn Fn(&str, &RecordView<'_>) -> Result<(), String> +
 pub enum OnDecodeError {
     /// Stop the run with [`ProcessorError::Decode`]; nothing of the record's batch commits.
     ///
-    /// [`ProcessorError::Decode`]: crate::processor::ProcessorError::Decode
+    /// [`ProcessorError::Decode`]: super::ProcessorError::Decode
     #[default]
     Fail,
     /// Leave the record out, counted in [`RunStats::skipped_records`], and go on.
     ///
-    /// [`RunStats::skipped_records`]: crate::processor::RunStats::skipped_records
+    /// [`RunStats::skipped_records`]: super::RunStats::skipped_records
     Skip,
     /// Emit the record as it is (key, value, timestamp, headers) to `topic`, with the headers
     /// [`DEAD_LETTER_HEADERS`] added, in the task's next commit (exactly once), and go on.
     /// Counted in [`RunStats::dead_letters`]. The topic must exist when the runner is made.
     ///
-    /// [`RunStats::dead_letters`]: crate::processor::RunStats::dead_letters
+    /// [`RunStats::dead_letters`]: super::RunStats::dead_letters
     DeadLetter { topic: String },
 }
 
@@ -85,13 +85,13 @@ pub struct ProcessorConfig {
     /// restores start from the snapshot and read only the changelog after it. `None`: no
     /// snapshots but at [`Runner::run_until`]'s clean stop; restores read the whole changelog.
     ///
-    /// [`Runner::run_until`]: crate::processor::Runner::run_until
+    /// [`Runner::run_until`]: super::Runner::run_until
     pub snapshot_every_commits: Option<u64>,
     /// Worker threads for [`Runner::run_until`], and for restoring the tasks' stores in
     /// [`Runner::new`]; tasks are spread over them.
     ///
-    /// [`Runner::run_until`]: crate::processor::Runner::run_until
-    /// [`Runner::new`]: crate::processor::Runner::new
+    /// [`Runner::run_until`]: super::Runner::run_until
+    /// [`Runner::new`]: super::Runner::new
     pub threads: usize,
     pub punctuate_stream_ms: Option<i64>,
     pub punctuate_wall_ms: Option<i64>,
