@@ -220,7 +220,7 @@ impl Connection {
             }
             #[cfg(feature = "kafka")]
             Connection::Kafka(client) => {
-                crate::processor::kafka::run(client, &config, guarantee, &mut factory, until)
+                crate::kafka::group::run(client, &config, guarantee, &mut factory, until)
             }
         }
     }

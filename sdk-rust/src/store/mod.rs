@@ -10,6 +10,7 @@
 
 pub(crate) mod disk;
 pub(crate) mod run;
+mod typed;
 
 use crate::Record;
 use chronik_engine::internals::canary::{self, Canary};
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 pub(crate) use disk::DiskStore;
 pub use disk::check_directory;
+pub use typed::Typed;
 
 /// The first byte of a changelog value that holds a stored value.
 pub(crate) const CHANGELOG_PUT: u8 = 1;
@@ -325,9 +327,9 @@ impl Store {
         }
     }
 
-    /// This store through serde ([`crate::processor::Typed`]).
-    pub fn typed<K, V>(&mut self) -> crate::processor::Typed<'_, K, V> {
-        crate::processor::Typed::new(self)
+    /// This store through serde ([`Typed`]).
+    pub fn typed<K, V>(&mut self) -> Typed<'_, K, V> {
+        Typed::new(self)
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {

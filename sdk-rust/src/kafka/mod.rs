@@ -9,10 +9,16 @@
 //!   marker takes an offset that no reader sees;
 //! - everything read here is read `read_committed`: records of an aborted or still-open
 //!   transaction are never seen.
+//!
+//! This file is the client (topics, producing, reading); `group` runs processors on the
+//! cluster, through the processor module's tasks. Invariant: the client names nothing of the
+//! processors, so the processor module never depends on Kafka, only the group runner on both.
 
 // Kafka numbers partitions with i32, Chronik with u32; partition counts stay far below
 // i32::MAX on both sides, so the casts between them are exact.
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
+pub(crate) mod group;
 
 use crate::{OwnedRecord, Record};
 use rdkafka::ClientContext;
@@ -170,19 +176,6 @@ impl KafkaClient {
             metadata.topics().iter().map(|t| t.name().to_owned()).collect();
         names.sort();
         Ok(names)
-    }
-
-    /// Run a processor application in the consumer group `config.application` on this
-    /// cluster (what [`crate::Connection::run`] does for a `kafka://` target).
-    #[allow(clippy::needless_pass_by_value)] // the same signature as Connection::run
-    pub fn run<P: crate::processor::Processor>(
-        &self,
-        config: crate::processor::ProcessorConfig,
-        guarantee: crate::processor::Guarantee,
-        mut factory: impl FnMut(u32) -> P,
-        until: crate::processor::Until<'_>,
-    ) -> Result<crate::processor::RunStats, crate::processor::ProcessorError> {
-        crate::processor::kafka::run(self, &config, guarantee, &mut factory, until)
     }
 
     /// Partitions of `topic`, or `None` if the cluster has no such topic.

@@ -1,5 +1,7 @@
 //! Processors on a Kafka-protocol cluster: the same tasks ([`Task`]) over a [`TaskLog`] that
-//! reads from a consumer group and commits through Kafka transactions.
+//! reads from a consumer group and commits through Kafka transactions. It depends on the
+//! processor module and on the client (`kafka`), and neither of them on it (`Connection::run`
+//! calls [`run`]): that is why [`KafkaClient::run`] is defined here, not beside the client.
 //!
 //! - Input partitions are spread over the processes of the group `application` (range
 //!   assignment, so partition `p` of every co-partitioned input goes to one process).
@@ -19,14 +21,14 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 use super::{
+    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST,
+    base_config, owned, produce,
+};
+use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
-    RunStats, Task, TaskLog, Until, decode_marker,
+    RestoreProgress, RunStats, Store, Task, TaskLog, Until, decode_marker,
 };
-use crate::kafka::{
-    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, base_config, owned,
-    produce,
-};
-use crate::store::StoreKind;
+use crate::store::{CHANGELOG_PUT, StoreKind};
 use crate::{Fetch, GroupCommit, Offset, OwnedRecord, Record, TransactionWrite};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -77,7 +79,7 @@ struct Buffer {
     last: Option<Offset>,
     last_arrival: Instant,
     /// Until a record at or before the task's position arrives, the fetch may have started
-    /// past it (see [`crate::kafka::SEEK_BACK_FIRST`]).
+    /// past it (see [`SEEK_BACK_FIRST`]).
     verify: Option<Verify>,
 }
 
@@ -97,7 +99,7 @@ impl Buffer {
         let verify = (position > Offset::ZERO).then(|| Verify {
             expected: position,
             start: position.get(),
-            window: crate::kafka::SEEK_BACK_FIRST,
+            window: SEEK_BACK_FIRST,
             since: Instant::now(),
         });
         Buffer { records: VecDeque::new(), last: None, last_arrival: Instant::now(), verify }
@@ -395,7 +397,7 @@ fn read_changelog(
             }
             let value = match record.value.split_first() {
                 None => None,
-                Some((&super::CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
+                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
                 Some(_) => {
                     let (store, offset) = (store.to_owned(), record.offset.get());
                     return Err(ProcessorError::BadChangelog { store, partition, offset });
@@ -409,7 +411,7 @@ fn read_changelog(
 /// A partition's state as committed: the stores up to the last commit every changelog
 /// marked, the input positions that commit recorded, and the repairs for what came after.
 struct Restored {
-    stores: BTreeMap<String, super::Store>,
+    stores: BTreeMap<String, Store>,
     positions: Option<Vec<Offset>>,
     fenced: Fenced,
     stats: RunStats,
@@ -449,16 +451,16 @@ fn restore_partition(
         let tail: BTreeSet<&Vec<u8>> = read.changes[cut..].iter().map(|(k, _)| k).collect();
         for key in tail {
             let value = data.get(key).map_or_else(Vec::new, |v| {
-                let mut tagged = vec![super::CHANGELOG_PUT];
+                let mut tagged = vec![CHANGELOG_PUT];
                 tagged.extend_from_slice(v);
                 tagged
             });
             restored.fenced.repairs.push((topic.clone(), key.clone(), value));
         }
         restored.stats.restored += cut as u64;
-        let store = super::Store::from_map(data);
+        let store = Store::from_map(data);
         if let Some(listener) = &config.on_restore {
-            listener(super::RestoreProgress {
+            listener(RestoreProgress {
                 store: name,
                 partition,
                 restored: cut as u64,
@@ -600,6 +602,21 @@ fn session_timeout_ms() -> u64 {
         .ok()
         .and_then(|ms| ms.parse().ok())
         .unwrap_or(20_000)
+}
+
+impl KafkaClient {
+    /// Run a processor application in the consumer group `config.application` on this
+    /// cluster (what [`crate::Connection::run`] does for a `kafka://` target).
+    #[allow(clippy::needless_pass_by_value)] // the same signature as Connection::run
+    pub fn run<P: Processor>(
+        &self,
+        config: ProcessorConfig,
+        guarantee: Guarantee,
+        mut factory: impl FnMut(u32) -> P,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        run(self, &config, guarantee, &mut factory, until)
+    }
 }
 
 /// Run `config`'s processors in the consumer group `config.application` until `until`.
