@@ -30,7 +30,7 @@ pub const DELETING_SUFFIX: &str = ".deleting";
 pub const LOG_SUFFIX: &str = ".log";
 pub const INDEX_SUFFIX: &str = ".index";
 pub const TIME_INDEX_SUFFIX: &str = ".timeindex";
-pub const TEMPORARY_SUFFIX: &str = ".tmp";
+pub use crate::io::TEMPORARY_SUFFIX;
 
 /// `00000000000000001234.log`: the base offset, zero-padded to 20 digits so names sort.
 pub fn file_name(base_offset: Offset, suffix: &str) -> String {

@@ -7,7 +7,7 @@ use crate::error::{CorruptionKind, IoError};
 use crate::format::{BATCH_HEADER_BYTES, BatchInfo, BatchView, DecodeError};
 use crate::index::SegmentIndex;
 use crate::io::{self, DIRECT_ALIGNMENT, FileHandle, Io, OpenMode, Operation};
-use crate::layout::{INDEX_SUFFIX, TEMPORARY_SUFFIX, TIME_INDEX_SUFFIX, file_name};
+use crate::layout::{INDEX_SUFFIX, TIME_INDEX_SUFFIX, file_name};
 use crate::limits::{SCAN_CHUNK_BYTES, SEGMENT_BYTES_MAX};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -193,27 +193,7 @@ pub fn write_file_durably<I: Io + ?Sized>(
     path: &Path,
     bytes: Vec<u8>,
 ) -> Result<(), IoError> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(TEMPORARY_SUFFIX);
-    let temporary = PathBuf::from(temporary);
-    match io.remove_file(&temporary) {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-            return Err(IoError::new("remove", &temporary, error));
-        }
-        _ => {}
-    }
-    let file = io
-        .open(&temporary, OpenMode::CreateNew)
-        .map_err(|e| IoError::new("create", &temporary, e))?;
-    let result = io::write_all(io, file, 0, bytes)
-        .map_err(|e| IoError::new("write", &temporary, e))
-        .and_then(|()| {
-            io::run_plain(io, Operation::Fdatasync { file })
-                .map_err(|e| IoError::new("fdatasync", &temporary, e))
-        });
-    io.close(file);
-    result?;
-    io.rename(&temporary, path).map_err(|e| IoError::new("rename", path, e))
+    io::replace_file(io, path, bytes)
 }
 
 /// Longest small file (metadata, index, checkpoint) that can be intact: the time index of the
@@ -231,17 +211,7 @@ pub const SMALL_FILE_BYTES_MAX: u64 = (size_of::<crate::index::IndexFileHeader>(
 /// any damage (an index is rebuilt, metadata is reported), without a read of the whole file
 /// (a 20 GiB sparse index took 23 GB of memory at open).
 pub fn read_small_file<I: Io + ?Sized>(io: &I, path: &Path) -> Result<Option<Vec<u8>>, IoError> {
-    let file = match io.open(path, OpenMode::Read) {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(IoError::new("open", path, error)),
-    };
-    let result = io.file_size(file).and_then(|size| {
-        let length = size.min(SMALL_FILE_BYTES_MAX + 1);
-        io::read_exact(io, file, 0, usize::try_from(length).unwrap_or(usize::MAX))
-    });
-    io.close(file);
-    result.map(Some).map_err(|e| IoError::new("read", path, e))
+    io::read_file_bounded(io, path, SMALL_FILE_BYTES_MAX)
 }
 
 /// Whether the bytes of `file` from `position` to its end (`size`) are the zeros a direct

@@ -347,3 +347,65 @@ pub fn sync_directory<I: Io + ?Sized>(io: &I, path: &Path) -> io::Result<()> {
     io.close(directory);
     result
 }
+
+/// Replace the file at `path` with `bytes`, atomically: write `path` + [`TEMPORARY_SUFFIX`]
+/// (removed first if a crash left one), fdatasync it, rename it over `path`. The caller
+/// fsyncs the directory to make the rename durable.
+pub fn replace_file<I: Io + ?Sized>(io: &I, path: &Path, bytes: Vec<u8>) -> Result<(), IoError> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(TEMPORARY_SUFFIX);
+    let temporary = PathBuf::from(temporary);
+    assert_ne!(temporary, path, "the temporary file is another file");
+    match io.remove_file(&temporary) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => {
+            return Err(IoError::new("remove", &temporary, error));
+        }
+        _ => {}
+    }
+    let file = io
+        .open(&temporary, OpenMode::CreateNew)
+        .map_err(|e| IoError::new("create", &temporary, e))?;
+    let length = bytes.len();
+    let result = write_all(io, file, 0, bytes)
+        .map_err(|e| IoError::new("write", &temporary, e))
+        .and_then(|()| {
+            run_plain(io, Operation::Fdatasync { file })
+                .map_err(|e| IoError::new("fdatasync", &temporary, e))
+        });
+    if result.is_ok() {
+        let written = io.file_size(file).map_err(|e| IoError::new("stat", &temporary, e));
+        if let Ok(written) = written {
+            assert_eq!(written, length as u64, "the temporary file holds the bytes written");
+        }
+    }
+    io.close(file);
+    result?;
+    io.rename(&temporary, path).map_err(|e| IoError::new("rename", path, e))
+}
+
+/// The suffix of the temporary file [`replace_file`] writes before its rename.
+pub const TEMPORARY_SUFFIX: &str = ".tmp";
+
+/// Read a whole file, or `None` if it does not exist. Of a file longer than `bytes_max`
+/// (damaged: a size set wrong by a broken file system, a sparse file) only the first
+/// `bytes_max + 1` bytes are read: the caller's decoder then sees a length no intact file has
+/// and treats it as any damage, without reading (or allocating) the whole file.
+pub fn read_file_bounded<I: Io + ?Sized>(
+    io: &I,
+    path: &Path,
+    bytes_max: u64,
+) -> Result<Option<Vec<u8>>, IoError> {
+    let file = match io.open(path, OpenMode::Read) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(IoError::new("open", path, error)),
+    };
+    let result = io.file_size(file).and_then(|size| {
+        let length = size.min(bytes_max.saturating_add(1));
+        read_exact(io, file, 0, usize::try_from(length).unwrap_or(usize::MAX))
+    });
+    io.close(file);
+    let bytes = result.map_err(|e| IoError::new("read", path, e))?;
+    assert!(bytes.len() as u64 <= bytes_max.saturating_add(1), "the read is bounded");
+    Ok(Some(bytes))
+}
