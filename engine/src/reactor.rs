@@ -201,8 +201,10 @@ impl<I: Io> Reactor<I> {
         assert!(entry.driven.is_none(), "a free slot is empty");
         entry.generation = entry.generation.wrapping_add(1);
         entry.driven = Some(driven);
-        let id =
-            PartitionId { slot: u32::try_from(slot).expect("bounded"), generation: entry.generation };
+        let id = PartitionId {
+            slot: u32::try_from(slot).expect("bounded"),
+            generation: entry.generation,
+        };
         // Pair with `slot_of`: the name handed out finds the partition just registered.
         assert_eq!(self.slot_of(id), Some(slot), "a new partition is registered under its id");
         id
