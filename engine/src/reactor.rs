@@ -82,7 +82,11 @@ impl<I: Io> Host<I> for IndexHost {
                 on_placed(index, *position, info);
             }
             Event::Rolled { segment } => {
-                indexes.insert(*segment, SegmentIndex::new(*segment, self.interval_bytes));
+                let last = indexes.keys().next_back().copied();
+                assert!(last.is_none_or(|last| last < *segment), "segments roll forward");
+                let index = SegmentIndex::new(*segment, self.interval_bytes);
+                let previous = indexes.insert(*segment, index);
+                assert!(previous.is_none(), "a segment is rolled to once");
             }
             Event::Written { .. } | Event::Published(_) | Event::Poisoned(_) => {}
         }
@@ -91,13 +95,18 @@ impl<I: Io> Host<I> for IndexHost {
     fn created(&self, _file: Arc<SegmentFile<I>>, _now_ms: i64) {}
 
     fn index_files(&self, segment: Offset, length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>) {
-        self.indexes.lock()[&segment].encode(length, next_offset)
+        assert!(next_offset >= segment, "a sealed segment ends at or after its base");
+        let indexes = self.indexes.lock();
+        let index = indexes.get(&segment).expect("a sealed segment was rolled to or started");
+        index.encode(length, next_offset)
     }
 }
 
 /// Account for a placed batch in its segment's index.
 pub fn on_placed(index: &mut SegmentIndex, position: u64, info: &BatchInfo) {
     let position = u32::try_from(position).expect("segment positions fit in u32");
+    assert!(info.length > 0, "a placed batch has bytes");
+    assert!(info.next_offset > info.base_offset, "a placed batch holds an offset");
     index.on_batch(position, info.base_offset, info.max_timestamp, info.length);
 }
 
@@ -192,7 +201,13 @@ impl<I: Io> Reactor<I> {
         assert!(entry.driven.is_none(), "a free slot is empty");
         entry.generation = entry.generation.wrapping_add(1);
         entry.driven = Some(driven);
-        PartitionId { slot: u32::try_from(slot).expect("bounded"), generation: entry.generation }
+        let id = PartitionId {
+            slot: u32::try_from(slot).expect("bounded"),
+            generation: entry.generation,
+        };
+        // Pair with `slot_of`: the name handed out finds the partition just registered.
+        assert_eq!(self.slot_of(id), Some(slot), "a new partition is registered under its id");
+        id
     }
 
     /// Stop driving `partition`; its checkpoint writer is handed back (for a last sync).
@@ -201,12 +216,16 @@ impl<I: Io> Reactor<I> {
     pub fn remove(&mut self, partition: PartitionId) -> Option<CheckpointWriter<I>> {
         let slot = self.slot_of(partition)?;
         let driven = self.slots[slot].driven.take().expect("slot_of found it");
+        assert!(!self.free.contains(&slot), "a slot is freed once");
         self.free.push(slot);
+        assert!(self.free.len() <= self.slots.len(), "free slots are slots");
+        assert!(self.slot_of(partition).is_none(), "a removed partition's id finds nothing");
         Some(driven.checkpoint)
     }
 
     fn slot_of(&self, partition: PartitionId) -> Option<usize> {
         let slot = partition.slot as usize;
+        assert!(self.slots.len() <= PARTITIONS_MAX, "a reactor drives a bounded set");
         let entry = self.slots.get(slot)?;
         (entry.generation == partition.generation && entry.driven.is_some()).then_some(slot)
     }
@@ -240,6 +259,7 @@ impl<I: Io> Reactor<I> {
             if driven.log.poisoned().is_none() {
                 driven.log.fail(failure.clone());
             }
+            assert!(driven.log.poisoned().is_some(), "fail-stop: every log is failed");
         }
     }
 
@@ -256,12 +276,20 @@ impl<I: Io> Reactor<I> {
             }
         }
         let submitted = batch.len();
+        assert_eq!(owners.len(), submitted, "every operation submitted has one owner");
+        assert!(
+            owners.windows(2).all(|pair| pair[0].slot <= pair[1].slot),
+            "a turn gathers the partitions in slot order, each one's chain whole"
+        );
         if submitted > 0 {
             let syncs = owners.iter().any(|owner| owner.fdatasync.is_some());
             let started = self.metrics.as_ref().filter(|_| syncs).map(|(_, c)| c.monotonic_us());
             let completions = self.io.submit_linked(batch);
             assert_eq!(completions.len(), owners.len(), "one completion per operation");
             for (owner, completion) in owners.into_iter().zip(completions) {
+                // Completions come back in submission order, one per owner: the partition
+                // an operation was gathered from is still registered when it completes.
+                assert!(owner.slot < self.slots.len(), "a completion routes to a known slot");
                 let mut result = completion.result.map(|_| ());
                 if let Some(file) = owner.fdatasync {
                     if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
@@ -303,6 +331,10 @@ impl<I: Io> Reactor<I> {
                 acks.push((id, ack));
             }
         }
+        assert!(
+            self.free.iter().all(|&slot| self.slots[slot].driven.is_none()),
+            "a free slot drives nothing"
+        );
         submitted
     }
 
@@ -314,6 +346,7 @@ impl<I: Io> Reactor<I> {
 
     fn count_fdatasync(&self, started: Option<u64>, succeeded: bool) {
         let Some((metrics, clock)) = &self.metrics else { return };
+        assert!(started.is_some(), "a turn with an fdatasync timed its submission");
         Metrics::add(&metrics.fsyncs, 1);
         if !succeeded {
             Metrics::add(&metrics.fsync_errors, 1);
@@ -334,14 +367,29 @@ impl<I: Io> Reactor<I> {
         owners: &mut Vec<Owner>,
     ) {
         let unlinked = canary::active(Canary::ReactorUnlinkedSync);
+        assert_eq!(batch.len(), owners.len(), "every gathered operation has one owner");
+        let gathered_before = batch.len();
         loop {
             let mut ops = std::mem::take(&mut self.ops);
+            assert!(ops.is_empty(), "the scratch operations were drained");
             let driven = self.slots[slot].driven.as_mut().expect("gathered slots are driven");
             driven.log.poll_ops(now_ms, &mut ops);
             if ops.is_empty() {
                 self.ops = ops;
+                assert!(
+                    batch[gathered_before..].last().is_none_or(|op| !op.link_next),
+                    "a partition's chain never links into the next partition's operations"
+                );
                 return;
             }
+            // A chain stays within one poll, and only operations submitted to the I/O are
+            // linked: a seal or create runs inline, so a link into it would be broken.
+            assert!(!ops.last().is_some_and(|op| op.link_next), "a chain ends within its poll");
+            assert!(
+                ops.windows(2).all(|pair| !pair[0].link_next
+                    || matches!(pair[1].kind, OpKind::Write { .. } | OpKind::Fdatasync { .. })),
+                "only writes and fdatasyncs are linked behind an operation"
+            );
             let mut ran_inline = false;
             // The canary drops only the links that put an fdatasync behind writes.
             let before_sync: Vec<bool> = if unlinked {
@@ -399,7 +447,12 @@ impl<I: Io> Reactor<I> {
                 owners.push(owner);
             }
             self.ops = ops;
+            assert_eq!(batch.len(), owners.len(), "every gathered operation has one owner");
             if !ran_inline {
+                assert!(
+                    batch[gathered_before..].last().is_none_or(|op| !op.link_next),
+                    "a partition's chain never links into the next partition's operations"
+                );
                 return;
             }
         }
@@ -409,6 +462,10 @@ impl<I: Io> Reactor<I> {
 /// Hand the log's events to its host, in order.
 fn pass_events<I: Io>(driven: &mut Driven<I>) {
     while let Some(event) = driven.log.poll_event() {
+        if let Event::Rolled { segment } = &event {
+            // The host hears of a new segment's file before any event about it.
+            assert!(driven.files.contains_key(segment), "a segment is created before its roll");
+        }
         driven.host.on_event(&event);
     }
 }
@@ -421,7 +478,9 @@ fn seal<I: Io>(
     length: u64,
     next_offset: Offset,
 ) -> Result<(), IoError> {
-    let file = &driven.files[&segment];
+    assert!(next_offset >= segment, "a sealed segment ends at or after its base");
+    let file = driven.files.get(&segment).expect("the sealed segment is the active file");
+    assert_eq!(driven.files.len(), 1, "the reactor keeps only the active segment's file");
     let handle = file.handle;
     if !canary::active(Canary::IndexBeforeData) {
         if driven.direct && !canary::active(Canary::SealKeepsDirectPadding) {
@@ -455,7 +514,12 @@ fn create<I: Io>(
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
     let file = Arc::new(file);
-    driven.files.insert(segment, Arc::clone(&file));
+    let previous = driven.files.insert(segment, Arc::clone(&file));
+    assert!(previous.is_none(), "a segment's file is created once");
+    assert!(
+        driven.files.keys().all(|&base| base <= segment),
+        "the log rolls to a segment after every one it had"
+    );
     // Sealed files stay open for readers through the host; the reactor needs only the active.
     driven.files.retain(|&base, _| base == segment);
     driven.host.created(file, now_ms);

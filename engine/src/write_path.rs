@@ -171,9 +171,14 @@ impl<I: Io> WritePath<I> {
 
     fn queue(self: &Arc<Self>, partition: PartitionId, request: Request, wake: bool) -> Pending<I> {
         let mut inbox = self.room_for_one();
+        assert!(inbox.next_ticket < u64::MAX, "tickets never wrap");
         inbox.next_ticket += 1;
         let ticket = inbox.next_ticket;
+        // Pair with `drive_one`: the inbox holds tickets in increasing order, which is the
+        // order the driver applies them in.
+        assert!(inbox.requests.last().is_none_or(|r| r.1 < ticket), "tickets queue in order");
         inbox.requests.push((partition, ticket, request));
+        assert!(inbox.requests.len() <= REQUESTS_MAX, "the inbox is bounded");
         self.submitted.fetch_add(1, Ordering::SeqCst);
         // With a driver at work, the end of its turn wakes the sleepers (it finds this request
         // queued); waking them now would only have every waiter for an answer look and sleep
@@ -198,6 +203,7 @@ impl<I: Io> WritePath<I> {
                 inbox = self.drive_one(inbox).0;
             }
         }
+        assert!(inbox.requests.len() < REQUESTS_MAX, "room for one more request");
         inbox
     }
 
@@ -217,7 +223,10 @@ impl<I: Io> WritePath<I> {
         inbox.driving = true;
         drop(inbox);
         let result = f(&mut self.reactor.lock());
-        self.inbox.lock().driving = false;
+        let mut inbox = self.inbox.lock();
+        assert!(inbox.driving, "nobody took the role while it was held");
+        inbox.driving = false;
+        drop(inbox);
         self.wake.notify_all();
         result
     }
@@ -232,10 +241,15 @@ impl<I: Io> WritePath<I> {
             while let Some(ack) = log.poll_ack() {
                 acks.push((ack.ticket.0, ack.result));
             }
-            reactor.remove(partition)
+            let checkpoint = reactor.remove(partition);
+            assert!(reactor.log(partition).is_none(), "a removed partition is not driven");
+            checkpoint
         });
         // Requests still in the inbox for it are refused when the driver applies them.
-        self.hand_out(self.inbox.lock(), acks);
+        let inbox = self.inbox.lock();
+        let issued = inbox.next_ticket;
+        assert!(acks.iter().all(|(t, _)| (1..=issued).contains(t)), "answers are for tickets");
+        self.hand_out(inbox, acks);
         checkpoint
     }
 
@@ -258,6 +272,7 @@ impl<I: Io> WritePath<I> {
     /// Give `answers` to their waiters (the caller wakes the sleepers).
     fn hand_out_waking(inbox: &mut Inbox, answers: Vec<(u64, Answer)>) {
         for (ticket, answer) in answers {
+            assert!(ticket >= 1 && ticket <= inbox.next_ticket, "an answer is for a ticket issued");
             if inbox.forgotten.remove(&ticket) {
                 continue;
             }
@@ -271,6 +286,7 @@ impl<I: Io> WritePath<I> {
             let previous = inbox.answers.insert(ticket, answer);
             assert!(previous.is_none(), "a ticket is answered once");
         }
+        assert!(inbox.returning <= inbox.waited.len(), "the returning are among the waiting");
     }
 
     fn wake_all(&self) {
@@ -284,12 +300,16 @@ impl<I: Io> WritePath<I> {
     /// Wait for `ticket`'s answer, driving the reactor whenever nobody else does.
     fn wait(&self, ticket: u64) -> Answer {
         let mut inbox = self.inbox.lock();
-        inbox.waited.insert(ticket, false);
+        assert!(ticket >= 1 && ticket <= inbox.next_ticket, "a waiter waits for a ticket issued");
+        let previous = inbox.waited.insert(ticket, false);
+        assert!(previous.is_none(), "a ticket is waited for once");
         loop {
             if let Some(answer) = inbox.answers.remove(&ticket) {
                 if inbox.waited.remove(&ticket) == Some(true) {
+                    assert!(inbox.returning > 0, "a returning waiter was counted");
                     inbox.returning -= 1;
                 }
+                assert!(inbox.returning <= inbox.waited.len(), "the returning are waiting");
                 if inbox.waited.is_empty() && !inbox.requests.is_empty() && !inbox.driving {
                     // A driver thread that left the role to the waiters takes it back.
                     drop(inbox);
@@ -334,8 +354,13 @@ impl<I: Io> WritePath<I> {
         assert!(!inbox.driving, "one driver at a time");
         inbox.driving = true;
         let spare = std::mem::take(&mut inbox.spare);
+        assert!(spare.is_empty(), "the spare request buffer was drained");
         let mut requests = std::mem::replace(&mut inbox.requests, spare);
+        let issued = inbox.next_ticket;
         drop(inbox);
+        // Pair with `queue`: applied in inbox order, so a partition's offsets follow it.
+        assert!(requests.windows(2).all(|pair| pair[0].1 < pair[1].1), "requests in order");
+        assert!(requests.last().is_none_or(|r| r.1 <= issued), "requests carry issued tickets");
         if requests.len() >= REQUESTS_MAX {
             self.wake.notify_all(); // submitters waiting for room in the inbox
         }
@@ -352,11 +377,17 @@ impl<I: Io> WritePath<I> {
             }
             let mut acks = Vec::new();
             let operations = reactor.turn(self.clock.now_ms(), &mut acks);
+            for (_, ack) in &acks {
+                if let Ok(Acked::Appended { base_offset, next_offset }) = &ack.result {
+                    assert!(next_offset > base_offset, "an acknowledged append holds an offset");
+                }
+            }
             answers.extend(acks.into_iter().map(|(_, ack)| (ack.ticket.0, ack.result)));
             operations
         };
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
+        assert!(inbox.driving, "the driver held the role through its turn");
         inbox.driving = false;
         if requests.capacity() <= REQUESTS_MAX {
             inbox.spare = requests;
@@ -392,6 +423,8 @@ impl<I: Io> WritePath<I> {
                 continue;
             }
             (inbox, busy) = self.drive_one(inbox);
+            // `drive_one` clears the role and hands back the same guard: nobody took it since.
+            assert!(!inbox.driving, "the driver let go of the role");
         }
     }
 
@@ -409,6 +442,7 @@ fn apply<I: Io>(
     ticket: u64,
     request: Request,
 ) -> Result<(), Refusal> {
+    assert!(ticket >= 1, "tickets start at one");
     let log = reactor.log_mut(partition).ok_or(Refusal::Removed)?;
     let ticket = Ticket(ticket);
     match request {
@@ -442,7 +476,11 @@ impl<I: Io> Pending<I> {
     /// The answer, if it is in (never drives).
     pub fn try_take(&mut self) -> Option<Answer> {
         let ticket = self.ticket?;
-        let answer = self.path.inbox.lock().answers.remove(&ticket)?;
+        let mut inbox = self.path.inbox.lock();
+        assert!(ticket <= inbox.next_ticket, "a pending answer is for a ticket issued");
+        let answer = inbox.answers.remove(&ticket)?;
+        assert!(!inbox.forgotten.contains(&ticket), "a ticket still awaited is not forgotten");
+        drop(inbox);
         self.ticket = None;
         Some(answer)
     }
@@ -454,7 +492,8 @@ impl<I: Io> Drop for Pending<I> {
             let mut inbox = self.path.inbox.lock();
             inbox.wakers.remove(&ticket);
             if inbox.answers.remove(&ticket).is_none() {
-                inbox.forgotten.insert(ticket);
+                let new = inbox.forgotten.insert(ticket);
+                assert!(new, "a ticket is forgotten once");
             }
         }
     }
@@ -470,6 +509,7 @@ impl<I: Io> Future for Pending<I> {
             panic!("a pending answer polled after it was taken");
         };
         let mut inbox = self.path.inbox.lock();
+        assert!(ticket <= inbox.next_ticket, "a pending answer is for a ticket issued");
         if let Some(answer) = inbox.answers.remove(&ticket) {
             inbox.wakers.remove(&ticket);
             drop(inbox);

@@ -7,6 +7,7 @@ use chronik::processor::{
 };
 use chronik::{Chronik, Durability, Options, Record, RecordView, SystemIo, TopicConfig};
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -282,4 +283,209 @@ fn a_damaged_block_read_outside_a_task_is_an_error_not_part_of_the_store() {
 #[test]
 fn a_missing_store_directory_is_reported_rebuilt() {
     rebuilt_after(|dir| std::fs::remove_dir_all(store_directory(dir, 1)).unwrap(), "missing");
+}
+
+/// A little-endian `u32` or `u64` of `bytes` at `at`.
+fn le(bytes: &[u8], at: usize, width: usize) -> u64 {
+    let mut field = [0; 8];
+    field[..width].copy_from_slice(&bytes[at..at + width]);
+    u64::from_le_bytes(field)
+}
+
+/// Where `key`'s value lies in the run file `bytes`, read through the run's footer and block
+/// index (docs/format.md, "Disk store runs"): the value's position and the number of the block
+/// that holds it, or `None` if the run does not hold the key (or holds a deletion).
+fn value_in_run(bytes: &[u8], key: &[u8]) -> Option<(usize, usize)> {
+    let footer = &bytes[bytes.len() - 64..];
+    assert_eq!(&footer[..4], b"CHSR", "a run's footer");
+    let index_offset = le(footer, 8, 8) as usize;
+    let index_length = le(footer, 16, 8) as usize;
+    let index = &bytes[index_offset..index_offset + index_length - 8];
+    let (mut at, mut block) = (0, 0);
+    while at < index.len() {
+        let key_length = le(index, at, 4) as usize;
+        let last_key = &index[at + 4..at + 4 + key_length];
+        let offset = le(index, at + 4 + key_length, 8) as usize;
+        let length = le(index, at + 12 + key_length, 4) as usize;
+        at += 16 + key_length;
+        if last_key < key {
+            block += 1;
+            continue;
+        }
+        // The block that would hold the key: its entries, without the checksum.
+        let (mut entry, end) = (offset, offset + length - 8);
+        while entry < end {
+            let key_length = le(bytes, entry, 4) as usize;
+            let value_length = le(bytes, entry + 4, 4);
+            let start = entry + 8 + key_length;
+            if &bytes[entry + 8..start] == key {
+                return (value_length != u64::from(u32::MAX)).then_some((start, block));
+            }
+            entry =
+                start + if value_length == u64::from(u32::MAX) { 0 } else { value_length as usize };
+        }
+        return None;
+    }
+    None
+}
+
+/// Flip a bit of `key`'s value in every run of `store` that holds it: a data block in the
+/// middle of the run whose framing still parses, so only its checksum tells. Returns the
+/// numbers of the damaged blocks.
+fn damage_value(store: &Path, key: &[u8]) -> Vec<usize> {
+    let mut blocks = Vec::new();
+    for entry in std::fs::read_dir(store).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "run") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some((at, block)) = value_in_run(&bytes, key) {
+            bytes[at] ^= 0x40;
+            std::fs::write(&path, bytes).unwrap();
+            blocks.push(block);
+        }
+    }
+    assert!(!blocks.is_empty(), "some run holds {key:?}");
+    blocks
+}
+
+/// Partition 0's keys in order, with their counts after `to` records.
+fn partition_zero(to: u64) -> Vec<(String, u64)> {
+    expected(to)
+        .into_iter()
+        .filter(|(key, _)| chronik::partition_for_key(key.as_bytes(), 2) == 0)
+        .collect()
+}
+
+/// A key of partition 0 from the middle of its keys (not in a run's first block).
+fn middle_key() -> String {
+    let keys = partition_zero(20_000);
+    keys[keys.len() / 2].0.clone()
+}
+
+fn is_damaged(result: &Result<(), chronik::processor::StoreError>) -> bool {
+    matches!(result, Err(chronik::processor::StoreError::Damaged(_)))
+}
+
+/// A data block in the middle of a run damaged under a key: `get` of that key answers no value
+/// (never the damaged one) and the store's check says `Damaged`, not "absent"; a key in an
+/// undamaged block still reads right.
+#[test]
+fn a_get_from_a_damaged_block_is_damaged_not_absent() {
+    let (dir, reports) = setup();
+    let (counts, _, _) = run(dir.path(), &reports);
+    assert_eq!(counts, expected(20_000));
+    let key = middle_key();
+    let blocks = damage_value(&store_directory(dir.path(), 0), key.as_bytes());
+    assert!(blocks.iter().any(|&b| b > 0), "a block past the first: {blocks:?}");
+    let chronik = open(dir.path());
+    let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+    let store = runner.store(0, "counts").unwrap();
+    // A key in another block reads right, and nothing failed.
+    let (other, count) = partition_zero(20_000)[0].clone();
+    let value = store.get(other.as_bytes()).expect("an undamaged key");
+    assert_eq!(u64::from_le_bytes((*value).try_into().unwrap()), count);
+    store.check().unwrap();
+    // The damaged key: no value, and the check reports the damage.
+    let value = store.get(key.as_bytes()).map(|v| v.to_vec());
+    assert_eq!(value, None, "a damaged block's value is never returned");
+    assert!(is_damaged(&store.check()), "a failed get is damage, not an absent key");
+}
+
+/// The same damage met by a range: it yields the entries before the damaged block, each
+/// right, and in order with none left out, then stops; the check says `Damaged`. The
+/// checked iteration ends with `Err(Damaged)` the same way.
+#[test]
+fn a_range_over_a_damaged_block_stops_with_damage_and_drops_nothing_before_it() {
+    let (dir, reports) = setup();
+    let (counts, _, _) = run(dir.path(), &reports);
+    assert_eq!(counts, expected(20_000));
+    let key = middle_key();
+    damage_value(&store_directory(dir.path(), 0), key.as_bytes());
+    let chronik = open(dir.path());
+    let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+    let store = runner.store(0, "counts").unwrap();
+    let want = partition_zero(20_000);
+    let decode = |(k, v): (std::borrow::Cow<'_, [u8]>, std::borrow::Cow<'_, [u8]>)| {
+        (String::from_utf8(k.to_vec()).unwrap(), u64::from_le_bytes((*v).try_into().unwrap()))
+    };
+    let high = key.clone() + "~";
+    let range = (Bound::Unbounded, Bound::Excluded(high.as_bytes()));
+    let got: Vec<(String, u64)> = store.range::<(Bound<&[u8]>, _)>(range).map(decode).collect();
+    assert!(is_damaged(&store.check()), "the range met the damage: {} entries", got.len());
+    assert!(got.len() < want.iter().position(|(k, _)| *k == key).unwrap() + 1);
+    assert_eq!(got, want[..got.len()], "the entries before the damage, all of them, right");
+    store.check().unwrap(); // The failure was handed out once.
+
+    let entries: Vec<_> = store.iter().collect();
+    let (last, before) = entries.split_last().expect("an entry or the error");
+    assert!(matches!(last, Err(chronik::processor::StoreError::Damaged(_))), "{last:?}");
+    let before: Vec<(String, u64)> =
+        before.iter().map(|e| decode(e.as_ref().unwrap().clone())).collect();
+    assert_eq!(before, want[..before.len()], "the entries before the damage, all of them");
+}
+
+/// Counts like [`Counter`]; on partition 0 it fails at the 300th record: with commits every
+/// 50 records, a crash with the changelog ahead of the store (nothing flushed).
+struct FailsMidway {
+    partition: u32,
+    seen: u32,
+}
+
+impl Processor for FailsMidway {
+    fn process(
+        &mut self,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<(), ProcessError> {
+        if self.partition == 0 {
+            self.seen += 1;
+            if self.seen == 300 {
+                return Err(ProcessError::new("stopped on purpose"));
+            }
+        }
+        Counter.process(record, ctx)
+    }
+}
+
+/// A restart whose changelog tail updates the damaged key (the store had not taken it): the
+/// restore reads the damaged block to learn whether the key is new, and fails with `Damaged`
+/// instead of taking it as absent; the next start rebuilds the store exactly.
+#[test]
+fn a_restore_that_reads_a_damaged_block_fails_with_damage_and_the_store_is_rebuilt() {
+    let (dir, reports) = setup();
+    let (first, _, _) = run(dir.path(), &reports);
+    assert_eq!(first, expected(20_000));
+    produce(&open(dir.path()), 20_000, 20_000 + KEYS);
+    {
+        let chronik = open(dir.path());
+        let factory = |partition| FailsMidway { partition, seen: 0 };
+        let config = ProcessorConfig { commit_every_records: Some(50), ..config(&reports) };
+        let mut runner = Runner::new(chronik.engine(), config, factory).unwrap();
+        runner.run_until_caught_up().expect_err("stopped on purpose");
+    }
+    // The first key partition 0 took in the failed run: in the changelog after the store.
+    let key = (20_000..20_000 + KEYS)
+        .map(|i| format!("key-{:05}", i % KEYS))
+        .find(|key| chronik::partition_for_key(key.as_bytes(), 2) == 0)
+        .unwrap();
+    damage_value(&store_directory(dir.path(), 0), key.as_bytes());
+    reports.lock().unwrap().clear();
+    {
+        let chronik = open(dir.path());
+        // The restore (inside `Runner::new`) itself fails, before any record is processed.
+        match Runner::new(chronik.engine(), config(&reports), |_| Counter) {
+            Err(chronik::processor::ProcessorError::Store { partition: 0, source, .. }) => {
+                assert!(is_damaged(&Err(source)), "a damaged block is damage");
+            }
+            Err(other) => panic!("the restore must fail with the damage, not {other}"),
+            Ok(_) => panic!("the restore took a damaged block for an absent key"),
+        }
+        let restored = reports.lock().unwrap().iter().find(|r| r.0 == 0).map(|r| r.3);
+        assert!(restored.is_some_and(|r| r > 0), "the tail was read: {reports:?}");
+    }
+    let (rebuilt, stats, _) = run(dir.path(), &reports);
+    assert_eq!(rebuilt, expected(20_000 + KEYS), "rebuilt exactly");
+    assert_eq!(stats.stores_rebuilt, 1, "{stats:?}");
 }

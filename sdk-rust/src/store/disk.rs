@@ -57,20 +57,31 @@ struct BlockCache {
 
 impl BlockCache {
     fn get(&self, key: (u64, usize)) -> Option<Arc<Block>> {
+        debug_assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
         self.blocks.get(&key).cloned()
     }
 
     fn insert(&mut self, key: (u64, usize), block: Arc<Block>) {
+        assert!(block.bytes() > 0, "a cached block holds bytes");
         self.bytes += block.bytes();
-        if self.blocks.insert(key, block).is_none() {
-            self.order.push_back(key);
+        match self.blocks.insert(key, block) {
+            None => self.order.push_back(key),
+            // Replaced (two readers of one block): its bytes were counted once already.
+            Some(old) => self.bytes -= old.bytes(),
         }
         while self.bytes > self.capacity {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(block) = self.blocks.remove(&old) {
+                assert!(self.bytes >= block.bytes(), "the cache counts each block it holds");
                 self.bytes -= block.bytes();
             }
         }
+        assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
+        debug_assert_eq!(
+            self.bytes,
+            self.blocks.values().map(|b| b.bytes()).sum::<usize>(),
+            "the cache's bytes are the sum of its blocks'"
+        );
     }
 
     fn forget_run(&mut self, id: u64) {
@@ -79,10 +90,13 @@ impl BlockCache {
         self.blocks.retain(|key, block| {
             let keep = key.0 != id;
             if !keep {
+                assert!(*bytes >= block.bytes(), "the cache counts each block it holds");
                 *bytes -= block.bytes();
             }
             keep
         });
+        assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
+        assert!(self.blocks.keys().all(|key| key.0 != id), "a forgotten run has no block");
     }
 }
 
@@ -98,6 +112,13 @@ struct Manifest {
 
 impl Manifest {
     fn encode(&self) -> Vec<u8> {
+        // Pair with `decode` and `DiskStore::load`, which refuse a manifest breaking these.
+        assert!(self.runs.iter().all(|r| r.id < self.next_id), "run ids are below the next id");
+        assert!(
+            self.runs.windows(2).all(|pair| pair[0].level <= pair[1].level),
+            "levels never decrease from newest to oldest"
+        );
+        assert!(u32::try_from(self.identity.len()).is_ok(), "an identity's length fits u32");
         let mut bytes = Vec::with_capacity(64 + self.identity.len() + self.runs.len() * 32);
         bytes.extend_from_slice(MANIFEST_MAGIC);
         bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
@@ -115,6 +136,8 @@ impl Manifest {
         }
         let sum = run::checksum(&bytes);
         bytes.extend_from_slice(&sum.to_le_bytes());
+        // Pair assertion: what is about to be written reads back as written.
+        debug_assert_eq!(Manifest::decode(&bytes).as_ref(), Some(self), "a manifest round-trips");
         bytes
     }
 
@@ -142,7 +165,9 @@ impl Manifest {
             let level = take(8)?[0];
             let bytes = u64::from_le_bytes(take(8)?.try_into().ok()?);
             let entries = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            if id >= next_id {
+            // Damage (or a manifest we would never write) is refused here, not asserted.
+            let older = runs.last().is_some_and(|newer: &RunMeta| newer.level > level);
+            if id >= next_id || older {
                 return None;
             }
             runs.push(RunMeta { id, level, bytes, entries });
@@ -240,12 +265,16 @@ impl DiskStore {
             store.wipe()?;
         }
         store.remove_unnamed()?;
+        // Pair with `write_manifest`: what the manifest named holds again once loaded.
+        assert!(store.runs.iter().all(|r| r.meta.id < store.next_id), "run ids below next id");
+        assert!(store.levels_ordered(), "levels never decrease from newest to oldest");
         Ok((store, reason))
     }
 
     fn load(&mut self) -> Result<(), StoreError> {
         // No manifest: a new store, one whose first flush a crash cut short, or one condemned
         // after damage (reported then). It starts empty; files left beside it are removed.
+        assert!(self.runs.is_empty() && self.memtable.is_empty(), "a store loads once, empty");
         let Some(bytes) = self.files.read_small(MANIFEST)? else { return Ok(()) };
         self.manifest_found = true;
         let manifest = Manifest::decode(&bytes)
@@ -258,10 +287,26 @@ impl DiskStore {
             runs.push(Run::open(&self.files, *meta)?);
         }
         self.runs = runs;
+        assert_eq!(self.runs.len(), manifest.runs.len(), "every run named is open");
         self.offset = Offset::new(manifest.offset);
         self.len = manifest.len;
         self.next_id = manifest.next_id;
         Ok(())
+    }
+
+    /// Whether the runs' levels never decrease from newest to oldest.
+    fn levels_ordered(&self) -> bool {
+        self.runs.windows(2).all(|pair| pair[0].meta.level <= pair[1].meta.level)
+    }
+
+    /// Whether `memtable_bytes` is the sum of the memtable's entries' sizes.
+    fn memtable_accounted(&self) -> bool {
+        let sum: usize = self
+            .memtable
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD)
+            .sum();
+        sum == self.memtable_bytes
     }
 
     /// Forget everything: the store is empty at offset 0, its directory without files.
@@ -287,11 +332,16 @@ impl DiskStore {
     /// Remove the files no manifest names: runs a crash left half built or merged away.
     fn remove_unnamed(&self) -> Result<(), StoreError> {
         let named: Vec<u64> = self.runs.iter().map(|r| r.meta.id).collect();
+        assert!(
+            named.iter().enumerate().all(|(i, id)| !named[..i].contains(id)),
+            "a run is named once"
+        );
         let mut removed = false;
         for name in self.files.list()? {
             let keep = name == MANIFEST
                 || run::parse_run_name(&name).is_some_and(|id| named.contains(&id));
             if !keep {
+                assert_ne!(name, MANIFEST, "the manifest is never removed as unnamed");
                 self.files.remove_if_present(&self.files.path(&name))?;
                 removed = true;
             }
@@ -324,12 +374,17 @@ impl DiskStore {
 
     /// Whether the memtable has grown to its share of the cache: flush after the commit.
     pub fn wants_flush(&self) -> bool {
+        debug_assert!(!self.memtable.is_empty() || self.memtable_bytes == 0, "empty: no bytes");
         self.memtable_bytes >= memtable_bytes(self.options)
     }
 
     /// Whether the memtable has grown to twice its share: a restore flushes only then (and
     /// leaves the flush, and the merges it may start, to the first commit otherwise).
     pub fn must_flush(&self) -> bool {
+        assert!(
+            self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
+            "memtable bytes count each entry's overhead"
+        );
         self.memtable_bytes >= 2 * memtable_bytes(self.options)
     }
 
@@ -356,6 +411,7 @@ impl DiskStore {
     }
 
     fn block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
+        assert!(i < run.blocks(), "a block read is one of its run's");
         let key = (run.meta.id, i);
         if let Some(block) = self.cache.lock().expect("cache lock").get(key) {
             return Ok(block);
@@ -373,6 +429,7 @@ impl DiskStore {
                 continue;
             }
             let Some(i) = run.block_for(key) else { continue };
+            debug_assert!(i < run.blocks(), "the index names one of the run's blocks");
             let block = self.block(run, i)?;
             match block.find(key) {
                 Lookup::Absent => {}
@@ -428,6 +485,7 @@ impl DiskStore {
             |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
         if let Some(slot) = self.memtable.get_mut(key) {
             let existed = slot.is_some();
+            debug_assert!(self.memtable_bytes >= size(slot), "memtable bytes count each entry");
             self.memtable_bytes -= size(slot);
             match (slot.as_mut(), value) {
                 (Some(stored), Some(value)) => {
@@ -444,7 +502,8 @@ impl DiskStore {
         self.forget_lookup();
         let slot = value.map(<[u8]>::to_vec);
         self.memtable_bytes += size(&slot);
-        self.memtable.insert(key.to_vec(), slot);
+        let previous = self.memtable.insert(key.to_vec(), slot);
+        debug_assert!(previous.is_none(), "a key the memtable lacked is added once");
         existed
     }
 
@@ -452,6 +511,8 @@ impl DiskStore {
         if !self.set(key, Some(value)) {
             self.len += 1;
         }
+        // Per record: debug only. The key is live now, in memory.
+        debug_assert!(self.memtable.get(key).is_some_and(Option::is_some), "a put is in memory");
     }
 
     /// Returns whether the key was there.
@@ -463,12 +524,19 @@ impl DiskStore {
             if self.runs.is_empty() {
                 // No older run holds it: nothing to shadow.
                 if let Some(slot) = self.memtable.remove(key) {
-                    self.memtable_bytes -= key.len() + slot.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
+                    let size = key.len() + slot.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
+                    debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
+                    self.memtable_bytes -= size;
                 }
             } else {
                 self.set(key, None);
             }
         }
+        // Per record: debug only. A deleted key is shadowed or gone from memory.
+        debug_assert!(
+            self.memtable.get(key).is_none_or(Option::is_none),
+            "a deleted key has no value in memory"
+        );
         was
     }
 
@@ -497,15 +565,21 @@ impl DiskStore {
             return Err(StoreError::Damaged(Damage::new(MANIFEST, "condemned after damage")));
         }
         let result = self.write_memtable(offset);
-        if let Err(StoreError::Damaged(_)) = &result {
+        match &result {
             // A merge read a damaged run: the next open rebuilds the store.
-            self.condemn();
+            Err(StoreError::Damaged(_)) => self.condemn(),
+            Err(_) => {}
+            Ok(()) => {
+                assert!(self.memtable.is_empty() && self.memtable_bytes == 0, "flushed: empty");
+                assert_eq!(self.offset, offset, "a flush records its offset");
+            }
         }
         result
     }
 
     fn write_memtable(&mut self, offset: Offset) -> Result<(), StoreError> {
         self.forget_lookup();
+        assert!(self.memtable_accounted(), "memtable bytes are the sum of its entries'");
         if self.memtable.is_empty() && offset == self.offset {
             return Ok(());
         }
@@ -516,12 +590,15 @@ impl DiskStore {
             let id = self.take_id();
             let mut writer = RunWriter::create(&self.files, id, 0, self.memtable.len() as u64)?;
             let keep_deletions = !self.runs.is_empty();
+            let mut written = 0;
             for (key, value) in &self.memtable {
                 if value.is_some() || keep_deletions {
                     writer.add(key, value.as_deref())?;
+                    written += 1;
                 }
             }
             let meta = writer.finish()?;
+            assert_eq!((meta.id, meta.level, meta.entries), (id, 0, written), "the run as built");
             if canary::active(Canary::StoreOffsetAheadOfData) {
                 // The bug: the new offset is recorded before the run holding its data.
                 self.write_manifest(offset, &runs_named)?;
@@ -539,11 +616,21 @@ impl DiskStore {
 
     fn take_id(&mut self) -> u64 {
         let id = self.next_id;
+        assert!(id < u64::MAX, "run ids never wrap");
+        assert!(self.runs.iter().all(|r| r.meta.id < id), "a new run's id is unused");
         self.next_id += 1;
         id
     }
 
     fn write_manifest(&self, offset: Offset, runs: &[RunMeta]) -> Result<(), StoreError> {
+        assert!(
+            offset >= self.offset || canary::active(Canary::StoreOffsetNotRead),
+            "the store's offset never goes back"
+        );
+        assert!(
+            runs.iter().enumerate().all(|(i, r)| runs[..i].iter().all(|o| o.id != r.id)),
+            "a manifest names a run once"
+        );
         let manifest = Manifest {
             identity: self.identity.clone(),
             offset: offset.get(),
@@ -571,12 +658,21 @@ impl DiskStore {
                 start = end;
             };
             let Some(group) = group else { return Ok(()) };
+            let before = self.runs.len();
             self.merge(group)?;
+            // Progress: a merge replaces FANOUT runs or more by one, so the loop ends.
+            assert!(self.runs.len() + FANOUT - 1 <= before, "a merge leaves fewer runs");
         }
     }
 
     fn merge(&mut self, group: std::ops::Range<usize>) -> Result<(), StoreError> {
-        let level = self.runs[group.start].meta.level.saturating_add(1);
+        let first = self.runs[group.start].meta.level;
+        assert!(group.len() >= FANOUT, "a merge takes a full level");
+        assert!(
+            self.runs[group.clone()].iter().all(|r| r.meta.level == first),
+            "a merge takes runs of one level"
+        );
+        let level = first.saturating_add(1);
         let expected = self.runs[group.clone()].iter().map(|r| r.meta.entries).sum();
         let keep_deletions = group.end < self.runs.len();
         let id = self.take_id();
@@ -600,12 +696,18 @@ impl DiskStore {
             }
         }
         let meta = writer.finish()?;
+        // A merge drops shadowed entries (and deletions, at the oldest) but invents none.
+        assert!(
+            meta.entries <= expected || super::canary_trusts_damage(),
+            "a merge writes at most the entries it read"
+        );
         self.files.sync()?;
         let mut named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
         named.splice(group.clone(), [meta]);
         self.write_manifest(self.offset, &named)?;
         let opened = Run::open(&self.files, meta)?;
         let old: Vec<Run> = self.runs.splice(group, [opened]).collect();
+        assert!(self.levels_ordered(), "levels never decrease from newest to oldest");
         let mut cache = self.cache.lock().expect("cache lock");
         for run in &old {
             cache.forget_run(run.meta.id);
@@ -649,6 +751,7 @@ impl<'a> RunCursor<'a> {
             }
             Bound::Unbounded => 0,
         };
+        assert!(next_block <= run.blocks(), "a cursor starts within its run");
         RunCursor { run, next_block, block: Vec::new(), at: 0, store, low: low.clone() }
     }
 
@@ -663,6 +766,7 @@ impl<'a> RunCursor<'a> {
                 None => Arc::new(self.run.read_block(self.next_block)?),
             };
             self.next_block += 1;
+            assert!(self.next_block <= self.run.blocks(), "a cursor stays within its run");
             let low = &self.low;
             self.block = bytes
                 .iter()
@@ -673,6 +777,13 @@ impl<'a> RunCursor<'a> {
                 })
                 .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
                 .collect();
+            // Pair with `RunWriter::add`, which refuses keys out of order before a block is
+            // written: a block read back (its checksum and order verified) holds them in order.
+            debug_assert!(
+                self.block.windows(2).all(|pair| pair[0].0 < pair[1].0)
+                    || super::canary_trusts_damage(),
+                "a block's keys strictly increase when read back"
+            );
             self.at = 0;
         }
         Ok(self.block.get(self.at))
@@ -741,6 +852,10 @@ impl<'a> DiskRange<'a> {
                 }
             }
         }
+        debug_assert!(
+            self.memtable.peek().is_none_or(|(k, _)| *k > key.as_slice()),
+            "the memtable moved past the key it gave"
+        );
         Some(Ok((Cow::Owned(key), change.expect("the smallest key has a source"))))
     }
 }
@@ -754,6 +869,8 @@ impl<'a> Iterator for DiskRange<'a> {
                 Ok((key, Some(value))) => return Some((key, value)),
                 Ok((_, None)) => {}
                 Err(error) => {
+                    // Only a merge reads without a store, and it takes changes, never this.
+                    assert!(self.store.is_some(), "a merge does not iterate live entries");
                     if let Some(store) = self.store {
                         store.fail(error);
                     }
@@ -784,6 +901,7 @@ pub fn check_directory(
         .ok_or_else(|| StoreError::Damaged(Damage::new(MANIFEST, "does not decode")))?;
     for meta in &manifest.runs {
         let run = Run::open(&files, *meta)?;
+        assert_eq!(run.meta, *meta, "a run opens as the manifest names it");
         for block in 0..run.blocks() {
             run.read_block(block)?;
         }

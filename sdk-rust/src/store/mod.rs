@@ -62,7 +62,9 @@ impl std::str::FromStr for StoreKind {
                 .strip_prefix("disk:")
                 .and_then(|mib| mib.parse::<usize>().ok())
                 .filter(|&mib| mib > 0)
-                .map(|mib| StoreKind::Disk(DiskOptions { cache_bytes: mib << 20 }))
+                // Checked: `mib << 20` drops the high bits, so a huge size would become 0.
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .map(|cache_bytes| StoreKind::Disk(DiskOptions { cache_bytes }))
                 .ok_or_else(|| {
                     format!("unknown store kind {other:?}: memory, disk, or disk:<cache MiB>")
                 }),
@@ -95,6 +97,8 @@ pub struct Damage {
 
 impl Damage {
     pub fn new(file: &str, detail: &'static str) -> Damage {
+        assert!(!file.is_empty(), "damage names its file");
+        assert!(!detail.is_empty(), "damage says what was wrong");
         Damage { file: file.to_owned(), detail }
     }
 }
@@ -141,6 +145,11 @@ impl std::fmt::Debug for Files {
 
 impl Files {
     pub fn path(&self, name: &str) -> PathBuf {
+        // A store's files are plain names in its own directory, never a path out of it.
+        assert!(
+            !name.is_empty() && !name.contains('/') && name != "." && name != "..",
+            "a store file is a plain name in its directory"
+        );
         self.directory.join(name)
     }
 
@@ -170,10 +179,12 @@ impl Files {
     pub fn list(&self) -> Result<Vec<String>, StoreError> {
         let entries =
             self.io.list(&self.directory).map_err(|e| Files::error("list", &self.directory, e))?;
+        assert!(entries.iter().all(|e| !e.name.contains('/')), "a listing gives plain names");
         Ok(entries.into_iter().filter(|e| !e.is_directory).map(|e| e.name).collect())
     }
 
     pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
+        assert_eq!(path.parent(), Some(self.directory.as_path()), "a store removes only its own");
         match self.io.remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(Files::error("remove", path, e))
@@ -190,6 +201,7 @@ impl Files {
     /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
     /// rename (the engine's state-file protocol), then the directory fsync.
     pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        assert!(bytes.len() > 8, "a file written whole holds more than its checksum");
         segment::write_file_durably(&*self.io, &self.path(name), bytes)?;
         self.sync()
     }
@@ -321,6 +333,7 @@ impl Store {
     /// answers `None` and fails the task before its next commit, so nothing is committed
     /// from it.)
     pub fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+        debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
             Some(disk) => disk.get(key),
             None => self.data.get(key).map(|v| Cow::Borrowed(v.as_slice())),
@@ -340,6 +353,7 @@ impl Store {
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &mut self.disk {
             Some(disk) => disk.put(key, value),
             // An update of a present key reuses its allocations: no new key, no tree insert.
@@ -354,6 +368,13 @@ impl Store {
             },
         }
         self.mark(key, Some(value));
+        // Pair (per record, so debug only): a put reads back at once, from memory either way
+        // (a disk store's memtable holds it), and is recorded for the commit.
+        debug_assert!(self.get(key).as_deref() == Some(value), "a put reads back");
+        debug_assert!(
+            self.dirty.get(key).is_some_and(|v| v.first() == Some(&CHANGELOG_PUT)),
+            "a put is recorded as a put"
+        );
     }
 
     /// Remove `key`; returns whether it was there.
@@ -363,6 +384,9 @@ impl Store {
             None => self.data.remove(key).is_some(),
         };
         self.mark(key, None);
+        // Per record, so debug only; a disk store's runs are not read again here.
+        debug_assert!(self.disk.is_some() || !self.data.contains_key(key), "a deleted key is gone");
+        debug_assert!(self.dirty.get(key).is_some_and(Vec::is_empty), "a delete is recorded");
         was
     }
 
@@ -371,6 +395,7 @@ impl Store {
         let size = |tagged: usize| key.len() + tagged + 32;
         let tagged = match self.dirty.get_mut(key) {
             Some(tagged) => {
+                debug_assert!(self.dirty_bytes >= size(tagged.len()), "dirty bytes count each");
                 self.dirty_bytes -= size(tagged.len());
                 tagged.clear();
                 tagged
@@ -383,6 +408,7 @@ impl Store {
             tagged.extend_from_slice(value);
         }
         self.dirty_bytes += size(tagged.len());
+        debug_assert!(self.dirty_bytes >= self.dirty.len() * 32, "dirty bytes count each change");
     }
 
     /// The changes since the last commit as changelog records, in key order.
@@ -390,19 +416,33 @@ impl Store {
         let mut changes: Vec<(&[u8], &[u8])> =
             self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
         changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Before the changes are written to the changelog, where a restore reads them back:
+        // one record per key, in order, each a tagged put or an empty delete.
+        assert!(changes.windows(2).all(|pair| pair[0].0 < pair[1].0), "changes in key order");
+        assert!(
+            changes.iter().all(|(_, v)| v.is_empty() || v[0] == CHANGELOG_PUT),
+            "a change is a tagged put or a delete"
+        );
         changes.into_iter().map(|(key, value)| Record::new(Some(key), value)).collect()
     }
 
     pub(crate) fn has_changes(&self) -> bool {
+        assert_eq!(self.dirty.is_empty(), self.dirty_bytes == 0, "dirty bytes iff changes");
         !self.dirty.is_empty()
     }
 
     pub(crate) fn dirty_bytes(&self) -> usize {
+        assert!(self.dirty_bytes >= self.dirty.len() * 32, "dirty bytes count each change");
         self.dirty_bytes
     }
 
     /// The changes are committed: forget them.
     pub(crate) fn committed(&mut self) {
+        assert_eq!(
+            self.dirty_bytes,
+            self.dirty.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>(),
+            "dirty bytes are the sum of the changes'"
+        );
         self.dirty.clear();
         self.dirty_bytes = 0;
     }
@@ -419,6 +459,20 @@ impl Store {
             return Box::new(std::iter::empty());
         }
         match &self.disk {
+            Some(disk) if cfg!(debug_assertions) => {
+                // Pair with the run writer's order check: entries read back come in strictly
+                // increasing key order (debug only: it copies every key).
+                let mut last: Option<Vec<u8>> = None;
+                Box::new(disk.range(range.start_bound(), range.end_bound()).inspect(
+                    move |(key, _)| {
+                        debug_assert!(
+                            last.as_deref().is_none_or(|l| l < &**key) || canary_trusts_damage(),
+                            "a range yields keys in strictly increasing order"
+                        );
+                        last = Some(key.to_vec());
+                    },
+                ))
+            }
             Some(disk) => Box::new(disk.range(range.start_bound(), range.end_bound())),
             None => Box::new(
                 self.data
@@ -438,6 +492,7 @@ impl Store {
     }
 
     pub fn len(&self) -> usize {
+        assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
             Some(disk) => usize::try_from(disk.len()).unwrap_or(usize::MAX),
             None => self.data.len(),

@@ -53,6 +53,8 @@ impl Bloom {
         let bytes = (keys.max(1) * BLOOM_BITS_PER_KEY).div_ceil(8);
         let bytes =
             usize::try_from(bytes).unwrap_or(usize::MAX).next_multiple_of(BLOOM_BLOCK_BYTES);
+        // Pair with `Run::load`, which refuses a filter of another shape as damage.
+        assert!(bytes > 0 && bytes.is_multiple_of(BLOOM_BLOCK_BYTES), "Bloom blocks are whole");
         Bloom { bits: vec![0; bytes] }
     }
 
@@ -72,6 +74,7 @@ impl Bloom {
         for (byte, mask) in self.probes(hash) {
             self.bits[byte] |= mask;
         }
+        debug_assert!(self.may_contain(hash), "a Bloom filter has no false negative");
     }
 
     fn may_contain(&self, hash: u64) -> bool {
@@ -136,6 +139,7 @@ impl RunWriter {
     /// Add an entry: `None` records a deletion. Keys come in strictly increasing order; a
     /// merge of runs whose blocks were believed out of order (damage) is refused, not written.
     pub fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        assert!(self.block.len() < BLOCK_BYTES, "a block closes once it holds BLOCK_BYTES");
         if self.meta.entries > 0 && key <= self.last_key.as_slice() {
             let name = run_name(self.meta.id);
             return Err(StoreError::Damaged(Damage::new(&name, "keys out of order in a merge")));
@@ -167,6 +171,28 @@ impl RunWriter {
         if self.block.is_empty() {
             return Ok(());
         }
+        // Pair with `Run::read_block`, which refuses a block out of order as damage: before it
+        // is written, a block parses to its end, keys strictly increasing, ending at the last
+        // key added. (Debug only: it parses the block again.)
+        debug_assert!(
+            {
+                let keys: Option<Vec<&[u8]>> =
+                    BlockEntries::new(&self.block).map(|e| e.map(|(key, _)| key)).collect();
+                keys.is_some_and(|keys| {
+                    keys.windows(2).all(|pair| pair[0] < pair[1])
+                        && keys.last() == Some(&self.last_key.as_slice())
+                })
+            },
+            "a block is written with its keys in strictly increasing order"
+        );
+        let offset = self.position + self.buffer.len() as u64;
+        assert!(
+            self.index.last().is_none_or(|previous| {
+                previous.offset + u64::from(previous.length) == offset
+                    && *previous.last_key < *self.last_key
+            }),
+            "blocks are contiguous and in key order"
+        );
         let sum = checksum(&self.block);
         self.block.extend_from_slice(&sum.to_le_bytes());
         let length = u32::try_from(self.block.len()).expect("blocks are under 4 GiB");
@@ -189,9 +215,13 @@ impl RunWriter {
         }
         let buffer = std::mem::replace(&mut self.buffer, Vec::with_capacity(WRITE_BUFFER_BYTES));
         let length = buffer.len() as u64;
+        assert!(
+            self.index.last().is_none_or(|last| last.offset < self.position + length),
+            "the last block indexed lies in what is written"
+        );
         chronik_engine::io::write_all(&*self.files.io, self.file, self.position, buffer)
             .map_err(|e| Files::error("write", &self.path, e))?;
-        self.position += length;
+        self.position = self.position.checked_add(length).expect("run files are under 16 EiB");
         Ok(())
     }
 
@@ -231,9 +261,21 @@ impl RunWriter {
         }
         let sum = checksum(&footer);
         footer.extend_from_slice(&sum.to_le_bytes());
-        debug_assert_eq!(footer.len(), FOOTER_BYTES);
+        assert_eq!(footer.len(), FOOTER_BYTES, "the footer has its fixed size");
+        // Pair with `Run::load`: the index covers the blocks from the start of the file.
+        assert_eq!(
+            self.index.last().map_or(0, |last| last.offset + u64::from(last.length)),
+            index_offset,
+            "the index covers the blocks"
+        );
+        assert!(self.index.first().is_none_or(|first| first.offset == 0), "blocks start at 0");
         self.buffer.extend_from_slice(&footer);
         self.write_out()?;
+        assert_eq!(
+            self.position,
+            bloom_offset + bloom.len() as u64 + FOOTER_BYTES as u64,
+            "the footer ends the file"
+        );
         chronik_engine::io::run_plain(&*self.files.io, Operation::Fdatasync { file: self.file })
             .map_err(|e| Files::error("fdatasync", &self.path, e))?;
         self.meta.bytes = self.position;
@@ -258,7 +300,9 @@ impl std::fmt::Debug for RunWriter {
 
 /// The file name of run `id`.
 pub fn run_name(id: u64) -> String {
-    format!("{id:016}.run")
+    let name = format!("{id:016}.run");
+    debug_assert_eq!(parse_run_name(&name), Some(id), "a run's name parses back to its id");
+    name
 }
 
 /// The id of a run file's name.
@@ -449,6 +493,7 @@ impl Run {
             || StoreError::Damaged(Damage::new(&run_name(self.meta.id), "block checksum"));
         let body_length = verified(&bytes).ok_or_else(damaged)?.len();
         bytes.truncate(body_length);
+        assert_eq!(bytes.len() + 8, entry.length as usize, "a block read is its entry's length");
         // A block must parse to the end, in key order, its last key the index's.
         let mut entries = Vec::new();
         let mut last: Option<&[u8]> = None;
