@@ -219,7 +219,7 @@ fn state_file(cluster: &KafkaClient) -> String {
 }
 
 fn read_progress(source: &Chronik, name: &str) -> anyhow::Result<Progress> {
-    let Some(bytes) = source.read_state_file(name)? else { return Ok(Progress::new()) };
+    let Some(bytes) = source.engine().state_dir().read(name)? else { return Ok(Progress::new()) };
     let text = String::from_utf8(bytes).context("the mirror's progress file is not text")?;
     let mut progress = Progress::new();
     for line in text.lines() {
@@ -291,7 +291,7 @@ fn to_cluster(
     if topic == STATE_TOPIC {
         bail!(crate::UsageError(format!("{STATE_TOPIC} is the mirror's own topic")));
     }
-    let data = source.root().to_owned();
+    let data = source.engine().root().to_owned();
     let description = source.describe_topic(topic)?;
     let partitions = description.partitions.len() as u32;
     match cluster.partition_count(topic)? {

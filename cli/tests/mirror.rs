@@ -228,8 +228,8 @@ fn a_mirror_goes_on_from_the_previous_versions_state_file_then_from_its_note_on_
     {
         let source = Chronik::open(directory.path(), Options::default()).unwrap();
         source.create_topic("old", TopicConfig::default()).unwrap();
-        source.producer("old").send(0, &records).unwrap();
-        source.write_state_file(&state_file, b"old\t0\t50\t40\n".to_vec()).unwrap();
+        source.producer("old").send_to(0, &records).unwrap();
+        source.engine().state_dir().write(&state_file, b"old\t0\t50\t40\n".to_vec()).unwrap();
     }
     let cluster = KafkaClient::connect(&broker.bootstrap()).unwrap();
     cluster.create_topic("old", 1, false).unwrap();
@@ -245,7 +245,7 @@ fn a_mirror_goes_on_from_the_previous_versions_state_file_then_from_its_note_on_
     // broker's note and copies nothing (counting the destination's 90 records would skip 90
     // source records and copy 90 to 99 again).
     let source = Chronik::open(directory.path(), Options::default()).unwrap();
-    source.write_state_file(&state_file, Vec::new()).unwrap();
+    source.engine().state_dir().write(&state_file, Vec::new()).unwrap();
     drop(source);
     let output = mirror_topic(directory.path(), &broker.target(), "old");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -24,11 +24,11 @@ fn a_compacted_topic_reaches_the_broker_whole() {
             for key in 0..100 {
                 let (key, value) = (format!("user-{key:03}"), format!("v{round}"));
                 let record = Record::new(Some(key.as_bytes()), value.as_bytes());
-                chronik.append("profiles", 0, &[record]).unwrap();
+                chronik.engine().append("profiles", 0, &[record]).unwrap();
             }
         }
         chronik.compact_topic("profiles").unwrap();
-        let first = chronik.read("profiles", 0, chronik::Offset::ZERO, 1 << 20).unwrap();
+        let first = chronik.engine().read("profiles", 0, chronik::Offset::ZERO, 1 << 20).unwrap();
         assert_eq!(first.records().count(), 0, "the first fetch holds no record");
         chronik.consumer("profiles", 0).collect::<Result<_, _>>().unwrap()
     };

@@ -23,6 +23,9 @@
 //! assert_eq!(record.value(), b"home");
 //! ```
 
+// Some items are used only through `internals` (the simulator's reactor, tests); dead code is
+// checked with the feature on, as every workspace build has it.
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
 // Library code never unwraps: a failure is a typed error or a named invariant (`expect`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

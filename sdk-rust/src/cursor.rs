@@ -10,7 +10,7 @@
 //! returns no batch at all exactly when the position is the high watermark (batches are
 //! contiguous, compacted ones included), so that is the test.
 
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use chronik_engine::io::Io;
 use chronik_engine::{Engine, Fetch, Offset, ReadError};
 

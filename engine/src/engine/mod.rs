@@ -388,22 +388,6 @@ impl<I: Io> Engine<I> {
         )
     }
 
-    // TRANSITIONAL: removed once the SDK's processor split lands (it uses `state_dir`).
-    #[doc(hidden)]
-    pub fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> Result<(), TopicError> {
-        self.state_dir().write(name, bytes)
-    }
-    #[doc(hidden)]
-    pub fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), TopicError> {
-        let state = self.state_dir();
-        state.create()?;
-        Ok((Arc::clone(state.io()), state.path().to_path_buf()))
-    }
-    #[doc(hidden)]
-    pub fn read_state_file(&self, name: &str) -> Result<Option<Vec<u8>>, TopicError> {
-        self.state_dir().read(name)
-    }
-
     /// The engine clock's time, in milliseconds since the Unix epoch (simulated time under
     /// the simulator).
     pub fn now_ms(&self) -> i64 {

@@ -10,7 +10,7 @@ use super::layout::{
 };
 use super::window::{Kind, Window, Windows};
 use crate::processor::{Context, ProcessError};
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::ops::Bound;
 
 /// An aggregation without windows: `event` folded into its key's aggregate; the new

@@ -18,7 +18,7 @@
 use super::graph::{Event, JoinKind};
 use crate::processor::ProcessError;
 use crate::store::Store;
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::ops::Bound;
 
 pub(crate) const META: &[u8] = &[0];

@@ -11,7 +11,7 @@ use crate::processor::{ProcessorConfig, ProcessorError, RunStats, Runner};
 use crate::store::Store;
 use crate::{CommitError, Io, TopicConfig, TopicError};
 use chronik_engine::Engine;
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

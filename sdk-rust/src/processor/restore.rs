@@ -8,12 +8,13 @@ use super::api::{ProcessorError, RunStats};
 use super::config::{ProcessorConfig, RestoreProgress};
 use super::snapshot;
 use super::task_log::TaskLog;
-use crate::store::{CHANGELOG_PUT, DiskStore, Files, Store, StoreKind};
+use crate::store::{CHANGELOG_PUT, DiskStore, Files, Store, StoreError, StoreKind};
 use crate::{Io, Offset};
 use chronik_engine::Engine;
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use chronik_engine::metrics::Metrics;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Bytes of changelog one restore read fetches.
 const RESTORE_FETCH_BYTES: usize = 4 << 20;
@@ -173,7 +174,8 @@ fn restore_memory<L: TaskLog + ?Sized>(
     // that runs ahead holds state that never committed.
     let snapshot_name = config.snapshot_file(name, partition);
     let snapshot = engine
-        .read_state_file(&snapshot_name)
+        .state_dir()
+        .and_then(|state| state.read(&snapshot_name).ok().flatten())
         .and_then(|bytes| snapshot::decode(&bytes))
         .filter(|(offset, _)| *offset <= end);
     let from = snapshot.as_ref().map(|(offset, _)| *offset);
@@ -221,9 +223,12 @@ fn restore_disk<L: TaskLog + ?Sized>(
     stats: &mut RunStats,
 ) -> Result<Store, ProcessorError> {
     let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
-    let (io, state_directory) = engine.state_files().map_err(failed)?;
-    let directory = state_directory.join(config.store_directory(name, partition));
-    let files = Files { io, directory };
+    let state = engine
+        .state_dir()
+        .ok_or_else(|| failed(StoreError::Unavailable("this log keeps no local files".into())))?;
+    state.create().map_err(|error| failed(StoreError::Unavailable(error.to_string())))?;
+    let directory = state.path().join(config.store_directory(name, partition));
+    let files = Files { io: Arc::clone(state.io()), directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
     let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
     if rebuilt.is_none() && !disk.manifest_found() && end > Offset::ZERO {

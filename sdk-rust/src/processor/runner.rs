@@ -12,7 +12,7 @@ use super::task::Task;
 use crate::store::Store;
 use crate::{Io, Offset, TopicConfig, TopicError};
 use chronik_engine::Engine;
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 

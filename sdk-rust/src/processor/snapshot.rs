@@ -33,7 +33,7 @@ pub fn encode(offset: Offset, data: &Data) -> Vec<u8> {
             bytes.extend_from_slice(part);
         }
     }
-    let checksum = chronik_engine::internals::format::key_hash(&bytes);
+    let checksum = xxhash_rust::xxh3::xxh3_64(&bytes);
     bytes.extend_from_slice(&checksum.to_le_bytes());
     bytes
 }
@@ -41,9 +41,7 @@ pub fn encode(offset: Offset, data: &Data) -> Vec<u8> {
 /// The offset and the entries, in key order.
 pub fn decode(bytes: &[u8]) -> Option<(Offset, Entries)> {
     let (body, checksum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-    if chronik_engine::internals::format::key_hash(body)
-        != u64::from_le_bytes(checksum.try_into().ok()?)
-    {
+    if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(checksum.try_into().ok()?) {
         return None;
     }
     let mut rest = body;

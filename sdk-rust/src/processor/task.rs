@@ -15,7 +15,7 @@ use super::snapshot;
 use super::task_log::TaskLog;
 use crate::store::Store;
 use crate::{GroupCommit, Header, Offset, Record, RecordView, TopicError, TransactionWrite};
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::collections::BTreeMap;
 
 /// Bytes of input one step reads.
@@ -477,7 +477,8 @@ impl<P: Processor> Task<P> {
                 continue;
             };
             let bytes = snapshot::encode(end, store.memory_data());
-            if engine.write_state_file(&config.snapshot_file(name, self.partition), bytes) {
+            let name = config.snapshot_file(name, self.partition);
+            if engine.state_dir().is_some_and(|state| state.write(&name, bytes).is_ok()) {
                 self.stats.snapshots_written += 1;
             }
         }

@@ -5,12 +5,9 @@
 //! log that cannot promise that cannot run exactly once.
 
 use super::api::ProcessorError;
-use crate::store::StoreError;
 use crate::{Fetch, GroupCommit, Io, Offset, TransactionWrite};
-use chronik_engine::Engine;
 use chronik_engine::metrics::Metrics;
-use std::path::PathBuf;
-use std::sync::Arc;
+use chronik_engine::{Engine, StateDir};
 
 /// What a task needs of the log it runs on: the embedded engine, or (feature `kafka`) a
 /// Kafka-protocol cluster. The task code (merge, batches, timers, commits, restores) is the
@@ -36,21 +33,14 @@ pub(crate) trait TaskLog {
         writes: &[TransactionWrite<'_>],
         group: Option<GroupCommit<'_>>,
     ) -> Result<(), ProcessorError>;
-    /// A local snapshot of a task's state, if this log keeps them (a cluster does not: a
-    /// partition may move to another machine, so its state always comes from the changelog).
-    fn read_state_file(&self, _name: &str) -> Option<Vec<u8>> {
+    /// The directory where task snapshots and disk stores are kept, if this log has a local
+    /// one (a cluster does not: a partition may move to another machine, so its state always
+    /// comes from the changelog).
+    fn state_dir(&self) -> Option<StateDir> {
         None
-    }
-    /// Keep a snapshot; false when not kept.
-    fn write_state_file(&self, _name: &str, _bytes: Vec<u8>) -> bool {
-        false
     }
     fn metrics(&self) -> Option<&Metrics> {
         None
-    }
-    /// The I/O and directory disk stores keep their files in, if this log has a local one.
-    fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), StoreError> {
-        Err(StoreError::Unavailable("this log keeps no local files".into()))
     }
 }
 
@@ -87,19 +77,11 @@ impl<I: Io> TaskLog for Engine<I> {
         Ok(())
     }
 
-    fn read_state_file(&self, name: &str) -> Option<Vec<u8>> {
-        Engine::read_state_file(self, name).ok().flatten()
-    }
-
-    fn write_state_file(&self, name: &str, bytes: Vec<u8>) -> bool {
-        Engine::write_state_file(self, name, bytes).is_ok()
+    fn state_dir(&self) -> Option<StateDir> {
+        Some(Engine::state_dir(self))
     }
 
     fn metrics(&self) -> Option<&Metrics> {
         Some(self.metrics_registry())
-    }
-
-    fn state_files(&self) -> Result<(Arc<dyn Io>, PathBuf), StoreError> {
-        Engine::state_files(self).map_err(|e| StoreError::Unavailable(e.to_string()))
     }
 }

@@ -21,7 +21,7 @@ use super::run::verified;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use super::{Damage, DiskOptions, Files, StoreError};
 use crate::Offset;
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;

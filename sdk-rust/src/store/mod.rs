@@ -13,8 +13,7 @@ pub(crate) mod run;
 mod typed;
 
 use crate::Record;
-use chronik_engine::internals::canary::{self, Canary};
-use chronik_engine::internals::segment;
+use chronik_engine::canary::{self, Canary};
 use chronik_engine::io::Io;
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
@@ -131,6 +130,10 @@ pub(crate) fn canary_trusts_damage() -> bool {
     canary::active(Canary::StoreTrustsDamage)
 }
 
+/// Longest small store file (a manifest) that can be intact: far above any real one, so a
+/// larger size is damage and is not read whole.
+const SMALL_FILE_BYTES_MAX: u64 = 64 << 20;
+
 /// One disk store's directory, and the I/O its files go through.
 pub(crate) struct Files {
     pub io: Arc<dyn Io>,
@@ -195,14 +198,15 @@ impl Files {
 
     /// The whole of a small file, if it exists.
     pub fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        segment::read_small_file(&*self.io, &self.path(name)).map_err(StoreError::from)
+        chronik_engine::io::read_file_bounded(&*self.io, &self.path(name), SMALL_FILE_BYTES_MAX)
+            .map_err(StoreError::from)
     }
 
     /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
     /// rename (the engine's state-file protocol), then the directory fsync.
     pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         assert!(bytes.len() > 8, "a file written whole holds more than its checksum");
-        segment::write_file_durably(&*self.io, &self.path(name), bytes)?;
+        chronik_engine::io::replace_file(&*self.io, &self.path(name), bytes)?;
         self.sync()
     }
 }
