@@ -94,7 +94,8 @@ impl Sim {
                 self.counters.rot_reported += 1;
             } else if end.get() < durable {
                 let detail = format!(
-                    "partition {partition}: {durable} durable records, {end} served after a bit                      flip, and no damage reported"
+                    "partition {partition}: {durable} durable records, {end} served after a bit \
+                     flip, and no damage reported"
                 );
                 return Err(Violation::new("acknowledged_survive", detail));
             }
@@ -132,7 +133,8 @@ impl Sim {
             if fetch.is_empty() {
                 if next < high_watermark {
                     let detail = format!(
-                        "partition {partition}: empty fetch at {next} below the high watermark                          {high_watermark}, after a bit flip"
+                        "partition {partition}: empty fetch at {next} below the high watermark \
+                         {high_watermark}, after a bit flip"
                     );
                     return Err(Violation::new("offsets_contiguous", detail));
                 }
