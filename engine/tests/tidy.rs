@@ -509,7 +509,7 @@ fn target_roots(src: &Path) -> Vec<PathBuf> {
     if let Ok(entries) = std::fs::read_dir(src.join("bin")) {
         let mut bins: Vec<PathBuf> = entries
             .map(|entry| entry.unwrap().path())
-            .filter_map(|path| if path.is_dir() { Some(path.join("main.rs")) } else { Some(path) })
+            .map(|path| if path.is_dir() { path.join("main.rs") } else { path })
             .filter(|path| path.is_file() && path.extension().is_some_and(|e| e == "rs"))
             .collect();
         bins.sort();

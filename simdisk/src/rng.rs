@@ -20,8 +20,9 @@ pub struct Rng {
 /// workspace has one implementation of it.
 ///
 /// ```
+/// use chronik_simdisk::rng::splitmix64;
 /// let mut state = 1;
-/// assert_ne!(chronik_simdisk::rng::splitmix64(&mut state), chronik_simdisk::rng::splitmix64(&mut state));
+/// assert_ne!(splitmix64(&mut state), splitmix64(&mut state));
 /// ```
 pub fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
