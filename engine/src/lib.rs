@@ -45,7 +45,7 @@ pub use error::{
     ReadError, TopicError,
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
-pub use format::Record;
+pub use format::{Record, partition_for_key};
 pub use log::Durability;
 pub use partition::{
     Appended, CompactionFailure, CompactionReport, PartitionDescription, PendingAppend,
@@ -80,89 +80,10 @@ mod topic;
 mod watermark;
 mod write_path;
 
-/// The engine's internals, for the `chronik` CLI, the simulator, benches and the engine's own
-/// integration tests: file formats, the write path's state machine and reactor. Built only
-/// with the cargo feature `internals`; no stability promise. Applications use the items at the
-/// crate's root.
 #[cfg(feature = "internals")]
-pub mod internals {
-    pub mod canary {
-        pub use crate::canary::*;
-    }
-    pub mod checkpoint {
-        pub use crate::checkpoint::*;
-    }
-    pub mod format {
-        pub use crate::format::*;
-    }
-    pub mod groups {
-        pub use crate::groups::*;
-    }
-    pub mod index {
-        pub use crate::index::*;
-    }
-    pub mod layout {
-        pub use crate::layout::*;
-    }
-    pub mod log {
-        pub use crate::log::*;
-    }
-    pub mod log_start {
-        pub use crate::log_start::*;
-    }
-    pub mod reactor {
-        pub use crate::reactor::*;
-    }
-    pub mod segment {
-        pub use crate::segment::*;
-    }
-    pub mod topic {
-        pub use crate::topic::*;
-    }
-    pub mod write_path {
-        pub use crate::write_path::*;
-    }
-
-    /// What tests and the simulator call on an engine beyond its public methods.
-    pub trait EngineInternals {
-        /// The engine's write shards (none when read-only).
-        fn write_shards(&self) -> usize;
-        /// The count of requests handed to the write path so far, for tests that line
-        /// appenders up behind a turn.
-        fn write_requests_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64>;
-        /// The retention and compaction half of [`crate::Engine::tick`].
-        fn maintain(&self) -> Result<(), crate::AppendError>;
-        /// Poison the engine, as a failed write would.
-        fn poison(&self, reason: String);
-    }
-
-    impl<I: crate::io::Io> EngineInternals for crate::Engine<I> {
-        fn write_shards(&self) -> usize {
-            crate::Engine::write_shards(self)
-        }
-        fn write_requests_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-            crate::Engine::write_requests_counter(self)
-        }
-        fn maintain(&self) -> Result<(), crate::AppendError> {
-            crate::Engine::maintain(self)
-        }
-        fn poison(&self, reason: String) {
-            crate::Engine::poison(self, reason);
-        }
-    }
-}
+pub mod internals;
 
 use std::fmt;
-
-/// The partition of `key` among `partitions`: xxh3-64 of the key modulo the count (a count of
-/// zero is taken as one). Stable across versions, so records with the same key keep their
-/// order in one partition; the SDKs' producers use it when given a key and no partition.
-pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
-    let partitions = u64::from(partitions.max(1));
-    let partition = format::key_hash(key) % partitions;
-    assert!(partition < partitions, "a key maps to one of the partitions");
-    partition as u32
-}
 
 /// The position of a record in a partition. Offsets start at zero, strictly increase, and are
 /// never reused.
@@ -234,7 +155,7 @@ pub mod limits {
     /// Largest encoded batch, header included.
     pub const BATCH_BYTES_MAX: u32 = 16 * 1024 * 1024;
     /// Bytes of a batch's header, before its records ([`crate::Record::encoded_bytes`] each).
-    pub const BATCH_HEADER_BYTES: usize = crate::format::BATCH_HEADER_BYTES;
+    pub const BATCH_HEADER_BYTES: usize = 64;
     /// Most records in one batch.
     pub const BATCH_RECORDS_MAX: u32 = 1 << 20;
     /// Largest segment size a topic may configure; positions inside a segment fit in `u32`.

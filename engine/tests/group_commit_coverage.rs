@@ -26,21 +26,13 @@ const APPENDS: u64 = 120;
 /// Most records in one append.
 const RECORDS_MAX: u64 = 4;
 
-/// splitmix64: a seeded schedule, the same for a seed on every run.
+/// A seeded schedule, the same for a seed on every run: splitmix64's outputs.
 #[derive(Debug)]
 struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
+        chronik_simdisk::rng::splitmix64(&mut self.0) % bound
     }
 }
 

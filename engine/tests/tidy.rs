@@ -1,9 +1,14 @@
-//! Tidy: the engine core is sans-I/O, sans-clock and sans-thread. Files, the system clock,
-//! threads, processes and randomness are reached only through `src/io/` (the I/O trait and its
-//! backends) and `src/runtime.rs` (the system clock and the one background thread), so that the
-//! simulator can replace all of them. This test reads every other source file of the engine and
-//! fails, listing `file:line`, where one of them reaches for those directly.
+//! Tidy: checks of the sources that no compiler makes.
+//!
+//! - The engine core is sans-I/O, sans-clock and sans-thread. Files, the system clock, threads,
+//!   processes and randomness are reached only through `src/io/` (the I/O trait and its
+//!   backends) and `src/runtime.rs` (the system clock and the one background thread), so that
+//!   the simulator can replace all of them. Every other source file of the engine is read, and
+//!   the test fails, listing `file:line`, where one of them reaches for those directly.
+//! - In every crate of the workspace, no module (a file) imports one that imports it back.
+//! - No file of `sdk-rust/src` or `sim/src` is longer than [`FILE_LINES_MAX`].
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Paths under `src/` that may use what the rest may not: a directory (every file below it)
@@ -230,129 +235,487 @@ use crate::io::{self, Io};
     assert_eq!(check_source(source), []);
 }
 
-/// The module of `src/` a file belongs to: `engine/data.rs` is in `engine`, `segment.rs` in
-/// `segment`. `None` for the crate root.
-fn module_of(relative: &Path) -> Option<String> {
-    let first = relative.components().next()?.as_os_str().to_str()?;
-    let name = first.strip_suffix(".rs").unwrap_or(first);
-    (name != "lib").then(|| name.to_owned())
+// ---- Module cycles, in every crate of the workspace ----
+//
+// A module is a file. A file imports another when its code (not its comments or strings)
+// names it through `crate::` or `super::`: `crate::a::b::C` names the file of the longest
+// module prefix, `a/b.rs` (or `a/b/mod.rs`), or `a.rs` if `b` is not a file module. A name the
+// crate root re-exports (`crate::Engine`, from `pub use engine::Engine;`) names the module it
+// comes from. `pub use` lines are re-exports, not imports: a root that re-exports a module is
+// not made to depend on it. `super::` inside an inline `mod tests { .. }` is the file itself.
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// Workspace members, from the root `Cargo.toml`'s `members = [..]`.
+fn workspace_members() -> Vec<String> {
+    let root = workspace_root();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let list = manifest.split("members").nth(1).expect("a members list");
+    let list = &list[list.find('[').unwrap() + 1..list.find(']').unwrap()];
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_owned())
+        .filter(|m| !m.is_empty())
+        .collect()
 }
 
-/// The names the crate root re-exports, with the module each comes from (`Engine` ->
-/// `engine`), from its `pub use module::{..}` and `pub use module::Name;` lines.
-fn root_reexports(lib: &str) -> std::collections::BTreeMap<String, String> {
-    let mut names = std::collections::BTreeMap::new();
-    for statement in lib.split(';') {
-        let Some(rest) = statement.trim().strip_prefix("pub use ") else { continue };
-        let Some((module, items)) = rest.split_once("::") else { continue };
-        let items = items.trim_start_matches('{').trim_end_matches('}');
-        for item in items.split(',').map(str::trim).filter(|item| !item.is_empty()) {
-            names.insert(item.to_owned(), module.trim().to_owned());
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The text of `source` with comments blanked and string and character literals emptied,
+/// line breaks kept, so that only code is searched for paths.
+fn code_only(source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = String::with_capacity(source.len());
+    let mut i = 0;
+    // Keeps line breaks of skipped text, so that line numbers survive.
+    let skip = |out: &mut String, text: &[char]| {
+        out.extend(text.iter().filter(|&&c| c == '\n'));
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            let end = chars[i..].iter().position(|&c| c == '\n').map_or(chars.len(), |p| i + p);
+            i = end;
+        } else if c == '/' && next == Some('*') {
+            let (mut depth, mut j) = (1, i + 2);
+            while j < chars.len() && depth > 0 {
+                match (chars[j], chars.get(j + 1)) {
+                    ('/', Some('*')) => (depth, j) = (depth + 1, j + 2),
+                    ('*', Some('/')) => (depth, j) = (depth - 1, j + 2),
+                    _ => j += 1,
+                }
+            }
+            skip(&mut out, &chars[i..j.min(chars.len())]);
+            i = j;
+        } else if c == 'r'
+            && (next == Some('"') || next == Some('#'))
+            && !chars[..i].last().is_some_and(|&p| is_identifier(p))
+        {
+            let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+            if chars.get(i + 1 + hashes) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            let mut j = i + 2 + hashes;
+            while j < chars.len()
+                && !(chars[j] == '"'
+                    && chars[j + 1..].iter().take(hashes).filter(|&&c| c == '#').count() == hashes)
+            {
+                j += 1;
+            }
+            skip(&mut out, &chars[i..j.min(chars.len())]);
+            out.push_str("\"\"");
+            i = j + 1 + hashes;
+        } else if c == '"' {
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            skip(&mut out, &chars[i..j.min(chars.len())]);
+            out.push_str("\"\"");
+            i = j + 1;
+        } else if c == '\'' && next == Some('\\') {
+            let end =
+                chars[i + 2..].iter().position(|&c| c == '\'').map_or(chars.len(), |p| i + 3 + p);
+            out.push_str("' '");
+            i = end;
+        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            out.push_str("' '");
+            i += 3;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The paths a `use` tree or path expression names, starting at `text` (just after
+/// `crate::` or `super::`), each as its segments: `a::{b::C, d}` gives `[a, b, C]`, `[a, d]`.
+fn expand_paths(text: &str) -> Vec<Vec<String>> {
+    fn tree(text: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        let mut path = prefix.to_vec();
+        let mut rest = text.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 0;
+                let mut start = 0;
+                for (at, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            tree(&group[start..at], &path, out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            tree(&group[start..at], &path, out);
+                            start = at + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            let name: String = rest.chars().take_while(|&c| is_identifier(c)).collect();
+            if name.is_empty() {
+                break;
+            }
+            if name != "self" {
+                path.push(name.clone());
+            }
+            rest = &rest[name.len()..];
+            match rest.trim_start().strip_prefix("::") {
+                Some(after) => rest = after.trim_start(),
+                None => break,
+            }
+        }
+        if path.len() > prefix.len() || !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    tree(text, &[], &mut out);
+    out
+}
+
+/// What one file's code names: each `crate::` or `super::` path, made absolute (segments from
+/// the crate root), given the file's own module path. Paths inside `pub use` re-exports are
+/// left out, and so are those naming the file itself.
+fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    // Inline modules open at these brace depths; `super::` in them goes up to the file first.
+    let mut inline: Vec<usize> = Vec::new();
+    let mut depth = 0;
+    let mut in_reexport = false;
+    let bytes = code.as_bytes();
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &code[i..];
+        let before_ok = i == 0 || !is_identifier(code[..i].chars().next_back().unwrap());
+        match bytes[i] {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if inline.last() == Some(&depth) {
+                    inline.pop();
+                }
+            }
+            b';' => in_reexport = false,
+            _ => {}
+        }
+        if before_ok && (rest.starts_with("pub use ") || rest.starts_with("pub(crate) use ")) {
+            in_reexport = true;
+        }
+        if before_ok && rest.starts_with("mod ") {
+            let after = rest[4..].trim_start();
+            let name_len = after.chars().take_while(|&c| is_identifier(c)).count();
+            if after[name_len..].trim_start().starts_with('{') {
+                inline.push(depth);
+            }
+        }
+        let mut ups: usize = 0;
+        let mut at = rest;
+        while before_ok && at.starts_with("super::") {
+            ups += 1;
+            at = &at["super::".len()..];
+        }
+        let start = if ups > 0 {
+            // Each `super` leaves an inline module first, then the file's module.
+            let file_ups = ups.saturating_sub(inline.len());
+            (file_ups > 0).then(|| module[..module.len().saturating_sub(file_ups)].to_vec())
+        } else if before_ok && rest.starts_with("crate::") {
+            at = &rest["crate::".len()..];
+            Some(Vec::new())
+        } else {
+            None
+        };
+        if let Some(base) = start {
+            if !in_reexport {
+                for path in expand_paths(at) {
+                    found.push(base.iter().cloned().chain(path).collect());
+                }
+            }
+            i += rest.len() - at.len();
+            continue;
+        }
+        i += rest.chars().next().unwrap().len_utf8();
+    }
+    found
+}
+
+/// One compilation target's modules: module path -> file (relative to `src/`).
+fn module_tree(src: &Path, root: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut tree = BTreeMap::new();
+    let mut pending = vec![(Vec::new(), root.to_path_buf())];
+    while let Some((module, file)) = pending.pop() {
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        // Children of `a/mod.rs`, `lib.rs` and `main.rs` are beside it; of `a.rs`, in `a/`.
+        let stem = file.file_stem().unwrap().to_str().unwrap();
+        let directory = if module.is_empty() || stem == "mod" {
+            file.parent().unwrap().to_path_buf()
+        } else {
+            file.with_extension("")
+        };
+        let mut depth = 0;
+        for line in code.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "mod");
+            if let (0, Some(at)) = (depth, at)
+                && words[..at].iter().all(|w| w.starts_with("pub") || w.starts_with("#["))
+                && let Some(name) = words.get(at + 1).and_then(|w| w.strip_suffix(';'))
+            {
+                let child =
+                    [directory.join(format!("{name}.rs")), directory.join(name).join("mod.rs")]
+                        .into_iter()
+                        .find(|candidate| candidate.is_file())
+                        .unwrap_or_else(|| panic!("{}: no file for `mod {name};`", file.display()));
+                let mut path = module.clone();
+                path.push(name.to_owned());
+                pending.push((path, child));
+            }
+            depth += line.matches('{').count();
+            depth -= line.matches('}').count().min(depth);
+        }
+        tree.insert(module, file.strip_prefix(src).unwrap().to_path_buf());
+    }
+    tree
+}
+
+/// The names the crate root re-exports, with the module path each comes from.
+fn root_reexports(root_code: &str) -> BTreeMap<String, Vec<String>> {
+    let mut names = BTreeMap::new();
+    for statement in root_code.split(';') {
+        let statement = statement.trim();
+        let Some(rest) = statement.split("pub use ").nth(1) else { continue };
+        let rest = rest.trim_start_matches("crate::").trim_start_matches("self::");
+        for mut path in expand_paths(rest) {
+            if let Some(name) = path.pop() {
+                let name = name.split(" as ").last().unwrap_or(&name).to_owned();
+                names.insert(name, path);
+            }
         }
     }
     names
 }
 
-/// The modules a file's code (not its comments) names through `crate::`.
-fn imports(source: &str, reexports: &std::collections::BTreeMap<String, String>) -> Vec<String> {
-    let mut found = Vec::new();
-    for line in source.lines().filter(|line| !is_comment(line)) {
-        for (at, _) in line.match_indices("crate::") {
-            let name: String = line[at + 7..].chars().take_while(|&c| is_identifier(c)).collect();
-            let module = reexports.get(&name).cloned().unwrap_or(name);
-            found.push(module);
-        }
-        // `use crate::{a, b::C}` names several at once.
-        if let Some(group) = line.split("crate::{").nth(1) {
-            for item in group.split(',') {
-                let name: String = item.trim().chars().take_while(|&c| is_identifier(c)).collect();
-                found.push(reexports.get(&name).cloned().unwrap_or(name));
-            }
-        }
+/// The crate's compilation targets under `src/`: the library and every binary.
+fn target_roots(src: &Path) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> =
+        ["lib.rs", "main.rs"].iter().map(|f| src.join(f)).filter(|f| f.is_file()).collect();
+    if let Ok(entries) = std::fs::read_dir(src.join("bin")) {
+        let mut bins: Vec<PathBuf> = entries
+            .map(|entry| entry.unwrap().path())
+            .map(|path| if path.is_dir() { path.join("main.rs") } else { path })
+            .filter(|path| path.is_file() && path.extension().is_some_and(|e| e == "rs"))
+            .collect();
+        bins.sort();
+        roots.extend(bins);
     }
-    found
+    roots
 }
 
-/// A cycle in `graph` (module -> modules it imports), as the modules along it, if any.
-fn find_cycle(
-    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-) -> Option<Vec<String>> {
-    fn visit(
-        module: &str,
-        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut std::collections::BTreeSet<String>,
-    ) -> Option<Vec<String>> {
-        if let Some(start) = path.iter().position(|m| m == module) {
-            let mut cycle = path[start..].to_vec();
-            cycle.push(module.to_owned());
-            return Some(cycle);
+/// One target's module graph: file -> files it imports (paths relative to `src/`).
+fn target_graph(src: &Path, root: &Path) -> Graph {
+    let tree = module_tree(src, root);
+    let reexports = root_reexports(&code_only(&std::fs::read_to_string(root).unwrap()));
+    let file_of = |path: &[String]| -> String {
+        let mut path = path.to_vec();
+        if let Some(first) = path.first()
+            && !tree.contains_key(&path[..1])
+            && let Some(source) = reexports.get(first)
+        {
+            path.splice(..1, source.iter().cloned());
         }
-        if done.contains(module) {
-            return None;
-        }
-        path.push(module.to_owned());
-        for next in graph.get(module).into_iter().flatten() {
-            if let Some(cycle) = visit(next, graph, path, done) {
-                return Some(cycle);
+        let prefix = (0..=path.len()).rev().find(|&n| tree.contains_key(&path[..n])).unwrap();
+        tree[&path[..prefix]].display().to_string()
+    };
+    let mut graph = Graph::new();
+    for (module, file) in &tree {
+        let code = code_only(&std::fs::read_to_string(src.join(file)).unwrap());
+        let own = file.display().to_string();
+        let imports = graph.entry(own.clone()).or_default();
+        for path in named_paths(&code, module) {
+            let target = file_of(&path);
+            if target != own {
+                imports.insert(target);
             }
         }
-        path.pop();
-        done.insert(module.to_owned());
-        None
-    }
-    let mut done = std::collections::BTreeSet::new();
-    graph.keys().find_map(|module| visit(module, graph, &mut Vec::new(), &mut done))
-}
-
-/// The engine's modules, each with the modules of the engine it imports.
-fn module_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let root = source_directory();
-    let reexports = root_reexports(&std::fs::read_to_string(root.join("lib.rs")).unwrap());
-    let files = rust_files(&root);
-    let modules: std::collections::BTreeSet<String> =
-        files.iter().filter_map(|file| module_of(file.strip_prefix(&root).unwrap())).collect();
-    let mut graph = std::collections::BTreeMap::new();
-    for file in &files {
-        let Some(module) = module_of(file.strip_prefix(&root).unwrap()) else { continue };
-        // The loom models drive the whole engine and are not part of it.
-        if module == "loom_models" {
-            continue;
-        }
-        let source = std::fs::read_to_string(file).unwrap();
-        let entry: &mut std::collections::BTreeSet<String> =
-            graph.entry(module.clone()).or_default();
-        entry.extend(
-            imports(&source, &reexports)
-                .into_iter()
-                .filter(|named| *named != module && modules.contains(named)),
-        );
     }
     graph
 }
 
-/// The engine's modules depend on one another in layers: leaf modules (the context, the file
-/// layout, the compaction swap protocol, the formats) below the partition, recovery and the
-/// cleaner, and those below the engine. No module imports one that imports it back.
-#[test]
-fn the_engine_modules_import_one_another_without_a_cycle() {
-    let graph = module_graph();
-    assert!(graph.len() > 20, "found only {} modules", graph.len());
-    assert!(graph["engine"].contains("partition"), "the graph misses imports: {graph:?}");
-    assert!(graph["runtime"].contains("engine"), "root re-exports are not followed");
-    if let Some(cycle) = find_cycle(&graph) {
-        panic!("the engine's modules import each other in a cycle: {}", cycle.join(" -> "));
+/// The cycles of `graph`: one per strongly connected component of more than one module, as
+/// the modules along it, the first repeated at the end.
+fn find_cycles(graph: &Graph) -> Vec<Vec<String>> {
+    // Components: the modules each reaches, intersected with those that reach it.
+    let reach = |from: &str| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut pending = vec![from.to_owned()];
+        while let Some(module) = pending.pop() {
+            for next in graph.get(&module).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    pending.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let mut cycles = Vec::new();
+    let mut placed = BTreeSet::new();
+    for module in graph.keys() {
+        if placed.contains(module) || !reach(module).contains(module) {
+            continue;
+        }
+        let component: BTreeSet<String> =
+            reach(module).into_iter().filter(|other| reach(other).contains(module)).collect();
+        placed.extend(component.iter().cloned());
+        // The shortest way round from `module`, by breadth-first search inside the component.
+        let mut previous: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([module.clone()]);
+        'search: while let Some(at) = queue.pop_front() {
+            for next in graph.get(&at).into_iter().flatten() {
+                if !component.contains(next) || previous.contains_key(next) {
+                    continue;
+                }
+                previous.insert(next.clone(), at.clone());
+                if next == module {
+                    break 'search;
+                }
+                queue.push_back(next.clone());
+            }
+        }
+        let mut cycle = vec![module.clone()];
+        let mut at = previous[module].clone();
+        while at != *module {
+            cycle.push(at.clone());
+            at = previous[&at].clone();
+        }
+        cycle.push(module.clone());
+        cycle.reverse();
+        if component.len() + 1 > cycle.len() {
+            let others: Vec<&String> = component.iter().filter(|m| !cycle.contains(m)).collect();
+            cycle.push(format!("(and through {others:?})"));
+        }
+        cycles.push(cycle);
     }
+    cycles
+}
+
+/// Every crate's targets with their module graphs: (`crate/src/root.rs`, graph).
+fn workspace_graphs() -> Vec<(String, Graph)> {
+    let mut graphs = Vec::new();
+    for member in workspace_members() {
+        let src = workspace_root().join(&member).join("src");
+        let roots = target_roots(&src);
+        assert!(!roots.is_empty(), "{member}: no lib.rs, main.rs or bin/ under src/");
+        for root in roots {
+            let target = format!("{member}/src/{}", root.strip_prefix(&src).unwrap().display());
+            graphs.push((target, target_graph(&src, &root)));
+        }
+    }
+    graphs
+}
+
+/// In every crate the modules depend on one another in layers: no module (a file) imports one
+/// that imports it back, through `crate::` or `super::`. A cycle means the two files are one
+/// module in two pieces, or that what both need belongs in a third, below both.
+#[test]
+fn no_crate_has_modules_that_import_one_another_in_a_cycle() {
+    let graphs = workspace_graphs();
+    let members = workspace_members();
+    for member in &members {
+        assert!(graphs.iter().any(|(t, _)| t.starts_with(&format!("{member}/"))), "{member}");
+    }
+    let engine = &graphs.iter().find(|(t, _)| t == "engine/src/lib.rs").unwrap().1;
+    assert!(engine.len() > 40, "found only {} engine modules", engine.len());
+    assert!(engine["engine/mod.rs"].contains("partition/mod.rs"), "imports missed: {engine:?}");
+    assert!(engine["runtime.rs"].contains("engine/mod.rs"), "root re-exports are not followed");
+    let mut report = Vec::new();
+    for (target, graph) in &graphs {
+        for cycle in find_cycles(graph) {
+            report.push(format!("  {target}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "modules that import one another (through `crate::` or `super::`), per crate target; \
+         move what both need to a module below both, or merge them:\n{}",
+        report.join("\n")
+    );
 }
 
 #[test]
 fn the_cycle_finder_finds_a_planted_cycle() {
-    let mut graph = module_graph();
-    assert_eq!(find_cycle(&graph), None);
+    let engine = workspace_graphs().into_iter().find(|(t, _)| t == "engine/src/lib.rs").unwrap();
+    let mut graph = engine.1;
+    assert_eq!(find_cycles(&graph), Vec::<Vec<String>>::new());
     // The cycle this project had: recovery used the partition's context, and the partition
     // recovery.
-    graph.get_mut("recovery").unwrap().insert("partition".to_owned());
-    let cycle = find_cycle(&graph).expect("the planted cycle is found");
-    assert!(cycle.contains(&"recovery".to_owned()) && cycle.contains(&"partition".to_owned()));
-    assert_eq!(cycle.first(), cycle.last());
+    graph.get_mut("recovery.rs").unwrap().insert("partition/mod.rs".to_owned());
+    let cycles = find_cycles(&graph);
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].contains(&"recovery.rs".to_owned()));
+    assert!(cycles[0].contains(&"partition/mod.rs".to_owned()));
+    assert_eq!(cycles[0].first(), cycles[0].last());
+}
+
+#[test]
+fn the_import_finder_reads_paths_groups_super_and_skips_the_rest() {
+    let source = r#"
+//! See `crate::doc_only`.
+use crate::{a::{B, c::D}, e};
+use super::sibling::X;
+pub use crate::reexported::Y;
+fn f() { let s = "crate::in_string"; crate::g::h(); }
+mod tests {
+    use super::*;
+    use super::super::up;
+}
+"#;
+    let module = ["m".to_owned(), "n".to_owned()];
+    let mut found: Vec<String> =
+        named_paths(&code_only(source), &module).iter().map(|p| p.join("::")).collect();
+    found.sort();
+    assert_eq!(found, ["a::B", "a::c::D", "e", "g::h", "m::sibling::X", "m::up"]);
+}
+
+// ---- File lengths ----
+
+/// Most lines in a file of `sdk-rust/src` or `sim/src`: longer ones are read in pieces, not at
+/// once. Test modules (files named `tests.rs`) may be longer.
+const FILE_LINES_MAX: usize = 900;
+
+/// The files over [`FILE_LINES_MAX`] lines under `crate/src`, as `(path, lines)`.
+fn long_files(member: &str) -> Vec<(String, usize)> {
+    let src = workspace_root().join(member).join("src");
+    let files = rust_files(&src);
+    assert!(!files.is_empty(), "no files under {}", src.display());
+    files
+        .into_iter()
+        .filter(|file| file.file_name().is_some_and(|n| n != "tests.rs"))
+        .map(|file| {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            (file.strip_prefix(workspace_root()).unwrap().display().to_string(), lines)
+        })
+        .filter(|&(_, lines)| lines > FILE_LINES_MAX)
+        .collect()
+}
+
+#[test]
+fn no_source_file_of_the_sdk_or_the_simulator_is_too_long() {
+    let report: Vec<String> = ["sdk-rust", "sim"]
+        .iter()
+        .flat_map(|member| long_files(member))
+        .map(|(file, lines)| format!("  {file}: {lines} lines"))
+        .collect();
+    assert!(
+        report.is_empty(),
+        "files over {FILE_LINES_MAX} lines (split them by responsibility; only test modules \
+         named tests.rs may be longer):\n{}",
+        report.join("\n")
+    );
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use chronik_simdisk::rng::splitmix64;
 use common::example;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,15 +15,6 @@ const KILLS: u32 = 8;
 /// Input records: the examples are built with the tests' profile, ten times slower in debug.
 fn records() -> String {
     if cfg!(debug_assertions) { "200000" } else { "2000000" }.to_owned()
-}
-
-/// splitmix64: a few delays from a seed, without a dependency.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 fn kill_loop(name: &str) {
@@ -51,7 +43,7 @@ fn kill_loop_with(name: &str, envs: &[(&str, &str)]) {
     for kill in 0..KILLS {
         // Short enough that most runs die before the work is done: kills land in producing,
         // restoring, processing and committing alike.
-        let delay = Duration::from_millis(whole / 50 + next(&mut seed) % (whole / 6).max(1));
+        let delay = Duration::from_millis(whole / 50 + splitmix64(&mut seed) % (whole / 6).max(1));
         let mut child = command()
             .arg(dir.path())
             .arg(records())

@@ -1,4 +1,4 @@
-//! Mutation canaries: each deliberate bug of [`chronik_engine::internals::canary`] switched on in
+//! Mutation canaries: each deliberate bug of [`chronik_engine::canary`] switched on in
 //! turn, with seeds run from zero until one reports a violation. A canary no seed catches is a hole
 //! in the oracles (or in the workload and faults that reach the bug).
 //!
@@ -6,7 +6,7 @@
 //! calling thread, and nothing else may run the engine in the process meanwhile.
 
 use crate::run::{RunOptions, run};
-use chronik_engine::internals::canary::{self, Canary};
+use chronik_engine::canary::{self, Canary};
 
 /// Seeds tried per canary unless told otherwise.
 pub const MAX_SEEDS_DEFAULT: u64 = 2000;

@@ -14,12 +14,14 @@
 //! - [`run`](mod@run): [`run::run`], one seed from start to finish, returning a
 //!   [`run::RunOutcome`].
 //! - [`trace`]: a bounded ring of the last events and a hash of all of them.
-//! - [`canaries`]: the mutation canaries of [`chronik_engine::internals::canary`], each hunted by
+//! - [`canaries`]: the mutation canaries of [`chronik_engine::canary`], each hunted by
 //!   seeds until an oracle catches it.
 //! - [`shrink`]: reduce a failing run to fewer steps and fewer kinds of faults.
 //! - [`processors`]: stream-processor workloads (counting, a stream-table join) run by the
 //!   `chronik` crate's runtime under crashes, with the restore-equivalence and exactly-once
-//!   output oracles.
+//!   output oracles; [`processors::Workload`], the kinds of workload, is shared with
+//!   [`windows`] from a module below both.
+//! - [`windows`]: the topology workloads (windows, sessions, joins) and their models.
 //! - `src/main.rs`: the `chronik-sim` binary (`run`, `swarm`, `check-determinism`,
 //!   `shrink`, `canaries`).
 //!
@@ -28,6 +30,7 @@ pub mod canaries;
 pub mod fuzz;
 pub mod model;
 pub mod oracle;
+mod processor_workload;
 pub mod processors;
 pub mod reactor;
 pub mod run;

@@ -16,7 +16,7 @@
 //! exact command that replays the failing seed, and 2 on a usage error.
 
 use anyhow::{Context as _, bail};
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::{self, MAX_SEEDS_DEFAULT};
 use chronik_sim::run::{
     Counters, Feature, OPS_DEFAULT, OPS_MAX, RunOptions, RunOutcome, parse_ranges, run,

@@ -21,27 +21,12 @@
 //! blame.
 
 use crate::oracle::Violation;
+pub use crate::processor_workload::Workload;
 use crate::rng::{PER_MILLION, Rng};
 use crate::windows::{self, JoinKind, Shape};
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
 use chronik::testing::{FailureKind, InputRecord, NOT_CAUGHT_UP, Simulation, SimulationReport};
-
-/// The workload a seed draws.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workload {
-    Counting,
-    Join,
-    /// A topology: counts per key in tumbling or hopping windows with grace, late events
-    /// aside.
-    Windows,
-    /// A topology: counts per key in session windows with grace.
-    Sessions,
-    /// A topology: clicks left-joined with a users table.
-    TableJoin,
-    /// A topology: the events joined with a second stream in a window (inner, left or outer).
-    StreamJoin,
-}
 
 /// Counts per key in "counts"; at `limit`, emits the key to "done" and deletes it. Counts
 /// every record in "totals" and emits the running total to "audit".

@@ -4,7 +4,7 @@
 //! fault-free run's outputs and stores must equal the model's (oracle `topology_model`); every
 //! faulted run's must equal the fault-free run's (`restore_equivalence`, `exactly_once_outputs`).
 
-use crate::processors::Workload;
+use crate::processor_workload::Workload;
 use crate::rng::{PER_MILLION, Rng};
 use chronik::TopicConfig;
 use chronik::dsl::{Emit, JoinWindows, Topology, Windows};

@@ -5,7 +5,7 @@
 //! One test function only: the active canary is process-global, and tests in one binary run
 //! on parallel threads.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::{TARGETED, hunt_all};
 use chronik_sim::run::{RunOptions, run};
 

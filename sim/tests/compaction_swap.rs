@@ -9,7 +9,7 @@
 //! left uncut and in every scenario whose cut comes after the pass ended, so a compaction that
 //! stopped merging fails here instead of leaving the swaps of single segments tested only.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_engine::{Cleanup, Durability, Engine, Offset, Options, Record, TopicConfig};
 use chronik_sim::canaries::arm;
 use chronik_sim::clock::EPOCH_MS;

@@ -147,22 +147,78 @@ fn a_first_open_that_failed_before_its_parent_fsync_loses_nothing_later() {
     assert_eq!(values, [b"acknowledged".to_vec()]);
 }
 
-/// Seeds the swarm once failed on, kept as regressions. All eight were one engine bug: after a
-/// failed fsync (Linux drops the dirty pages but keeps them readable) the process reopened
-/// without a machine crash, recovery accepted the never-durable tail from the page cache, and
-/// a later power loss left a hole before acknowledged records. Recovery now writes the tail past
-/// the sync checkpoint again before its fdatasync.
+/// Runs in the situation the swarm once failed on: an fsync failed (Linux drops the dirty pages
+/// but keeps them readable, and the engine poisons itself), the process reopened without a
+/// machine crash, recovery accepted the never-durable tail from the page cache, and a later
+/// power loss left a hole before acknowledged records. Recovery now writes the tail past the
+/// sync checkpoint again before its fdatasync.
+///
+/// The eight seeds first kept for it (90, 247, 329, 359, 400, 613, 749, 929) stopped drawing
+/// that situation as the workload grew (all eight pass with the fix taken out), so the test
+/// searches for runs that draw it instead, and checks them with every oracle; it fails if the
+/// search finds too few. `a_tail_read_back_after_a_failed_fsync_is_written_again` pins the
+/// same fix without a seed.
 #[test]
-fn seeds_that_once_found_the_fsync_failure_reopen_bug_pass() {
-    // The workload has grown since, so these seeds no longer draw the same runs; they stay as
-    // eight more seeds, and `a_tail_read_back_after_a_failed_fsync_is_written_again` pins
-    // the fix itself.
-    for seed in [90, 247, 329, 359, 400, 613, 749, 929] {
-        let outcome = run(seed, &RunOptions::default());
+fn seeds_that_reopen_after_a_failed_fsync_and_crash_later_pass() {
+    /// Runs wanted in the situation; the first ones from seed 0 are 4, 10, 24, 25, 33, 44, 57
+    /// and 85 (at 200 operations), and seed 10 fails without the fix.
+    const FOUND_WANTED: usize = 8;
+    /// Seeds the search may run: at 200 operations about one in sixteen draws the situation.
+    const SEARCH_SEEDS_MAX: u64 = 400;
+    /// Trace events kept per run: all of them at 200 operations.
+    const TRACE_KEPT: usize = 1 << 16;
+    let options = RunOptions { trace_events_max: TRACE_KEPT, ..RunOptions::default() };
+    let mut found = Vec::new();
+    for seed in 0..SEARCH_SEEDS_MAX {
+        let outcome = run(seed, &options);
         if let Some(violation) = &outcome.violation {
             panic!("{violation}\nreplay: {}", outcome.replay_command());
         }
+        assert!(outcome.trace[0].starts_with("#1 "), "seed {seed}: the trace lost its start");
+        if reopened_after_a_failed_fsync_then_crashed(&outcome.trace) {
+            found.push(seed);
+            if found.len() == FOUND_WANTED {
+                break;
+            }
+        }
     }
+    assert_eq!(
+        found.len(),
+        FOUND_WANTED,
+        "only seeds {found:?} of 0..{SEARCH_SEEDS_MAX} reopened without a crash after a failed \
+         fsync and crashed later: the workload no longer draws the situation this test is for"
+    );
+}
+
+/// Whether a run's trace shows an fsync failing, then (with no crash between) a round ending
+/// in a restart without a crash, then a crash.
+fn reopened_after_a_failed_fsync_then_crashed(trace: &[String]) -> bool {
+    let (mut failed, mut reopened) = (false, false);
+    for event in trace {
+        if event.contains("simulated EIO on fsync") {
+            failed = true;
+        } else if event.contains("end round") && event.ends_with(": Restart") {
+            reopened |= failed;
+        } else if event.ends_with(" crash") {
+            if reopened {
+                return true;
+            }
+            failed = false;
+        }
+    }
+    false
+}
+
+#[test]
+fn the_situation_finder_reads_the_trace_in_order() {
+    let trace = |events: &[&str]| events.iter().map(|e| (*e).to_owned()).collect::<Vec<_>>();
+    let eio = "#3 flush -> error: fsync /data/topics/events/0: simulated EIO on fsync";
+    let restart = "#5 end round 1: Restart";
+    let crash = "#9 crash";
+    assert!(reopened_after_a_failed_fsync_then_crashed(&trace(&[eio, restart, crash])));
+    assert!(!reopened_after_a_failed_fsync_then_crashed(&trace(&[eio, restart])));
+    assert!(!reopened_after_a_failed_fsync_then_crashed(&trace(&[eio, crash, restart, crash])));
+    assert!(!reopened_after_a_failed_fsync_then_crashed(&trace(&[restart, eio, crash])));
 }
 
 /// The fsync-failure reopen bug, pinned without a seed: records written in `os` mode, a flush

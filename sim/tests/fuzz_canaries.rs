@@ -2,7 +2,7 @@
 //! a committed seed makes the target panic. One test in its own binary: canaries are
 //! process-global.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::arm;
 use chronik_sim::fuzz::{self, seeds};
 use std::panic::{AssertUnwindSafe, catch_unwind};

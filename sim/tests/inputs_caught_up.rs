@@ -13,7 +13,7 @@
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
 use chronik::testing::{FailureKind, InputRecord, NOT_CAUGHT_UP, Simulation};
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::arm;
 
 /// Overwrites of one key: with a 64-byte header per emptied batch, more than the 1 MiB a

@@ -7,7 +7,7 @@
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
 use chronik::testing::{InputRecord, Simulation};
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::arm;
 
 /// Sessions: counts records per key; at the third, emits the session and deletes the key.

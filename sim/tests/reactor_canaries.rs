@@ -2,7 +2,7 @@
 //! [`chronik_sim::reactor`] workload within the bound `chronik-sim canaries` uses, by the
 //! oracle meant for it. One test in its own process: the active canary is process-global.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::{MAX_SEEDS_DEFAULT, REACTOR_CANARIES, arm};
 use chronik_sim::reactor::run_seed;
 

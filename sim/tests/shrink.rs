@@ -4,7 +4,7 @@
 //!
 //! The active canary is process-global, so this binary holds one engine test only.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries;
 use chronik_sim::run::{Feature, RunOptions, format_ranges, parse_ranges, run};
 use chronik_sim::shrink::shrink;

@@ -4,7 +4,7 @@
 //! same seeds pass without it. One test in its own process: the active canary is
 //! process-global.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_sim::canaries::{MAX_SEEDS_DEFAULT, arm};
 use chronik_sim::processors::{Workload, draw, run_seed};
 

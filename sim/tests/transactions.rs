@@ -5,7 +5,7 @@
 //! A topic deleted and created again does not inherit the old one's commit records. Two
 //! canaries of the commit's order make the same scenarios fail.
 
-use chronik_engine::internals::canary::Canary;
+use chronik_engine::canary::Canary;
 use chronik_engine::{
     Cleanup, Durability, Engine, GroupCommit, Offset, Options, Record, TopicConfig,
     TransactionWrite,

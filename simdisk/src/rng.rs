@@ -15,8 +15,16 @@ pub struct Rng {
     state: [u64; 4],
 }
 
-/// One step of splitmix64: advances `state` and returns the next output.
-fn splitmix64(state: &mut u64) -> u64 {
+/// One step of splitmix64: advances `state` and returns the next output. It seeds [`Rng`];
+/// tests that want a few numbers from a seed and no generator call it directly, so that the
+/// workspace has one implementation of it.
+///
+/// ```
+/// use chronik_simdisk::rng::splitmix64;
+/// let mut state = 1;
+/// assert_ne!(splitmix64(&mut state), splitmix64(&mut state));
+/// ```
+pub fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

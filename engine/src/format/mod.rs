@@ -20,6 +20,7 @@ pub const BATCH_VERSION: u16 = 1;
 /// gaps where records were removed, possibly none at all.
 pub const BATCH_VERSION_COMPACTED: u16 = 2;
 pub const BATCH_HEADER_BYTES: usize = size_of::<BatchHeader>();
+const _: () = assert!(BATCH_HEADER_BYTES == crate::limits::BATCH_HEADER_BYTES);
 pub const RECORD_HEADER_BYTES: usize = size_of::<RecordHeader>();
 pub const HEADER_ENTRY_BYTES: usize = size_of::<HeaderEntry>();
 /// Bytes at the start of a batch that its checksum does not cover: the checksum itself.
@@ -128,6 +129,16 @@ pub fn batch_checksum(batch: &[u8]) -> u64 {
 /// The hash used to map keys to partitions: xxh3-64 of the key bytes.
 pub fn key_hash(key: &[u8]) -> u64 {
     xxh3_64(key)
+}
+
+/// The partition of `key` among `partitions`: xxh3-64 of the key modulo the count (a count of
+/// zero is taken as one). Stable across versions, so records with the same key keep their
+/// order in one partition; the SDKs' producers use it when given a key and no partition.
+pub fn partition_for_key(key: &[u8], partitions: u32) -> u32 {
+    let partitions = u64::from(partitions.max(1));
+    let partition = key_hash(key) % partitions;
+    assert!(partition < partitions, "a key maps to one of the partitions");
+    partition as u32
 }
 
 /// What the writer needs to know of a batch, without parsing it again.

@@ -17,9 +17,9 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
-use super::run::verified;
+use super::files::{Damage, DiskOptions, Files, StoreError, canary_trusts_damage, is_empty_range};
+use super::manifest::Manifest;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
-use super::{Damage, DiskOptions, Files, StoreError};
 use crate::Offset;
 use chronik_engine::canary::{self, Canary};
 use std::borrow::Cow;
@@ -30,8 +30,6 @@ use std::sync::{Arc, Mutex};
 /// Runs of one level that merge into one of the next.
 pub const FANOUT: usize = 4;
 const MANIFEST: &str = "MANIFEST";
-const MANIFEST_MAGIC: &[u8; 4] = b"CHSM";
-const MANIFEST_VERSION: u16 = 1;
 /// Bytes a memtable entry costs beyond its key and value (tree node share, vectors).
 const ENTRY_OVERHEAD: usize = 64;
 
@@ -97,82 +95,6 @@ impl BlockCache {
         });
         assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
         assert!(self.blocks.keys().all(|key| key.0 != id), "a forgotten run has no block");
-    }
-}
-
-/// What the manifest records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Manifest {
-    identity: String,
-    offset: u64,
-    len: u64,
-    next_id: u64,
-    runs: Vec<RunMeta>,
-}
-
-impl Manifest {
-    fn encode(&self) -> Vec<u8> {
-        // Pair with `decode` and `DiskStore::load`, which refuse a manifest breaking these.
-        assert!(self.runs.iter().all(|r| r.id < self.next_id), "run ids are below the next id");
-        assert!(
-            self.runs.windows(2).all(|pair| pair[0].level <= pair[1].level),
-            "levels never decrease from newest to oldest"
-        );
-        assert!(u32::try_from(self.identity.len()).is_ok(), "an identity's length fits u32");
-        let mut bytes = Vec::with_capacity(64 + self.identity.len() + self.runs.len() * 32);
-        bytes.extend_from_slice(MANIFEST_MAGIC);
-        bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        bytes.extend_from_slice(&[0, 0]);
-        bytes.extend_from_slice(&(self.identity.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(self.identity.as_bytes());
-        for field in [self.offset, self.len, self.next_id, self.runs.len() as u64] {
-            bytes.extend_from_slice(&field.to_le_bytes());
-        }
-        for run in &self.runs {
-            bytes.extend_from_slice(&run.id.to_le_bytes());
-            bytes.extend_from_slice(&[run.level, 0, 0, 0, 0, 0, 0, 0]);
-            bytes.extend_from_slice(&run.bytes.to_le_bytes());
-            bytes.extend_from_slice(&run.entries.to_le_bytes());
-        }
-        let sum = run::checksum(&bytes);
-        bytes.extend_from_slice(&sum.to_le_bytes());
-        // Pair assertion: what is about to be written reads back as written.
-        debug_assert_eq!(Manifest::decode(&bytes).as_ref(), Some(self), "a manifest round-trips");
-        bytes
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Manifest> {
-        let body = verified(bytes)?;
-        let mut rest = body;
-        let mut take = |n: usize| -> Option<&[u8]> {
-            let (head, tail) = rest.split_at_checked(n)?;
-            rest = tail;
-            Some(head)
-        };
-        if take(4)? != MANIFEST_MAGIC || take(2)? != MANIFEST_VERSION.to_le_bytes() {
-            return None;
-        }
-        take(2)?;
-        let length = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        let identity = String::from_utf8(take(length)?.to_vec()).ok()?;
-        let mut u64_field =
-            || -> Option<u64> { Some(u64::from_le_bytes(take(8)?.try_into().ok()?)) };
-        let (offset, len, next_id, count) =
-            (u64_field()?, u64_field()?, u64_field()?, u64_field()?);
-        let mut runs = Vec::new();
-        for _ in 0..count {
-            let id = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            let level = take(8)?[0];
-            let bytes = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            let entries = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            // Damage (or a manifest we would never write) is refused here, not asserted.
-            let older = runs.last().is_some_and(|newer: &RunMeta| newer.level > level);
-            if id >= next_id || older {
-                return None;
-            }
-            runs.push(RunMeta { id, level, bytes, entries });
-        }
-        rest.is_empty().then_some(Manifest { identity, offset, len, next_id, runs })
     }
 }
 
@@ -542,7 +464,7 @@ impl DiskStore {
 
     /// Entries with keys within the bounds, in key order.
     pub fn range(&self, low: Bound<&[u8]>, high: Bound<&[u8]>) -> DiskRange<'_> {
-        if super::is_empty_range(low, high) {
+        if is_empty_range(low, high) {
             let nothing: MemtableIter<'_> = Box::new(std::iter::empty());
             let high = high.map(<[u8]>::to_vec);
             let memtable = nothing.peekable();
@@ -698,7 +620,7 @@ impl DiskStore {
         let meta = writer.finish()?;
         // A merge drops shadowed entries (and deletions, at the oldest) but invents none.
         assert!(
-            meta.entries <= expected || super::canary_trusts_damage(),
+            meta.entries <= expected || canary_trusts_damage(),
             "a merge writes at most the entries it read"
         );
         self.files.sync()?;
@@ -780,8 +702,7 @@ impl<'a> RunCursor<'a> {
             // Pair with `RunWriter::add`, which refuses keys out of order before a block is
             // written: a block read back (its checksum and order verified) holds them in order.
             debug_assert!(
-                self.block.windows(2).all(|pair| pair[0].0 < pair[1].0)
-                    || super::canary_trusts_damage(),
+                self.block.windows(2).all(|pair| pair[0].0 < pair[1].0) || canary_trusts_damage(),
                 "a block's keys strictly increase when read back"
             );
             self.at = 0;

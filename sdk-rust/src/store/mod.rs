@@ -9,22 +9,22 @@
 //! foreign or damaged store is detected and rebuilt from the changelog.
 
 pub(crate) mod disk;
+mod files;
+mod manifest;
 pub(crate) mod run;
 mod typed;
 
 use crate::Record;
-use chronik_engine::canary::{self, Canary};
-use chronik_engine::io::Io;
 use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
 use std::ops::{Bound, RangeBounds};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 pub(crate) use disk::DiskStore;
 pub use disk::check_directory;
+pub use files::{Damage, DiskOptions, StoreError};
+pub(crate) use files::{Files, canary_trusts_damage, is_empty_range};
 pub use typed::Typed;
 
 /// The first byte of a changelog value that holds a stored value.
@@ -71,147 +71,6 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
-/// A disk store's settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DiskOptions {
-    /// Memory the store may hold: an eighth for changes not yet written to a run (the
-    /// memtable, flushed after the commit that fills it; it also bounds the changelog a
-    /// restart after a crash reads), the rest for cached blocks. Run indexes and Bloom
-    /// filters (about 1.5 bytes per entry) come on top. Per store and partition.
-    pub cache_bytes: usize,
-}
-
-impl Default for DiskOptions {
-    fn default() -> DiskOptions {
-        DiskOptions { cache_bytes: 64 << 20 }
-    }
-}
-
-/// A damaged store file: which, and what was wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Damage {
-    pub file: String,
-    pub detail: &'static str,
-}
-
-impl Damage {
-    pub fn new(file: &str, detail: &'static str) -> Damage {
-        assert!(!file.is_empty(), "damage names its file");
-        assert!(!detail.is_empty(), "damage says what was wrong");
-        Damage { file: file.to_owned(), detail }
-    }
-}
-
-impl std::fmt::Display for Damage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.file, self.detail)
-    }
-}
-
-/// A disk store's failure.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("{operation} {}: {source}", path.display())]
-    Io { operation: &'static str, path: PathBuf, source: std::io::Error },
-    #[error("damaged store file {0}")]
-    Damaged(Damage),
-    #[error("disk stores need the embedded engine's data directory: {0}")]
-    Unavailable(String),
-}
-
-impl From<chronik_engine::IoError> for StoreError {
-    fn from(error: chronik_engine::IoError) -> StoreError {
-        StoreError::Io { operation: error.operation, path: error.path, source: error.source }
-    }
-}
-
-/// The canary that trusts damaged store bytes (checksums not compared).
-pub(crate) fn canary_trusts_damage() -> bool {
-    canary::active(Canary::StoreTrustsDamage)
-}
-
-/// Longest small store file (a manifest) that can be intact: far above any real one, so a
-/// larger size is damage and is not read whole.
-const SMALL_FILE_BYTES_MAX: u64 = 64 << 20;
-
-/// One disk store's directory, and the I/O its files go through.
-pub(crate) struct Files {
-    pub io: Arc<dyn Io>,
-    pub directory: PathBuf,
-}
-
-impl std::fmt::Debug for Files {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Files").field("directory", &self.directory).finish_non_exhaustive()
-    }
-}
-
-impl Files {
-    pub fn path(&self, name: &str) -> PathBuf {
-        // A store's files are plain names in its own directory, never a path out of it.
-        assert!(
-            !name.is_empty() && !name.contains('/') && name != "." && name != "..",
-            "a store file is a plain name in its directory"
-        );
-        self.directory.join(name)
-    }
-
-    pub fn error(operation: &'static str, path: &Path, source: std::io::Error) -> StoreError {
-        StoreError::Io { operation, path: path.to_owned(), source }
-    }
-
-    /// Create the directory if missing, durably.
-    pub fn create_directory(&self) -> Result<(), StoreError> {
-        match self.io.create_directory(&self.directory) {
-            Ok(()) => {
-                let parent = self.directory.parent().unwrap_or(Path::new("/"));
-                chronik_engine::io::sync_directory(&*self.io, parent)
-                    .map_err(|e| Files::error("fsync", parent, e))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(Files::error("create directory", &self.directory, e)),
-        }
-    }
-
-    /// Make the directory's entries durable.
-    pub fn sync(&self) -> Result<(), StoreError> {
-        chronik_engine::io::sync_directory(&*self.io, &self.directory)
-            .map_err(|e| Files::error("fsync", &self.directory, e))
-    }
-
-    pub fn list(&self) -> Result<Vec<String>, StoreError> {
-        let entries =
-            self.io.list(&self.directory).map_err(|e| Files::error("list", &self.directory, e))?;
-        assert!(entries.iter().all(|e| !e.name.contains('/')), "a listing gives plain names");
-        Ok(entries.into_iter().filter(|e| !e.is_directory).map(|e| e.name).collect())
-    }
-
-    pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
-        assert_eq!(path.parent(), Some(self.directory.as_path()), "a store removes only its own");
-        match self.io.remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(Files::error("remove", path, e))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The whole of a small file, if it exists.
-    pub fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        chronik_engine::io::read_file_bounded(&*self.io, &self.path(name), SMALL_FILE_BYTES_MAX)
-            .map_err(StoreError::from)
-    }
-
-    /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
-    /// rename (the engine's state-file protocol), then the directory fsync.
-    pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        assert!(bytes.len() > 8, "a file written whole holds more than its checksum");
-        chronik_engine::io::replace_file(&*self.io, &self.path(name), bytes)?;
-        self.sync()
-    }
-}
-
-/// Whether no key can lie between `low` and `high`.
 impl<'a> IntoIterator for &'a Store {
     type Item = Result<Entry<'a>, StoreError>;
     type IntoIter = Entries<'a>;
@@ -246,15 +105,6 @@ impl<'a> Iterator for Entries<'a> {
         // The merge ends early when a read fails; that failure is remembered, not lost.
         self.inner = None;
         self.store.check().err().map(Err)
-    }
-}
-
-pub(crate) fn is_empty_range(low: Bound<&[u8]>, high: Bound<&[u8]>) -> bool {
-    match (low, high) {
-        (Bound::Included(l), Bound::Included(h)) => l > h,
-        (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(h))
-        | (Bound::Excluded(l), Bound::Included(h)) => l >= h,
-        _ => false,
     }
 }
 

@@ -2,7 +2,7 @@
 //! key order, in checksummed blocks, with an index of the blocks and a Bloom filter of the keys.
 //! The layout is in docs/format.md ("Disk store runs").
 
-use super::{Damage, Files, StoreError};
+use super::files::{Damage, Files, StoreError, canary_trusts_damage};
 use chronik_engine::io::{FileHandle, OpenMode, Operation};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -360,7 +360,7 @@ impl<'a> Fields<'a> {
 /// `bytes` without its trailing checksum, if the checksum matches.
 pub fn verified(bytes: &[u8]) -> Option<&[u8]> {
     let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(8)?)?;
-    if super::canary_trusts_damage() {
+    if canary_trusts_damage() {
         return Some(body);
     }
     (checksum(body) == u64::from_le_bytes(sum.try_into().ok()?)).then_some(body)
@@ -502,14 +502,14 @@ impl Run {
             let at = bytes.len() - rest.fields.rest.len();
             let Some(entry) = rest.next() else { break };
             let (key, value) = entry.ok_or_else(damaged)?;
-            if last.is_some_and(|l| l >= key) && !super::canary_trusts_damage() {
+            if last.is_some_and(|l| l >= key) && !canary_trusts_damage() {
                 return Err(damaged());
             }
             last = Some(key);
             let value_length = value.map_or(TOMBSTONE, |v| v.len() as u32);
             entries.push(EntryAt { at: at as u32, key_length: key.len() as u32, value_length });
         }
-        if last != Some(&*self.index[i].last_key) && !super::canary_trusts_damage() {
+        if last != Some(&*self.index[i].last_key) && !canary_trusts_damage() {
             return Err(damaged());
         }
         Ok(Block { bytes, entries })
