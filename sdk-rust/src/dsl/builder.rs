@@ -72,7 +72,6 @@ impl Topology {
 
     /// Run each batch of records through `around`, which must call the function it is given
     /// once (the Python SDK holds the GIL around a batch with it).
-    #[doc(hidden)]
     pub fn around_batch(&self, around: AroundBatch) {
         self.lock().around_batch = Some(around);
     }
