@@ -719,3 +719,18 @@ fn no_source_file_of_the_sdk_or_the_simulator_is_too_long() {
         report.join("\n")
     );
 }
+
+/// The front-door documents stay a quick read: a reader finds the one thing they came for.
+const DOCUMENT_BYTES_MAX: [(&str, u64); 2] =
+    [("README.md", 12 * 1024), ("ARCHITECTURE.md", 15 * 1024)];
+
+#[test]
+fn the_readme_and_the_architecture_stay_short() {
+    for (name, bytes_max) in DOCUMENT_BYTES_MAX {
+        let bytes = std::fs::metadata(workspace_root().join(name)).unwrap().len();
+        assert!(
+            bytes <= bytes_max,
+            "{name} is {bytes} bytes, over its {bytes_max}: move detail to docs/ instead"
+        );
+    }
+}
