@@ -3,17 +3,14 @@
 //! reads records.
 
 use crate::{
-    AppendError, Appended, CommitError, CompactionReport, Consumer, DamagedTopic, Error,
-    GroupCommit, MetricsSnapshot, Offset, OpenError, Options, Producer, ReadError, RecoveryReport,
-    SystemClock, SystemIo, TopicConfig, TopicDescription, TopicError, TransactionWrite,
+    AppendError, Appended, CommitError, CompactionReport, Consumer, DamagedTopic, DefaultEngine,
+    Error, GroupCommit, MetricsSnapshot, Offset, OpenError, Options, Producer, ReadError,
+    RecoveryReport, SystemClock, SystemIo, TopicConfig, TopicDescription, TopicError,
+    TransactionWrite,
 };
 use chronik_engine::runtime::Runtime;
 use std::path::Path;
 use std::sync::Arc;
-
-/// The engine type behind [`Chronik`]: io_uring on Linux where available, pread/pwrite
-/// otherwise (see [`Options::io_backend`]).
-pub type DefaultEngine = chronik_engine::Engine<SystemIo>;
 
 /// An open data directory with its background runtime.
 #[derive(Debug)]

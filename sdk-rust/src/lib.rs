@@ -36,6 +36,11 @@ pub use chronik_engine::{
 pub type PendingAppend = chronik_engine::PendingAppend<SystemIo>;
 
 pub use chronik_engine::limits;
+
+/// The engine type behind [`Chronik`]: io_uring on Linux where available, pread/pwrite
+/// otherwise (see [`Options::io_backend`]).
+pub type DefaultEngine = chronik_engine::Engine<SystemIo>;
+
 pub use chronik_engine::metrics::{HistogramSnapshot, MetricsSnapshot};
 
 mod chronik;
@@ -50,7 +55,7 @@ mod producer;
 pub mod store;
 pub mod testing;
 
-pub use chronik::{Chronik, DefaultEngine};
+pub use chronik::Chronik;
 pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};
 pub use consumer::{Consumer, OwnedRecord};
 pub use cursor::next_fetch;
