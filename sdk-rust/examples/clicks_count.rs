@@ -20,6 +20,7 @@
 //! Defaults: 1,000,000 clicks over 1,000 users in 4 partitions. The last line names the final
 //! state (`final state: ... digest ...`), the same on every target for the same clicks.
 
+use chronik::Log;
 use chronik::processor::{
     Context, Guarantee, ProcessError, Processor, ProcessorConfig, RestoreProgress, StoreKind, Until,
 };

@@ -16,6 +16,7 @@
 //! The users (1,000) are written at time 0 (version 1) and again halfway through the clicks
 //! (version 2); clicks before that moment must carry version 1, the others version 2.
 
+use chronik::Log;
 use chronik::processor::{Context, Guarantee, ProcessError, Processor, ProcessorConfig, Until};
 use chronik::{Connection, Durability, Options, Record, RecordView, TransactionWrite};
 use std::collections::BTreeMap;

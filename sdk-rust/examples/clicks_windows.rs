@@ -15,6 +15,7 @@
 //! example at any moment and start it again: the last line checks every output record
 //! against the same results worked out in plain Rust (`exact: ...`).
 
+use chronik::Log;
 use chronik::dsl::{Topology, Windows};
 use chronik::{Connection, Durability, Options, OwnedRecord, Record, TransactionWrite};
 use std::collections::BTreeMap;

@@ -1,13 +1,13 @@
-//! One API over both logs: an embedded data directory, or (feature `kafka`) a Kafka-protocol
-//! cluster. Code written against [`Connection`] runs unchanged on either; the target string
-//! decides:
+//! One API over both logs, the [`Log`] trait: an embedded data directory, or (feature `kafka`)
+//! a Kafka-protocol cluster. Code written against it runs unchanged on either; for a
+//! [`Connection`], the target string decides:
 //!
 //! - `kafka://host:port[,host:port...]`: a Kafka-protocol cluster;
 //! - anything else (optionally `file://`): a Chronik data directory, opened embedded.
 //!
 //! ```
 //! use chronik::processor::{Guarantee, ProcessorConfig, Until};
-//! use chronik::{Connection, Record};
+//! use chronik::{Log, Record};
 //!
 //! let directory = tempfile::tempdir()?;
 //! let log = chronik::connect(directory.path().to_str().unwrap())?;
@@ -19,7 +19,7 @@
 
 use crate::processor::{Guarantee, Processor, ProcessorConfig, ProcessorError, RunStats, Until};
 use crate::{AppendError, Chronik, Error, Options, OwnedRecord, ReadError, Record, TopicError};
-use crate::{CommitError, TopicConfig, TransactionWrite};
+use crate::{CommitError, Offset, TopicConfig, TransactionWrite};
 
 #[cfg(feature = "kafka")]
 use crate::kafka::{ClusterError, KafkaClient};
@@ -80,46 +80,23 @@ pub fn connect_with(target: &str, options: Options) -> Result<Connection, Connec
     Ok(Connection::Embedded(Chronik::open(path, options)?))
 }
 
-impl Connection {
+/// A log an application writes and reads: an embedded data directory ([`Chronik`]) or, with
+/// the cargo feature `kafka`, a Kafka-protocol cluster ([`KafkaClient`]); a [`Connection`] is
+/// either, chosen by a target string. Code written against this trait runs unchanged on both.
+/// Its consumers are [`LogConsumer`]s, whichever log is behind them.
+pub trait Log {
     /// Whether this is a Kafka-protocol cluster.
-    pub fn is_kafka(&self) -> bool {
-        !matches!(self, Connection::Embedded(_))
-    }
+    fn is_kafka(&self) -> bool;
 
     /// The partition count of `topic`, or `None` if it does not exist.
-    pub fn partition_count(&self, topic: &str) -> Result<Option<u32>, ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => Ok(chronik.partition_count(topic)),
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => Ok(client.partition_count(topic)?),
-        }
-    }
+    fn partition_count(&self, topic: &str) -> Result<Option<u32>, ConnectionError>;
 
     /// Create `topic` with `partitions` partitions unless it exists; returns whether it
     /// created it. An existing topic with another partition count is an error.
-    pub fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<bool, ConnectionError> {
-        match self.partition_count(topic)? {
-            Some(count) if count == partitions => return Ok(false),
-            Some(_) => {
-                return Err(TopicError::AlreadyExists { name: topic.to_owned() }.into());
-            }
-            None => {}
-        }
-        match self {
-            Connection::Embedded(chronik) => {
-                chronik.create_topic(topic, TopicConfig::default().with_partitions(partitions))?;
-            }
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => match client.create_topic(topic, partitions, false) {
-                Ok(()) | Err(ClusterError::TopicExists { .. }) => {}
-                Err(error) => return Err(error.into()),
-            },
-        }
-        Ok(true)
-    }
+    fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<bool, ConnectionError>;
 
     /// Append `records` to `partition` of `topic`, acknowledged when this returns.
-    pub fn send(
+    fn send(
         &self,
         topic: &str,
         partition: u32,
@@ -131,98 +108,224 @@ impl Connection {
     /// Append several partitions' records. Embedded: one transaction, all or nothing. On a
     /// cluster: plain sends, each partition's in order, all acknowledged when this returns
     /// (a failure midway may leave some written).
-    pub fn send_all(&self, writes: &[TransactionWrite<'_>]) -> Result<(), ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => {
-                chronik.commit_transaction(writes, None)?;
-            }
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => client.send_all(writes)?,
-        }
-        Ok(())
-    }
+    fn send_all(&self, writes: &[TransactionWrite<'_>]) -> Result<(), ConnectionError>;
 
     /// The offset the next record of `topic`/`partition` will get. With plain sends only it
     /// is also the number of records ever written there (on a cluster, a transaction's commit
     /// marker takes an offset too).
-    pub fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => Ok(chronik.high_watermark(topic, partition)?.get()),
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => Ok(client.end_offset(topic, partition)?),
-        }
-    }
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ConnectionError>;
 
     /// How many records `topic`/`partition` holds: embedded, its end offset (every offset
     /// below it was a record); on a cluster, the committed records counted by reading them.
-    pub fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => Ok(chronik.high_watermark(topic, partition)?.get()),
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => Ok(client.records(topic, partition)?.len() as u64),
-        }
-    }
+    fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError>;
 
     /// Every committed record of `topic`/`partition`, in offset order.
-    pub fn records(
-        &self,
-        topic: &str,
-        partition: u32,
-    ) -> Result<Vec<OwnedRecord>, ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => {
-                Ok(chronik.consumer(topic, partition).collect::<Result<Vec<_>, _>>()?)
-            }
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => Ok(client.records(topic, partition)?),
-        }
-    }
+    fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ConnectionError>;
 
     /// A consumer of one partition: in `group`, from where the group committed last (or the
     /// start), with [`LogConsumer::commit`]; outside a group, from the start.
-    pub fn consumer(
+    fn consumer(
         &self,
         topic: &str,
         partition: u32,
         group: Option<&str>,
-    ) -> Result<LogConsumer, ConnectionError> {
-        match self {
-            Connection::Embedded(chronik) => Ok(LogConsumer::Embedded(match group {
-                Some(group) => chronik.group_consumer(group, topic, partition),
-                None => chronik.consumer(topic, partition),
-            })),
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => {
-                Ok(LogConsumer::Kafka(client.consumer(topic, partition, group)?))
-            }
-        }
-    }
+    ) -> Result<LogConsumer, ConnectionError>;
 
     /// Run a processor application until `until`. Embedded: every partition's task in this
     /// process, exactly once. On a cluster: the partitions this process gets in the consumer
     /// group `config.application`, with `guarantee`; start the same program several times
     /// to share the partitions.
-    pub fn run<P: Processor>(
+    fn run<P: Processor>(
         &self,
         config: ProcessorConfig,
         guarantee: Guarantee,
-        #[allow(unused_mut)] mut factory: impl FnMut(u32) -> P,
+        factory: impl FnMut(u32) -> P,
         until: Until<'_>,
-    ) -> Result<RunStats, ProcessorError> {
-        match self {
-            Connection::Embedded(chronik) => {
-                let _ = guarantee; // Exactly once, always.
-                let mut runner = crate::processor::Runner::new(chronik.engine(), config, factory)?;
-                match until {
-                    Until::CaughtUp => runner.run_until_caught_up(),
-                    Until::Stopped(stop) => runner.run_until(stop),
-                }
-            }
-            #[cfg(feature = "kafka")]
-            Connection::Kafka(client) => {
-                crate::kafka::group::run(client, &config, guarantee, &mut factory, until)
+    ) -> Result<RunStats, ProcessorError>;
+}
+
+impl Log for Chronik {
+    fn is_kafka(&self) -> bool {
+        false
+    }
+
+    fn partition_count(&self, topic: &str) -> Result<Option<u32>, ConnectionError> {
+        Ok(Chronik::partition_count(self, topic))
+    }
+
+    fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<bool, ConnectionError> {
+        match Chronik::partition_count(self, topic) {
+            Some(count) if count == partitions => Ok(false),
+            Some(_) => Err(TopicError::AlreadyExists { name: topic.to_owned() }.into()),
+            None => {
+                self.create_topic(topic, TopicConfig::default().with_partitions(partitions))?;
+                Ok(true)
             }
         }
+    }
+
+    fn send_all(&self, writes: &[TransactionWrite<'_>]) -> Result<(), ConnectionError> {
+        let appended = self.commit_transaction(writes, None)?;
+        assert!(appended.len() <= writes.len(), "one batch per write at most");
+        Ok(())
+    }
+
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ConnectionError> {
+        Ok(self.high_watermark(topic, partition)?)
+    }
+
+    fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
+        Ok(self.high_watermark(topic, partition)?.get())
+    }
+
+    fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ConnectionError> {
+        Ok(Chronik::consumer(self, topic, partition).collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn consumer(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<LogConsumer, ConnectionError> {
+        Ok(LogConsumer::Embedded(match group {
+            Some(group) => self.group_consumer(group, topic, partition),
+            None => Chronik::consumer(self, topic, partition),
+        }))
+    }
+
+    fn run<P: Processor>(
+        &self,
+        config: ProcessorConfig,
+        _guarantee: Guarantee, // Exactly once, always.
+        factory: impl FnMut(u32) -> P,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        let mut runner = crate::processor::Runner::new(self.engine(), config, factory)?;
+        match until {
+            Until::CaughtUp => runner.run_until_caught_up(),
+            Until::Stopped(stop) => runner.run_until(stop),
+        }
+    }
+}
+
+#[cfg(feature = "kafka")]
+impl Log for KafkaClient {
+    fn is_kafka(&self) -> bool {
+        true
+    }
+
+    fn partition_count(&self, topic: &str) -> Result<Option<u32>, ConnectionError> {
+        Ok(KafkaClient::partition_count(self, topic)?)
+    }
+
+    fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<bool, ConnectionError> {
+        match KafkaClient::partition_count(self, topic)? {
+            Some(count) if count == partitions => return Ok(false),
+            Some(_) => return Err(TopicError::AlreadyExists { name: topic.to_owned() }.into()),
+            None => {}
+        }
+        match self.create_topic(topic, partitions, false) {
+            Ok(()) => Ok(true),
+            // Created meanwhile by another process: as if it had existed.
+            Err(ClusterError::TopicExists { .. }) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn send_all(&self, writes: &[TransactionWrite<'_>]) -> Result<(), ConnectionError> {
+        Ok(KafkaClient::send_all(self, writes)?)
+    }
+
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ConnectionError> {
+        Ok(Offset::new(KafkaClient::end_offset(self, topic, partition)?))
+    }
+
+    fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
+        Ok(KafkaClient::records(self, topic, partition)?.len() as u64)
+    }
+
+    fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ConnectionError> {
+        Ok(KafkaClient::records(self, topic, partition)?)
+    }
+
+    fn consumer(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<LogConsumer, ConnectionError> {
+        Ok(LogConsumer::Kafka(KafkaClient::consumer(self, topic, partition, group)?))
+    }
+
+    fn run<P: Processor>(
+        &self,
+        config: ProcessorConfig,
+        guarantee: Guarantee,
+        mut factory: impl FnMut(u32) -> P,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        crate::kafka::group::run(self, &config, guarantee, &mut factory, until)
+    }
+}
+
+/// Each call goes to the log behind the connection.
+macro_rules! on_either {
+    ($connection:expr, $log:ident => $call:expr) => {
+        match $connection {
+            Connection::Embedded($log) => $call,
+            #[cfg(feature = "kafka")]
+            Connection::Kafka($log) => $call,
+        }
+    };
+}
+
+impl Log for Connection {
+    fn is_kafka(&self) -> bool {
+        on_either!(self, log => log.is_kafka())
+    }
+
+    fn partition_count(&self, topic: &str) -> Result<Option<u32>, ConnectionError> {
+        on_either!(self, log => Log::partition_count(log, topic))
+    }
+
+    fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<bool, ConnectionError> {
+        on_either!(self, log => log.ensure_topic(topic, partitions))
+    }
+
+    fn send_all(&self, writes: &[TransactionWrite<'_>]) -> Result<(), ConnectionError> {
+        on_either!(self, log => Log::send_all(log, writes))
+    }
+
+    fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ConnectionError> {
+        on_either!(self, log => Log::end_offset(log, topic, partition))
+    }
+
+    fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
+        on_either!(self, log => log.record_count(topic, partition))
+    }
+
+    fn records(&self, topic: &str, partition: u32) -> Result<Vec<OwnedRecord>, ConnectionError> {
+        on_either!(self, log => Log::records(log, topic, partition))
+    }
+
+    fn consumer(
+        &self,
+        topic: &str,
+        partition: u32,
+        group: Option<&str>,
+    ) -> Result<LogConsumer, ConnectionError> {
+        on_either!(self, log => Log::consumer(log, topic, partition, group))
+    }
+
+    fn run<P: Processor>(
+        &self,
+        config: ProcessorConfig,
+        guarantee: Guarantee,
+        factory: impl FnMut(u32) -> P,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        on_either!(self, log => Log::run(log, config, guarantee, factory, until))
     }
 }
 
@@ -238,11 +341,11 @@ pub enum LogConsumer {
 
 impl LogConsumer {
     /// The offset of the next record this consumer reads.
-    pub fn position(&self) -> u64 {
+    pub fn position(&self) -> Offset {
         match self {
-            LogConsumer::Embedded(consumer) => consumer.position().get(),
+            LogConsumer::Embedded(consumer) => consumer.position(),
             #[cfg(feature = "kafka")]
-            LogConsumer::Kafka(consumer) => consumer.position(),
+            LogConsumer::Kafka(consumer) => Offset::new(consumer.position()),
         }
     }
 

@@ -56,7 +56,9 @@ pub mod store;
 pub mod testing;
 
 pub use chronik::Chronik;
-pub use connect::{Connection, ConnectionError, KAFKA_SCHEME, LogConsumer, connect, connect_with};
+pub use connect::{
+    Connection, ConnectionError, KAFKA_SCHEME, Log, LogConsumer, connect, connect_with,
+};
 pub use consumer::{Consumer, OwnedRecord};
 pub use cursor::next_fetch;
 pub use producer::{PendingSend, Producer, Sent, SentBatch};

@@ -6,6 +6,7 @@
 //! The oracle is the engine's own full read (itself model-checked by the simulator), and the
 //! latest value of every key, which compaction must keep.
 
+use chronik::Log;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig, Runner};
 use chronik::{
     Chronik, Cleanup, Durability, Offset, Options, OwnedRecord, Record, RecordView, TopicConfig,

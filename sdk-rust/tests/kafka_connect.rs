@@ -4,6 +4,7 @@
 //! goes on when more arrives. Built with `--features kafka`; run by `scripts/kafka-test`.
 #![cfg(feature = "kafka")]
 
+use chronik::Log;
 use chronik::kafka::TestBroker;
 use chronik::{Connection, Header, OwnedRecord, Record};
 
@@ -38,7 +39,7 @@ fn consumers_resume_where_their_group_committed(log: &Connection) {
     assert_eq!(head[0].key.as_deref(), Some(&b"key"[..]));
     assert_eq!(head[0].headers, vec![(b"h".to_vec(), b"x".to_vec())]);
     assert_eq!(head[1].timestamp, 1_700_000_000_001);
-    assert_eq!(first.position(), head[3].offset.get() + 1);
+    assert_eq!(first.position(), head[3].offset.plus(1));
     first.commit().unwrap();
     drop(first);
 
