@@ -4,27 +4,11 @@
 
 mod common;
 
-use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig, Runner};
-use chronik::{Chronik, Options, Record, RecordView, TopicConfig};
+use chronik::processor::{ProcessorConfig, Runner};
+use chronik::testing::CountByKey;
+use chronik::{Chronik, Options, Record, TopicConfig};
 use common::{assert_fails, chronik, snapshot, text};
 use std::path::{Path, PathBuf};
-
-/// Counts records per key.
-struct Counter;
-
-impl Processor for Counter {
-    fn process(
-        &mut self,
-        record: &RecordView<'_>,
-        ctx: &mut Context<'_>,
-    ) -> Result<(), ProcessError> {
-        let key = record.key().unwrap_or_default();
-        let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap()));
-        store.put(key, &(count + 1).to_le_bytes());
-        Ok(())
-    }
-}
 
 /// A data directory whose processor `counter` keeps a disk store of several runs, closed.
 fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
@@ -43,7 +27,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
         .store_with("counts", "disk:1".parse().unwrap())
         .commit_interval_ms(5);
     let store = data.join("state").join(config.store_directory("counts", 0));
-    let mut runner = Runner::new(chronik.engine(), config, |_| Counter).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config, |_| CountByKey::new("counts")).unwrap();
     runner.run_until_caught_up().unwrap();
     assert!(runner.store(0, "counts").unwrap().disk_runs().unwrap() >= 1);
     drop(runner);

@@ -36,6 +36,12 @@
 //!
 //! A failure names its seed and how to replay only that one: set `CHRONIK_SIM_SEED=S` (the
 //! run then uses seed `S` alone), or pass `seeds: S..S + 1`.
+//!
+//! [`CountByKey`] is a ready-made processor for tests: it counts records per key into a store.
+
+mod count_by_key;
+
+pub use count_by_key::{CountByKey, CountEncoding};
 
 use crate::dsl::{Topology, TopologyRunner};
 use crate::processor::{

@@ -2,30 +2,17 @@
 //! offset; a store that is missing, stale, foreign or damaged is found, reported and rebuilt
 //! from the changelog, and the counts come out exact every time.
 
-use chronik::processor::{
-    Context, ProcessError, Processor, ProcessorConfig, RestoreProgress, RunStats, Runner,
-};
-use chronik::{Chronik, Durability, Options, Record, RecordView, SystemIo, TopicConfig};
+use chronik::processor::{ProcessorConfig, RestoreProgress, RunStats, Runner};
+use chronik::testing::CountByKey;
+use chronik::{Chronik, Durability, Options, Record, SystemIo, TopicConfig};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// Counts records per key, 8-byte counts.
-struct Counter;
-
-impl Processor for Counter {
-    fn process(
-        &mut self,
-        record: &RecordView<'_>,
-        ctx: &mut Context<'_>,
-    ) -> Result<(), ProcessError> {
-        let key = record.key().unwrap_or_default();
-        let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
-        store.put(key, &count.to_le_bytes());
-        Ok(())
-    }
+/// Counts records per key in "counts", 8-byte counts.
+fn counter() -> CountByKey {
+    CountByKey::new("counts")
 }
 
 const KEYS: u64 = 3_000;
@@ -74,7 +61,7 @@ fn config(reports: &Reports) -> ProcessorConfig {
     }
 }
 
-fn counts(runner: &Runner<SystemIo, Counter>) -> BTreeMap<String, u64> {
+fn counts(runner: &Runner<SystemIo, CountByKey>) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for partition in 0..2 {
         let store = runner.store(partition, "counts").unwrap();
@@ -92,7 +79,7 @@ fn counts(runner: &Runner<SystemIo, Counter>) -> BTreeMap<String, u64> {
 /// Run to the end of the input; the counts and the run's stats.
 fn run(dir: &Path, reports: &Reports) -> (BTreeMap<String, u64>, RunStats, usize) {
     let chronik = open(dir);
-    let mut runner = Runner::new(chronik.engine(), config(reports), |_| Counter).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config(reports), |_| counter()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();
     let runs: usize = (0..2).map(|p| runner.store(p, "counts").unwrap().disk_runs().unwrap()).sum();
     (counts(&runner), stats, runs)
@@ -261,7 +248,7 @@ fn a_damaged_block_read_outside_a_task_is_an_error_not_part_of_the_store() {
     }
     {
         let chronik = open(dir.path());
-        let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+        let runner = Runner::new(chronik.engine(), config(&reports), |_| counter()).unwrap();
         let store = runner.store(0, "counts").unwrap();
         let entries: Vec<_> = store.iter().collect();
         let last = entries.last().expect("an entry or the error");
@@ -380,7 +367,7 @@ fn a_get_from_a_damaged_block_is_damaged_not_absent() {
     let blocks = damage_value(&store_directory(dir.path(), 0), key.as_bytes());
     assert!(blocks.iter().any(|&b| b > 0), "a block past the first: {blocks:?}");
     let chronik = open(dir.path());
-    let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+    let runner = Runner::new(chronik.engine(), config(&reports), |_| counter()).unwrap();
     let store = runner.store(0, "counts").unwrap();
     // A key in another block reads right, and nothing failed.
     let (other, count) = partition_zero(20_000)[0].clone();
@@ -404,7 +391,7 @@ fn a_range_over_a_damaged_block_stops_with_damage_and_drops_nothing_before_it() 
     let key = middle_key();
     damage_value(&store_directory(dir.path(), 0), key.as_bytes());
     let chronik = open(dir.path());
-    let runner = Runner::new(chronik.engine(), config(&reports), |_| Counter).unwrap();
+    let runner = Runner::new(chronik.engine(), config(&reports), |_| counter()).unwrap();
     let store = runner.store(0, "counts").unwrap();
     let want = partition_zero(20_000);
     let decode = |(k, v): (std::borrow::Cow<'_, [u8]>, std::borrow::Cow<'_, [u8]>)| {
@@ -426,29 +413,6 @@ fn a_range_over_a_damaged_block_stops_with_damage_and_drops_nothing_before_it() 
     assert_eq!(before, want[..before.len()], "the entries before the damage, all of them");
 }
 
-/// Counts like [`Counter`]; on partition 0 it fails at the 300th record: with commits every
-/// 50 records, a crash with the changelog ahead of the store (nothing flushed).
-struct FailsMidway {
-    partition: u32,
-    seen: u32,
-}
-
-impl Processor for FailsMidway {
-    fn process(
-        &mut self,
-        record: &RecordView<'_>,
-        ctx: &mut Context<'_>,
-    ) -> Result<(), ProcessError> {
-        if self.partition == 0 {
-            self.seen += 1;
-            if self.seen == 300 {
-                return Err(ProcessError::new("stopped on purpose"));
-            }
-        }
-        Counter.process(record, ctx)
-    }
-}
-
 /// A restart whose changelog tail updates the damaged key (the store had not taken it): the
 /// restore reads the damaged block to learn whether the key is new, and fails with `Damaged`
 /// instead of taking it as absent; the next start rebuilds the store exactly.
@@ -460,7 +424,12 @@ fn a_restore_that_reads_a_damaged_block_fails_with_damage_and_the_store_is_rebui
     produce(&open(dir.path()), 20_000, 20_000 + KEYS);
     {
         let chronik = open(dir.path());
-        let factory = |partition| FailsMidway { partition, seen: 0 };
+        // Counts like `counter()`; on partition 0 it fails at the 300th record: with commits
+        // every 50 records, a crash with the changelog ahead of the store (nothing flushed).
+        let factory = |partition| match partition {
+            0 => counter().fail_at_record(300),
+            _ => counter(),
+        };
         let config = ProcessorConfig { commit_every_records: Some(50), ..config(&reports) };
         let mut runner = Runner::new(chronik.engine(), config, factory).unwrap();
         runner.run_until_caught_up().expect_err("stopped on purpose");
@@ -475,7 +444,7 @@ fn a_restore_that_reads_a_damaged_block_fails_with_damage_and_the_store_is_rebui
     {
         let chronik = open(dir.path());
         // The restore (inside `Runner::new`) itself fails, before any record is processed.
-        match Runner::new(chronik.engine(), config(&reports), |_| Counter) {
+        match Runner::new(chronik.engine(), config(&reports), |_| counter()) {
             Err(chronik::processor::ProcessorError::Store { partition: 0, source, .. }) => {
                 assert!(is_damaged(&Err(source)), "a damaged block is damage");
             }

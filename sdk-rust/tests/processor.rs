@@ -7,32 +7,13 @@ use chronik::processor::{
     Context, DEAD_LETTER_HEADERS, OnDecodeError, ProcessError, Processor, ProcessorConfig,
     ProcessorError, Punctuation, Runner,
 };
+use chronik::testing::{CountByKey, CountEncoding};
 use chronik::{Chronik, Durability, Offset, Options, Record, RecordView, TopicConfig};
 use std::collections::BTreeMap;
 
 /// Counts records per key in store "counts" and emits `key -> count` to "totals".
-#[derive(Default)]
-struct Counter {
-    /// Fail on the record at this offset (once), to stand for a crash.
-    fail_at: Option<u64>,
-}
-
-impl Processor for Counter {
-    fn process(
-        &mut self,
-        record: &RecordView<'_>,
-        ctx: &mut Context<'_>,
-    ) -> Result<(), ProcessError> {
-        if self.fail_at == Some(record.offset().get()) {
-            return Err(ProcessError::new("failing on purpose"));
-        }
-        let key = record.key().unwrap_or_default();
-        let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
-        store.put(key, &count.to_le_bytes());
-        ctx.emit("totals", Some(key), count.to_string().as_bytes());
-        Ok(())
-    }
+fn counter() -> CountByKey {
+    CountByKey::new("counts").emit("totals", CountEncoding::Decimal)
 }
 
 fn open(dir: &std::path::Path) -> Chronik {
@@ -99,7 +80,7 @@ fn counts_restore_and_go_on_where_the_last_commit_left() {
     let chronik = open(dir.path());
     setup(&chronik);
     produce(&chronik, 0, 500);
-    let mut runner = Runner::new(chronik.engine(), config(), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config(), |_| counter()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();
     assert_eq!(stats.records, 500);
     assert_eq!(stats.emitted, 500);
@@ -110,7 +91,7 @@ fn counts_restore_and_go_on_where_the_last_commit_left() {
     produce(&chronik, 500, 800);
     drop(chronik);
     let chronik = open(dir.path());
-    let mut runner = Runner::new(chronik.engine(), config(), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config(), |_| counter()).unwrap();
     assert_eq!(counts(&runner), expected_counts(500), "restored from the changelog");
     let stats = runner.run_until_caught_up().unwrap();
     assert_eq!(stats.records, 300, "only the input after the committed position");
@@ -129,7 +110,7 @@ fn a_failed_run_leaves_nothing_uncommitted_and_a_rerun_counts_exactly_once() {
     // A long commit interval: the failure comes with work not yet committed.
     let slow = config().commit_interval_ms(3_600_000);
     let mut failing =
-        Runner::new(chronik.engine(), slow.clone(), |_| Counter { fail_at: Some(600) }).unwrap();
+        Runner::new(chronik.engine(), slow.clone(), |_| counter().fail_at_offset(600)).unwrap();
     let error = failing.run_until_caught_up().unwrap_err();
     // The failing record is named: the default `process_batch` hands records over singly.
     let ProcessorError::Process { input, partition, offset, .. } = &error else {
@@ -140,7 +121,7 @@ fn a_failed_run_leaves_nothing_uncommitted_and_a_rerun_counts_exactly_once() {
     assert!(failing.run_until_caught_up().is_err(), "a failed runner refuses to go on");
     drop(failing);
     let outputs_so_far: usize = totals(&chronik).values().map(|&v| v as usize).sum();
-    let mut runner = Runner::new(chronik.engine(), slow, |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), slow, |_| counter()).unwrap();
     runner.run_until_caught_up().unwrap();
     assert_eq!(counts(&runner), expected_counts(2000));
     assert_eq!(totals(&chronik), expected_counts(2000));
@@ -159,7 +140,7 @@ fn writes_to_one_key_are_coalesced_in_the_changelog() {
     setup(&chronik);
     produce(&chronik, 0, 700);
     let slow = config().commit_interval_ms(3_600_000);
-    let mut runner = Runner::new(chronik.engine(), slow, |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), slow, |_| counter()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();
     assert_eq!(stats.commits, 2, "one commit per task when caught up");
     let mut changelog = 0;
@@ -219,8 +200,7 @@ fn worker_threads_process_every_partition_until_stopped() {
     let chronik = open(dir.path());
     setup(&chronik);
     produce(&chronik, 0, 1000);
-    let mut runner =
-        Runner::new(chronik.engine(), config().threads(2), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config().threads(2), |_| counter()).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
     let stats = std::thread::scope(|scope| {
         let worker = scope.spawn(|| runner.run_until(&stop));
@@ -311,28 +291,25 @@ fn a_restore_from_a_snapshot_and_one_from_the_changelog_alone_give_the_same_stat
                 seen.lock().unwrap().push((p.partition, p.from_snapshot, p.restored));
             }
         }));
-    let mut runner = Runner::new(chronik.engine(), config.clone(), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config.clone(), |_| counter()).unwrap();
     runner.run_until_caught_up().unwrap();
     drop(runner);
     // More input after the last snapshot, counted without snapshots: the restores below
     // read a changelog tail after the snapshot.
     produce(&chronik, 3000, 3500);
     let tail_config = ProcessorConfig { snapshot_every_commits: None, ..config.clone() };
-    let mut runner =
-        Runner::new(chronik.engine(), tail_config.clone(), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), tail_config.clone(), |_| counter()).unwrap();
     runner.run_until_caught_up().unwrap();
     drop(runner);
     restores.lock().unwrap().clear();
-    let from_snapshot =
-        Runner::new(chronik.engine(), tail_config.clone(), |_| Counter::default()).unwrap();
+    let from_snapshot = Runner::new(chronik.engine(), tail_config.clone(), |_| counter()).unwrap();
     let used: Vec<_> = restores.lock().unwrap().drain(..).collect();
     assert!(
         used.iter().all(|(_, snapshot, restored)| snapshot.is_some() && *restored > 0),
         "{used:?}"
     );
     std::fs::remove_dir_all(dir.path().join("state")).unwrap();
-    let from_changelog =
-        Runner::new(chronik.engine(), tail_config, |_| Counter::default()).unwrap();
+    let from_changelog = Runner::new(chronik.engine(), tail_config, |_| counter()).unwrap();
     let used: Vec<_> = restores.lock().unwrap().drain(..).collect();
     assert!(used.iter().all(|(_, snapshot, _)| snapshot.is_none()), "{used:?}");
     assert_eq!(counts(&from_snapshot), counts(&from_changelog));
@@ -366,7 +343,7 @@ fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
     };
 
     let mut failing =
-        Runner::new(chronik.engine(), config(OnDecodeError::Fail), |_| Counter::default()).unwrap();
+        Runner::new(chronik.engine(), config(OnDecodeError::Fail), |_| counter()).unwrap();
     let error = failing.run_until_caught_up().unwrap_err();
     let ProcessorError::Decode { input, partition, offset, reason } = &error else {
         panic!("{error}");
@@ -377,11 +354,11 @@ fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
     assert_eq!(chronik.high_watermark("totals", 0).unwrap().get(), 2, "its batch uncommitted");
 
     let missing = OnDecodeError::DeadLetter { topic: "no-such".into() };
-    let refused = Runner::new(chronik.engine(), config(missing), |_| Counter::default());
+    let refused = Runner::new(chronik.engine(), config(missing), |_| counter());
     assert!(refused.unwrap_err().to_string().contains("no-such"));
 
     let dead = OnDecodeError::DeadLetter { topic: "dead".into() };
-    let mut runner = Runner::new(chronik.engine(), config(dead), |_| Counter::default()).unwrap();
+    let mut runner = Runner::new(chronik.engine(), config(dead), |_| counter()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();
     assert_eq!((stats.records, stats.dead_letters, stats.skipped_records), (8, 2, 0));
     assert_eq!(chronik.high_watermark("totals", 0).unwrap().get(), 8, "the good records once");
@@ -406,7 +383,7 @@ fn undecodable_records_fail_skip_or_go_to_the_dead_letter_topic() {
         .append("numbers", 0, &[Record::new(None, b"nope"), Record::new(None, b"10")])
         .unwrap();
     let mut runner =
-        Runner::new(chronik.engine(), config(OnDecodeError::Skip), |_| Counter::default()).unwrap();
+        Runner::new(chronik.engine(), config(OnDecodeError::Skip), |_| counter()).unwrap();
     let stats = runner.run_until_caught_up().unwrap();
     // `records` counts every input taken, those left out too.
     assert_eq!((stats.records, stats.skipped_records, stats.dead_letters), (2, 1, 0));

@@ -4,27 +4,9 @@
 
 use chronik::RecordView;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig};
-use chronik::testing::{InputRecord, Simulation};
+use chronik::testing::{CountByKey, CountEncoding, InputRecord, Simulation};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Counts per key in its store and emits each new count.
-struct Counter;
-
-impl Processor for Counter {
-    fn process(
-        &mut self,
-        record: &RecordView<'_>,
-        ctx: &mut Context<'_>,
-    ) -> Result<(), ProcessError> {
-        let key = record.key().unwrap_or_default();
-        let store = ctx.store("counts")?;
-        let count = store.get(key).map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
-        store.put(key, &count.to_le_bytes());
-        ctx.emit("totals", Some(key), &count.to_le_bytes());
-        Ok(())
-    }
-}
 
 /// Counts every record in a counter shared outside the store, and emits it.
 struct SideChannel {
@@ -59,7 +41,9 @@ fn simulation(seeds: std::ops::Range<u64>) -> Simulation {
 
 #[test]
 fn a_processor_that_keeps_its_state_in_stores_is_exactly_once_under_crashes() {
-    let report = simulation(0..60).run(|_| Counter).unwrap_or_else(|failure| panic!("{failure}"));
+    // Counts per key in its store and emits each new count.
+    let counter = |_| CountByKey::new("counts").emit("totals", CountEncoding::LittleEndian);
+    let report = simulation(0..60).run(counter).unwrap_or_else(|failure| panic!("{failure}"));
     eprintln!("{report:?}");
     assert_eq!(report.seeds, 60);
     assert!(report.crashes >= 60, "the seeds must crash the processor: {report:?}");

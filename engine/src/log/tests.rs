@@ -6,16 +6,12 @@ use super::*;
 use crate::format::{Record, encode_batch};
 use std::collections::{BTreeMap, HashMap};
 
-/// A small seeded generator (splitmix64): the tests need no crate for it.
+/// A small seeded generator: the workspace's one splitmix64, from the simulated disk's crate.
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        chronik_simdisk::rng::splitmix64(&mut self.0)
     }
 
     fn below(&mut self, n: u64) -> u64 {

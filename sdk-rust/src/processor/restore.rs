@@ -223,12 +223,12 @@ fn restore_disk<L: TaskLog + ?Sized>(
     stats: &mut RunStats,
 ) -> Result<Store, ProcessorError> {
     let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
-    let state = engine
+    let state_dir = engine
         .state_dir()
         .ok_or_else(|| failed(StoreError::Unavailable("this log keeps no local files".into())))?;
-    state.create().map_err(|error| failed(StoreError::Unavailable(error.to_string())))?;
-    let directory = state.path().join(config.store_directory(name, partition));
-    let files = Files { io: Arc::clone(state.io()), directory };
+    state_dir.create().map_err(|error| failed(StoreError::Unavailable(error.to_string())))?;
+    let directory = state_dir.path().join(config.store_directory(name, partition));
+    let files = Files { io: Arc::clone(state_dir.io()), directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
     let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
     if rebuilt.is_none() && !disk.manifest_found() && end > Offset::ZERO {
