@@ -4,7 +4,7 @@
 //! goes on when more arrives. Built with `--features kafka`; run by `scripts/kafka-test`.
 #![cfg(feature = "kafka")]
 
-use chronik::kafka::TestBroker;
+use chronik::testing::TestBroker;
 use chronik::{Connection, Header, OwnedRecord, Record};
 
 fn send(log: &Connection, from: u64, to: u64) {
