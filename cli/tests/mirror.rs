@@ -6,7 +6,8 @@
 //! `--features kafka`; run by `scripts/kafka-test`.
 #![cfg(feature = "kafka")]
 
-use chronik::kafka::{KafkaClient, TestBroker};
+use chronik::kafka::KafkaClient;
+use chronik::testing::TestBroker;
 use chronik::{Chronik, Header, Options, OwnedRecord, Record, TopicConfig, TransactionWrite};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

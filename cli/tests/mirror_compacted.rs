@@ -4,7 +4,8 @@
 //! run by `scripts/kafka-test`.
 #![cfg(feature = "kafka")]
 
-use chronik::kafka::{KafkaClient, TestBroker};
+use chronik::kafka::KafkaClient;
+use chronik::testing::TestBroker;
 use chronik::{Chronik, Cleanup, Options, OwnedRecord, Record, TopicConfig};
 use std::process::Command;
 

@@ -6,7 +6,7 @@ use crate::processor::{PyProcessor, Spec, run_error, setup, stats_dict};
 use crate::{ChronikError, InvalidArgumentError, NotFoundError};
 use chronik::kafka::{ClusterConsumer, ClusterError, KafkaClient};
 use chronik::processor::{Guarantee, ProcessorConfig, Until};
-use chronik::{Header, OwnedRecord, Record};
+use chronik::{Header, OwnedRecord, Record, TransactionWrite};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::{Arc, Mutex};
@@ -64,31 +64,80 @@ impl PyCluster {
     }
 
     /// Send `(key, value, headers, timestamp)` records (bytes, key and timestamp may be None)
-    /// to `partition` of `topic`; returns once acknowledged.
+    /// per partition of `topic`, all acknowledged together; returns `(partition, first offset,
+    /// last offset)` per partition given records, the offsets the cluster's delivery reports
+    /// gave them.
     #[allow(clippy::needless_pass_by_value)] // pyo3 hands arguments over owned
     fn send(
         &self,
         py: Python<'_>,
         topic: &str,
-        partition: u32,
-        records: Vec<Outgoing>,
-    ) -> PyResult<()> {
-        let headers: Vec<Vec<Header<'_>>> = records
+        batches: Vec<(u32, Vec<Outgoing>)>,
+    ) -> PyResult<Vec<(u32, u64, u64)>> {
+        let headers: Vec<Vec<Vec<Header<'_>>>> = batches
             .iter()
-            .map(|(_, _, h, _)| h.iter().map(|(k, v)| Header { key: k, value: v }).collect())
-            .collect();
-        let outgoing: Vec<Record<'_>> = records
-            .iter()
-            .zip(&headers)
-            .map(|((key, value, _, timestamp), headers)| {
-                let record = Record::new(key.as_deref(), value).with_headers(headers);
-                match timestamp {
-                    Some(t) => record.with_timestamp(*t),
-                    None => record,
-                }
+            .map(|(_, records)| {
+                records
+                    .iter()
+                    .map(|(_, _, h, _)| {
+                        h.iter().map(|(k, v)| Header { key: k, value: v }).collect()
+                    })
+                    .collect()
             })
             .collect();
-        py.detach(|| self.client.send(topic, partition, &outgoing)).map_err(cluster_error)
+        let outgoing: Vec<Vec<Record<'_>>> = batches
+            .iter()
+            .zip(&headers)
+            .map(|((_, records), headers)| {
+                records
+                    .iter()
+                    .zip(headers)
+                    .map(|((key, value, _, timestamp), headers)| {
+                        let record = Record::new(key.as_deref(), value).with_headers(headers);
+                        match timestamp {
+                            Some(t) => record.with_timestamp(*t),
+                            None => record,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let writes: Vec<TransactionWrite<'_>> = batches
+            .iter()
+            .zip(&outgoing)
+            .map(|((partition, _), records)| TransactionWrite {
+                topic,
+                partition: *partition,
+                records,
+            })
+            .collect();
+        let sent = py.detach(|| self.client.send_acknowledged(&writes)).map_err(cluster_error)?;
+        Ok(sent.into_iter().flatten().map(|s| (s.partition, s.first, s.last)).collect())
+    }
+
+    fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.detach(|| self.client.delete_topic(name)).map_err(cluster_error)
+    }
+
+    /// The topic's settings as the cluster names them, sorted.
+    fn topic_config(&self, py: Python<'_>, name: &str) -> PyResult<Vec<(String, String)>> {
+        py.detach(|| self.client.topic_config(name)).map_err(cluster_error)
+    }
+
+    /// The partition's low and high watermarks.
+    fn watermarks(&self, py: Python<'_>, topic: &str, partition: u32) -> PyResult<(u64, u64)> {
+        py.detach(|| self.client.watermarks(topic, partition)).map_err(cluster_error)
+    }
+
+    /// Kafka's DeleteRecords below `before`; the partition's start after the call.
+    fn delete_records(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        partition: u32,
+        before: u64,
+    ) -> PyResult<u64> {
+        py.detach(|| self.client.delete_records(topic, partition, before)).map_err(cluster_error)
     }
 
     /// A consumer of one partition; in `group`, from where the group committed last.

@@ -227,8 +227,15 @@ impl PyChronik {
         slf
     }
 
-    #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+    /// Close (the exception, if any, goes on).
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: &Bound<'_, PyAny>,
+        exc: &Bound<'_, PyAny>,
+        tb: &Bound<'_, PyAny>,
+    ) {
+        let _ = (exc_type, exc, tb);
         self.close(py);
     }
 
@@ -391,6 +398,44 @@ impl PyChronik {
         Ok(reports.into_iter().map(|r| r.map(|r| r.records_kept)).collect())
     }
 
+    /// The topic's partition count (`NotFoundError` for no such topic).
+    fn partition_count(&self, topic: &str) -> PyResult<u32> {
+        self.get()?
+            .partition_count(topic)
+            .ok_or_else(|| NotFoundError::new_err(format!("topic {topic:?} does not exist")))
+    }
+
+    /// Every record of `topic`/`partition` from its log start: `(offset, timestamp, key,
+    /// value, headers)` tuples, keys and values as bytes (a copy, unlike a consumer's records).
+    fn records(&self, py: Python<'_>, topic: &str, partition: u32) -> PyResult<Vec<RecordTuple>> {
+        let chronik = self.get()?;
+        let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
+        let mut out = Vec::new();
+        let mut from = Offset::ZERO;
+        loop {
+            let fetch = py
+                .detach(|| {
+                    chronik::next_fetch(chronik.engine(), topic, partition, from, FETCH_BYTES)
+                })
+                .map_err(|e: ReadError| error(e.into()))?;
+            if fetch.is_empty() {
+                return Ok(out);
+            }
+            for record in fetch.records() {
+                let headers = record.headers().map(|h| (bytes(h.key), bytes(h.value))).collect();
+                let key = record.key().map(bytes);
+                out.push((
+                    record.offset().get(),
+                    record.timestamp(),
+                    key,
+                    bytes(record.value()),
+                    headers,
+                ));
+            }
+            from = fetch.next_offset();
+        }
+    }
+
     fn producer(&self, topic: &str) -> PyResult<PyProducer> {
         let chronik = self.get()?;
         if chronik.partition_count(topic).is_none() {
@@ -434,6 +479,9 @@ impl PyChronik {
         })
     }
 }
+
+/// A record as `Chronik.records` returns it: offset, timestamp, key, value, headers.
+type RecordTuple = (u64, i64, Option<Py<PyBytes>>, Py<PyBytes>, Vec<(Py<PyBytes>, Py<PyBytes>)>);
 
 /// Appends records to one topic.
 #[pyclass(name = "Producer", module = "chronik._chronik", frozen)]

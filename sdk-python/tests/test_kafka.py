@@ -134,6 +134,47 @@ def test_producer_and_records_keep_keys_values_headers_and_timestamps(broker):
 
 
 
+def test_cluster_producer_answers_as_embedded(broker):
+    """The calls a program written for embedded makes, with the offsets the cluster gave."""
+    db = chronik.connect(broker)
+    db.create_topic("t", partitions=2)
+    producer = db.producer("t")
+    assert producer.topic == "t"
+    assert producer.send(b"a", b"0", partition=1) == (1, 0)
+    assert producer.send_batch([(b"b", b"1"), (b"c", b"2")], partition=1) == [(1, 1, 2)]
+    assert producer.send_batch([(None, b"x"), (None, b"y")]) == [(0, 0, 1)]
+    assert producer.send_batch([]) == []
+    pending = producer.send_async(None, b"3", {"h": "v"}, partition=1)
+    assert pending.done() and pending.partition == 1 and pending.result() == (1, 3)
+    producer.flush()
+    keyed = producer.send(b"user-7", b"v")
+    assert keyed[0] == chronik.partition_for_key(b"user-7", 2)
+    with pytest.raises(chronik.InvalidArgumentError):
+        producer.send_batch([(b"k",)])
+    with pytest.raises(chronik.NotFoundError):
+        db.producer("missing")
+
+
+def test_cluster_admin_answers_as_embedded(broker):
+    db = chronik.connect(broker)
+    db.create_topic("t", partitions=2, config={"cleanup": "compact"})
+    assert db.partition_count("t") == 2
+    for i in range(5):  # one batch each: tansu 0.6 reports a batch's end as its start plus one
+        db.producer("t").send(b"k", b"%d" % i, partition=0)
+    described = db.describe_topic("t")
+    assert described["name"] == "t" and described["config"].get("cleanup") == "compact"
+    assert [p["high_watermark"] for p in described["partitions"]] == [5, 0]
+    # tansu 0.6 has no DeleteRecords (it drops the connection): the call is an error there,
+    # not a silent no-op. Untested against a broker that has it.
+    with pytest.raises(chronik.ChronikError, match="delete records"):
+        db.delete_records("t", 0, 2)
+    db.delete_topic("t")
+    assert "t" not in db.list_topics()
+    with pytest.raises(chronik.InvalidArgumentError):
+        db.create_topic("u", config={"retention_ms": 5})
+
+
+
 
 # word_count.py, its counter slowed to about 10,000 words a second, so that a kill lands
 # mid-run whatever the machine's speed.

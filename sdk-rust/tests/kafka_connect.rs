@@ -5,7 +5,7 @@
 #![cfg(feature = "kafka")]
 
 use chronik::Log;
-use chronik::kafka::TestBroker;
+use chronik::testing::TestBroker;
 use chronik::{Connection, Header, OwnedRecord, Record};
 
 fn send(log: &Connection, from: u64, to: u64) {

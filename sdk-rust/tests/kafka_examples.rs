@@ -7,7 +7,7 @@
 
 mod common;
 
-use chronik::kafka::TestBroker;
+use chronik::testing::TestBroker;
 use common::example;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -97,6 +97,22 @@ class Consumer:
     def commit(self) -> None: ...
     def committed(self) -> Optional[int]: ...
 
+class _ClusterConsumer:
+    """`chronik.connect("kafka://...").consumer(...)`: the calls of `Consumer` on a cluster."""
+
+    position: int
+    group: Optional[str]
+    def poll(
+        self, max_records: Optional[int] = None, timeout: Optional[float] = None
+    ) -> list[Record]:
+        """Records from the position on; `[]` when caught up, after waiting up to `timeout`
+        seconds."""
+    def __iter__(self) -> Iterator[Record]: ...
+    def __next__(self) -> Record: ...
+    def seek(self, offset: int) -> None: ...
+    def commit(self) -> None: ...
+    def committed(self) -> Optional[int]: ...
+
 class Chronik:
     path: str
     def __enter__(self) -> "Chronik": ...
@@ -130,6 +146,12 @@ class Chronik:
         """Read-only opens: take in what the writing process appended since the last look."""
     def compact_topic(self, name: str) -> list[Optional[int]]:
         """Compact a compacted topic now; the records kept per partition (None: nothing to do)."""
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count (`NotFoundError` for no such topic)."""
+    def records(
+        self, topic: str, partition: int
+    ) -> list[Tuple[int, int, Optional[bytes], bytes, list[Tuple[bytes, bytes]]]]:
+        """Every record from the log start: (offset, timestamp, key, value, headers)."""
     def producer(self, topic: str) -> Producer: ...
     def consumer(self, topic: str, partition: int = 0, group: Optional[str] = None) -> Consumer: ...
 

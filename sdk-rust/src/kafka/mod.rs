@@ -23,7 +23,7 @@ pub(crate) mod group;
 use crate::{OwnedRecord, Record};
 use rdkafka::ClientContext;
 use rdkafka::Message;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -31,7 +31,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, DeliveryResult, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long one request to the cluster may take before it is an error.
@@ -57,12 +59,17 @@ impl ClusterError {
     }
 }
 
-/// The first delivery failure a producer saw, kept until asked for.
+/// What a producer's delivery reports said: the first failure (kept until asked for), where
+/// each partition's acknowledged records end, and the offsets the records of tracked sends got.
 #[derive(Debug, Default)]
 pub(crate) struct Deliveries {
     failed: Mutex<Option<String>>,
     /// Per topic and partition, the offset after the last record acknowledged.
-    acknowledged: Mutex<std::collections::HashMap<(String, u32), u64>>,
+    acknowledged: Mutex<HashMap<(String, u32), u64>>,
+    /// The last tag handed out by [`Deliveries::tags`]; tag 0 is "not tracked".
+    tag_last: AtomicUsize,
+    /// Per tag, the first and last offsets of its acknowledged records and how many there were.
+    tagged: Mutex<HashMap<usize, (u64, u64, usize)>>,
 }
 
 impl Deliveries {
@@ -70,21 +77,39 @@ impl Deliveries {
     pub(crate) fn take_failure(&self) -> Option<String> {
         self.failed.lock().ok().and_then(|mut failed| failed.take())
     }
+
+    /// `count` fresh tags, for the messages of one send (one tag per partition written).
+    fn tags(&self, count: usize) -> std::ops::Range<usize> {
+        let first = self.tag_last.fetch_add(count, Ordering::Relaxed) + 1;
+        first..first + count
+    }
+
+    /// What was acknowledged for `tag`, forgotten here: first and last offsets, and how many.
+    fn take_tagged(&self, tag: usize) -> Option<(u64, u64, usize)> {
+        self.tagged.lock().ok().and_then(|mut tagged| tagged.remove(&tag))
+    }
 }
 
 impl ClientContext for Deliveries {}
 
 impl ProducerContext for Deliveries {
-    type DeliveryOpaque = ();
+    /// A send's tag ([`Deliveries::tags`]), or 0 for a message nobody asks about.
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, (): ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: usize) {
         match result {
             Ok(message) => {
-                let offset = u64::try_from(message.offset());
-                if let (Ok(mut acknowledged), Ok(offset)) = (self.acknowledged.lock(), offset) {
+                let Ok(offset) = u64::try_from(message.offset()) else { return };
+                if let Ok(mut acknowledged) = self.acknowledged.lock() {
                     let key = (message.topic().to_owned(), message.partition() as u32);
                     let next = acknowledged.entry(key).or_default();
                     *next = (*next).max(offset + 1);
+                }
+                if tag != 0
+                    && let Ok(mut tagged) = self.tagged.lock()
+                {
+                    let range = tagged.entry(tag).or_insert((offset, offset, 0));
+                    *range = (range.0.min(offset), range.1.max(offset), range.2 + 1);
                 }
             }
             Err((error, message)) => {
@@ -96,6 +121,16 @@ impl ProducerContext for Deliveries {
             }
         }
     }
+}
+
+/// The records of one partition that a send wrote, as the cluster acknowledged them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub partition: u32,
+    /// The lowest offset the cluster gave one of them.
+    pub first: u64,
+    /// The highest: `last - first + 1` records unless a broker left gaps.
+    pub last: u64,
 }
 
 pub(crate) type KafkaProducer = BaseProducer<Deliveries>;
@@ -219,29 +254,137 @@ impl KafkaClient {
         Ok(())
     }
 
+    /// Delete `topic` from the cluster.
+    pub fn delete_topic(&self, topic: &str) -> Result<(), ClusterError> {
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = block_on(self.admin.delete_topics(&[topic], &options))
+            .map_err(|e| ClusterError::kafka("delete topic", e))?;
+        for result in results {
+            match result {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {
+                    return Err(ClusterError::TopicNotFound { topic: topic.to_owned() });
+                }
+                Err((_, code)) => return Err(ClusterError::kafka("delete topic", code)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The topic's settings as the cluster reports them (Kafka's names: `cleanup.policy`,
+    /// `retention.ms`, ...), sorted by name; settings without a value are left out.
+    pub fn topic_config(&self, topic: &str) -> Result<Vec<(String, String)>, ClusterError> {
+        let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let specifier = ResourceSpecifier::Topic(topic);
+        let results = block_on(self.admin.describe_configs([&specifier], &options))
+            .map_err(|e| ClusterError::kafka("describe configs", e))?;
+        let mut config = Vec::new();
+        for result in results {
+            let resource = match result {
+                Ok(resource) => resource,
+                Err(RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                    return Err(ClusterError::TopicNotFound { topic: topic.to_owned() });
+                }
+                Err(code) => return Err(ClusterError::kafka("describe configs", code)),
+            };
+            config.extend(resource.entries.into_iter().filter_map(|e| Some((e.name, e.value?))));
+        }
+        config.sort();
+        Ok(config)
+    }
+
+    /// Where `topic`/`partition` starts and ends: its low and high watermarks.
+    pub fn watermarks(&self, topic: &str, partition: u32) -> Result<(u64, u64), ClusterError> {
+        let (low, high) = self
+            .producer
+            .client()
+            .fetch_watermarks(topic, partition as i32, REQUEST_TIMEOUT)
+            .map_err(|e| ClusterError::kafka("fetch watermarks", e))?;
+        Ok((u64::try_from(low).unwrap_or(0), u64::try_from(high).unwrap_or(0)))
+    }
+
+    /// Delete the records of `topic`/`partition` below `before` (Kafka's DeleteRecords);
+    /// returns the partition's start after the call, as the cluster reports it.
+    pub fn delete_records(
+        &self,
+        topic: &str,
+        partition: u32,
+        before: u64,
+    ) -> Result<u64, ClusterError> {
+        let mut offsets = TopicPartitionList::new();
+        let offset = KafkaOffset::Offset(i64::try_from(before).unwrap_or(i64::MAX));
+        offsets
+            .add_partition_offset(topic, partition as i32, offset)
+            .map_err(|e| ClusterError::kafka("delete records", e))?;
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let answer = block_on(self.admin.delete_records(&offsets, &options))
+            .map_err(|e| ClusterError::kafka("delete records", e))?;
+        let element = answer
+            .find_partition(topic, partition as i32)
+            .ok_or_else(|| ClusterError::kafka("delete records", "no answer for the partition"))?;
+        element.error().map_err(|e| ClusterError::kafka("delete records", e))?;
+        match element.offset() {
+            KafkaOffset::Offset(start) => Ok(u64::try_from(start).unwrap_or(0)),
+            other => Err(ClusterError::kafka("delete records", format!("log start {other:?}"))),
+        }
+    }
+
     /// Send `records` to `partition` of `topic` and wait until the cluster acknowledged them
-    /// (`acks=all`). Not transactional: a failure midway may leave some of them written.
+    /// (`acks=all`); the offsets they got (`None` for no records). Not transactional: a
+    /// failure midway may leave some of them written.
     pub fn send(
         &self,
         topic: &str,
         partition: u32,
         records: &[Record<'_>],
-    ) -> Result<(), ClusterError> {
-        self.send_all(&[crate::TransactionWrite { topic, partition, records }])
+    ) -> Result<Option<Sent>, ClusterError> {
+        let sent =
+            self.send_acknowledged(&[crate::TransactionWrite { topic, partition, records }])?;
+        Ok(sent.into_iter().next().flatten())
     }
 
     /// [`KafkaClient::send`] for several partitions' records, acknowledged together.
     pub fn send_all(&self, writes: &[crate::TransactionWrite<'_>]) -> Result<(), ClusterError> {
-        for write in writes {
+        self.send_acknowledged(writes).map(drop)
+    }
+
+    /// [`KafkaClient::send_all`], returning per write the offsets its records got, as the
+    /// cluster's delivery reports said (`None` for a write of no records). Each write's
+    /// messages carry a tag of their own, so sends of other threads on this client do not
+    /// mix in.
+    pub fn send_acknowledged(
+        &self,
+        writes: &[crate::TransactionWrite<'_>],
+    ) -> Result<Vec<Option<Sent>>, ClusterError> {
+        let tags = self.producer.context().tags(writes.len());
+        for (write, tag) in writes.iter().zip(tags.clone()) {
             for record in write.records {
-                produce(&self.producer, write.topic, write.partition, record)?;
+                produce_tagged(&self.producer, write.topic, write.partition, record, tag)?;
             }
         }
         self.producer.flush(REQUEST_TIMEOUT).map_err(|e| ClusterError::kafka("flush", e))?;
-        match self.producer.context().take_failure() {
-            Some(failure) => Err(ClusterError::kafka("send", failure)),
-            None => Ok(()),
+        let acknowledged: Vec<_> =
+            tags.map(|tag| self.producer.context().take_tagged(tag)).collect();
+        if let Some(failure) = self.producer.context().take_failure() {
+            return Err(ClusterError::kafka("send", failure));
         }
+        let mut sent = Vec::with_capacity(writes.len());
+        for (write, acknowledged) in writes.iter().zip(acknowledged) {
+            let count = acknowledged.map_or(0, |(_, _, count)| count);
+            // A failure another thread's send took would show here: records unacknowledged.
+            if count != write.records.len() {
+                let message = format!(
+                    "{}/{}: {count} of {} records acknowledged",
+                    write.topic,
+                    write.partition,
+                    write.records.len()
+                );
+                return Err(ClusterError::kafka("send", message));
+            }
+            let partition = write.partition;
+            sent.push(acknowledged.map(|(first, last, _)| Sent { partition, first, last }));
+        }
+        Ok(sent)
     }
 
     /// The offset after the last record this client's sends got acknowledged in
@@ -314,11 +457,22 @@ pub(crate) fn partition_count<C: ClientContext>(
 }
 
 /// Queue one record for sending, waiting for room in the producer's queue.
-pub(crate) fn produce<C: ProducerContext<DeliveryOpaque = ()>>(
-    producer: &BaseProducer<C>,
+pub(crate) fn produce(
+    producer: &KafkaProducer,
     topic: &str,
     partition: u32,
     record: &Record<'_>,
+) -> Result<(), ClusterError> {
+    produce_tagged(producer, topic, partition, record, 0)
+}
+
+/// [`produce`], the delivery report tagged with `tag` (see [`Deliveries::tags`]).
+fn produce_tagged(
+    producer: &KafkaProducer,
+    topic: &str,
+    partition: u32,
+    record: &Record<'_>,
+    tag: usize,
 ) -> Result<(), ClusterError> {
     let mut headers = None;
     for header in record.headers {
@@ -328,7 +482,8 @@ pub(crate) fn produce<C: ProducerContext<DeliveryOpaque = ()>>(
         let all = headers.take().unwrap_or_else(|| OwnedHeaders::new_with_capacity(4));
         headers = Some(all.insert(Header { key, value: Some(header.value) }));
     }
-    let mut message: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition as i32);
+    let mut message: BaseRecord<'_, [u8], [u8], usize> =
+        BaseRecord::with_opaque_to(topic, tag).partition(partition as i32);
     if let Some(key) = record.key {
         message = message.key(key);
     }
@@ -685,55 +840,5 @@ pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
             return output;
         }
         std::thread::park_timeout(Duration::from_millis(50));
-    }
-}
-
-/// A `tansu` broker (a Kafka-protocol broker in one binary, keeping everything in memory) on
-/// a free port of 127.0.0.1, for tests; killed when dropped. The binary is `$CHRONIK_TANSU`,
-/// else `tansu` on the `PATH` (`scripts/kafka-broker install` puts one in place).
-#[derive(Debug)]
-pub struct TestBroker {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl TestBroker {
-    pub fn start() -> std::io::Result<TestBroker> {
-        let binary = std::env::var("CHRONIK_TANSU").unwrap_or_else(|_| "tansu".to_owned());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = std::process::Command::new(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {binary}: {e}")))?;
-        let broker = TestBroker { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("{binary} never listened on {port}")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(broker)
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// `kafka://127.0.0.1:PORT`, a target for [`crate::connect`].
-    pub fn target(&self) -> String {
-        format!("kafka://{}", self.bootstrap())
-    }
-}
-
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
