@@ -367,7 +367,7 @@ fn count_to_end(mut reader: chronik::kafka::PartitionReader) -> anyhow::Result<(
         let batch = reader.next_batch(50_000)?;
         count += batch.len() as u64;
         if batch.is_empty() && reader.at_end() {
-            return Ok((count, reader.next_offset()));
+            return Ok((count, reader.next_offset().get()));
         }
     }
 }
@@ -414,7 +414,7 @@ fn from_cluster(
                 .chunks(1000)
                 .map(|records| TransactionWrite { topic, partition, records })
                 .collect();
-            let next = Offset::new(reader.next_offset());
+            let next = reader.next_offset();
             let offsets = [(topic, partition, next)];
             destination.commit_transaction(
                 &writes,

@@ -242,13 +242,13 @@ impl PyClusterConsumer {
     /// The offset of the next record this consumer reads.
     #[getter]
     fn position(&self) -> PyResult<u64> {
-        Ok(self.lock()?.position())
+        Ok(self.lock()?.position().get())
     }
 
     fn seek(&self, py: Python<'_>, offset: u64) -> PyResult<()> {
         let mut guard = self.lock()?;
         let consumer: &mut ClusterConsumer = &mut guard;
-        py.detach(|| consumer.seek(offset)).map_err(cluster_error)
+        py.detach(|| consumer.seek(chronik::Offset::new(offset))).map_err(cluster_error)
     }
 
     /// Commit the position as the group's offset on the cluster.
@@ -265,7 +265,9 @@ impl PyClusterConsumer {
     fn committed(&self, py: Python<'_>) -> PyResult<Option<u64>> {
         let guard = self.lock()?;
         let consumer: &ClusterConsumer = &guard;
-        py.detach(|| consumer.committed()).map_err(cluster_error)
+        py.detach(|| consumer.committed())
+            .map(|committed| committed.map(chronik::Offset::get))
+            .map_err(cluster_error)
     }
 
     #[getter]

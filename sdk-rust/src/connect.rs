@@ -238,7 +238,7 @@ impl Log for KafkaClient {
     }
 
     fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ConnectionError> {
-        Ok(Offset::new(KafkaClient::end_offset(self, topic, partition)?))
+        Ok(KafkaClient::end_offset(self, topic, partition)?)
     }
 
     fn record_count(&self, topic: &str, partition: u32) -> Result<u64, ConnectionError> {
@@ -345,7 +345,7 @@ impl LogConsumer {
         match self {
             LogConsumer::Embedded(consumer) => consumer.position(),
             #[cfg(feature = "kafka")]
-            LogConsumer::Kafka(consumer) => Offset::new(consumer.position()),
+            LogConsumer::Kafka(consumer) => consumer.position(),
         }
     }
 

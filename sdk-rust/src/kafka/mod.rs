@@ -20,7 +20,7 @@
 
 pub(crate) mod group;
 
-use crate::{OwnedRecord, Record};
+use crate::{Offset, OwnedRecord, Record};
 use rdkafka::ClientContext;
 use rdkafka::Message;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -429,13 +429,13 @@ impl KafkaClient {
     }
 
     /// Where `topic`/`partition` ends: the offset the next record will get.
-    pub fn end_offset(&self, topic: &str, partition: u32) -> Result<u64, ClusterError> {
+    pub fn end_offset(&self, topic: &str, partition: u32) -> Result<Offset, ClusterError> {
         let (_, high) = self
             .producer
             .client()
             .fetch_watermarks(topic, partition as i32, REQUEST_TIMEOUT)
             .map_err(|e| ClusterError::kafka("fetch watermarks", e))?;
-        Ok(u64::try_from(high).unwrap_or(0))
+        Ok(Offset::new(u64::try_from(high).unwrap_or(0)))
     }
 }
 
@@ -669,8 +669,8 @@ impl PartitionReader {
     }
 
     /// The offset after the last record read.
-    pub fn next_offset(&self) -> u64 {
-        self.next
+    pub fn next_offset(&self) -> Offset {
+        Offset::new(self.next)
     }
 }
 
@@ -739,12 +739,13 @@ impl ClusterConsumer {
     }
 
     /// The offset of the next record this consumer reads.
-    pub fn position(&self) -> u64 {
-        self.position
+    pub fn position(&self) -> Offset {
+        Offset::new(self.position)
     }
 
     /// Read from `offset` on.
-    pub fn seek(&mut self, offset: u64) -> Result<(), ClusterError> {
+    pub fn seek(&mut self, offset: Offset) -> Result<(), ClusterError> {
+        let offset = offset.get();
         self.reader = PartitionReader::new(&self.bootstrap, &self.topic, self.partition, offset)?;
         self.buffered.clear();
         self.position = offset;
@@ -772,9 +773,11 @@ impl ClusterConsumer {
     }
 
     /// What the group committed last for this partition.
-    pub fn committed(&self) -> Result<Option<u64>, ClusterError> {
+    pub fn committed(&self) -> Result<Option<Offset>, ClusterError> {
         match &self.group {
-            Some((_, client)) => committed(client, &self.topic, self.partition),
+            Some((_, client)) => {
+                Ok(committed(client, &self.topic, self.partition)?.map(Offset::new))
+            }
             None => Ok(None),
         }
     }
