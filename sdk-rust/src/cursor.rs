@@ -25,7 +25,7 @@ use chronik_engine::{Engine, Fetch, Offset, ReadError};
 /// # let dir = tempfile::tempdir()?;
 /// let db = chronik::Chronik::open(dir.path(), chronik::Options::default())?;
 /// db.create_topic("t", chronik::TopicConfig::default())?;
-/// db.producer("t").send(0, &[chronik::Record::new(None, b"a")])?;
+/// db.producer("t").send(chronik::Record::new(None, b"a"))?;
 /// let fetch = chronik::next_fetch(db.engine(), "t", 0, chronik::Offset::ZERO, 1 << 20)?;
 /// assert_eq!(fetch.records().count(), 1);
 /// let end = chronik::next_fetch(db.engine(), "t", 0, fetch.next_offset(), 1 << 20)?;
