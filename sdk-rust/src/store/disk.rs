@@ -17,7 +17,9 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
-use super::files::{Damage, DiskOptions, Files, StoreError, canary_trusts_damage, is_empty_range};
+use super::files::{
+    Damage, DiskOptions, Files, StoreError, bounds_ordered, canary_trusts_damage, is_empty_range,
+};
 use super::manifest::Manifest;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use crate::Offset;
@@ -311,11 +313,16 @@ impl DiskStore {
     }
 
     pub fn runs(&self) -> usize {
+        assert!(self.levels_ordered(), "levels never decrease from newest to oldest");
         self.runs.len()
     }
 
     /// Bytes held in memory: memtable, cached blocks, run indexes and filters.
     pub fn resident_bytes(&self) -> usize {
+        assert!(
+            self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
+            "memtable bytes count each entry's overhead"
+        );
         self.memtable_bytes
             + self.cache.lock().map_or(0, |c| c.bytes)
             + self.runs.iter().map(Run::resident_bytes).sum::<usize>()
@@ -327,6 +334,8 @@ impl DiskStore {
     }
 
     fn fail(&self, error: StoreError) {
+        // Only an open finds a store unavailable; a read fails with damage or I/O.
+        assert!(!matches!(error, StoreError::Unavailable(_)), "a read fails by damage or I/O");
         if let Ok(mut failure) = self.failure.lock() {
             failure.get_or_insert(error);
         }
@@ -470,6 +479,7 @@ impl DiskStore {
             let memtable = nothing.peekable();
             return DiskRange { store: Some(self), memtable, cursors: Vec::new(), high };
         }
+        assert!(bounds_ordered(low, high), "a range's bounds are in order");
         let memtable: MemtableIter<'_> = Box::new(
             self.memtable.range::<[u8], _>((low, high)).map(|(k, v)| (k.as_slice(), v.as_deref())),
         );

@@ -89,7 +89,9 @@ impl Files {
             !name.is_empty() && !name.contains('/') && name != "." && name != "..",
             "a store file is a plain name in its directory"
         );
-        self.directory.join(name)
+        let path = self.directory.join(name);
+        assert_eq!(path.parent(), Some(self.directory.as_path()), "a store's path is inside it");
+        path
     }
 
     pub fn error(operation: &'static str, path: &Path, source: std::io::Error) -> StoreError {
@@ -98,6 +100,8 @@ impl Files {
 
     /// Create the directory if missing, durably.
     pub fn create_directory(&self) -> Result<(), StoreError> {
+        // A store's directory is one of its own, never the root or a path that climbs out.
+        assert!(self.directory.file_name().is_some(), "a store's directory has a name");
         match self.io.create_directory(&self.directory) {
             Ok(()) => {
                 let parent = self.directory.parent().unwrap_or(Path::new("/"));
@@ -111,6 +115,7 @@ impl Files {
 
     /// Make the directory's entries durable.
     pub fn sync(&self) -> Result<(), StoreError> {
+        assert!(self.directory.file_name().is_some(), "a store's directory has a name");
         chronik_engine::io::sync_directory(&*self.io, &self.directory)
             .map_err(|e| Files::error("fsync", &self.directory, e))
     }
@@ -119,11 +124,18 @@ impl Files {
         let entries =
             self.io.list(&self.directory).map_err(|e| Files::error("list", &self.directory, e))?;
         assert!(entries.iter().all(|e| !e.name.contains('/')), "a listing gives plain names");
+        // The `Io::list` contract: sorted by name, without the directory's `.` and `..`.
+        assert!(
+            entries.windows(2).all(|pair| pair[0].name < pair[1].name)
+                && entries.iter().all(|e| e.name != "." && e.name != ".."),
+            "a listing is sorted, without . and .."
+        );
         Ok(entries.into_iter().filter(|e| !e.is_directory).map(|e| e.name).collect())
     }
 
     pub fn remove_if_present(&self, path: &Path) -> Result<(), StoreError> {
         assert_eq!(path.parent(), Some(self.directory.as_path()), "a store removes only its own");
+        assert!(path.file_name().is_some(), "a store removes a file, never its directory");
         match self.io.remove_file(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(Files::error("remove", path, e))
@@ -134,16 +146,40 @@ impl Files {
 
     /// The whole of a small file, if it exists.
     pub fn read_small(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        chronik_engine::io::read_file_bounded(&*self.io, &self.path(name), SMALL_FILE_BYTES_MAX)
-            .map_err(StoreError::from)
+        let bytes = chronik_engine::io::read_file_bounded(
+            &*self.io,
+            &self.path(name),
+            SMALL_FILE_BYTES_MAX,
+        )
+        .map_err(StoreError::from)?;
+        // Pair with `write_durably`: a small file is read within the bound it was written in,
+        // or (a longer one, damaged) only to a byte past it, which no decoder accepts.
+        assert!(
+            bytes.as_ref().is_none_or(|b| b.len() as u64 <= SMALL_FILE_BYTES_MAX + 1),
+            "a small file read is within its bound"
+        );
+        Ok(bytes)
     }
 
     /// Replace `name` with `bytes` atomically and durably: a temporary file, fdatasync,
     /// rename (the engine's state-file protocol), then the directory fsync.
     pub fn write_durably(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
         assert!(bytes.len() > 8, "a file written whole holds more than its checksum");
+        // Pair with `read_small`, which would refuse a larger file as damage.
+        assert!(bytes.len() as u64 <= SMALL_FILE_BYTES_MAX, "a file written whole reads back");
         chronik_engine::io::replace_file(&*self.io, &self.path(name), bytes)?;
         self.sync()
+    }
+}
+
+/// Whether `low` is at most `high` where both bound a key: what a range that is not
+/// [`is_empty_range`] has (`BTreeMap::range` and a disk range's cursors take them so).
+pub(crate) fn bounds_ordered(low: Bound<&[u8]>, high: Bound<&[u8]>) -> bool {
+    match (low, high) {
+        (Bound::Included(l) | Bound::Excluded(l), Bound::Included(h) | Bound::Excluded(h)) => {
+            l <= h
+        }
+        _ => true,
     }
 }
 

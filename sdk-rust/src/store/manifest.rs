@@ -42,6 +42,12 @@ impl Manifest {
             bytes.extend_from_slice(&run.bytes.to_le_bytes());
             bytes.extend_from_slice(&run.entries.to_le_bytes());
         }
+        // Pair with `decode`, which reads exactly these fields and refuses bytes left over.
+        assert_eq!(
+            bytes.len(),
+            12 + self.identity.len() + 32 + self.runs.len() * 32,
+            "a manifest is its header, identity, counts and runs"
+        );
         let sum = run::checksum(&bytes);
         bytes.extend_from_slice(&sum.to_le_bytes());
         // Pair assertion: what is about to be written reads back as written.

@@ -24,7 +24,7 @@ use std::ops::{Bound, RangeBounds};
 pub(crate) use disk::DiskStore;
 pub use disk::check_directory;
 pub use files::{Damage, DiskOptions, StoreError};
-pub(crate) use files::{Files, canary_trusts_damage, is_empty_range};
+pub(crate) use files::{Files, bounds_ordered, canary_trusts_damage, is_empty_range};
 pub use typed::Typed;
 
 /// The first byte of a changelog value that holds a stored value.
@@ -54,7 +54,7 @@ impl std::str::FromStr for StoreKind {
 
     /// `memory`, `disk`, or `disk:<cache MiB>`.
     fn from_str(text: &str) -> Result<StoreKind, String> {
-        match text {
+        let kind = match text {
             "memory" => Ok(StoreKind::Memory),
             "disk" => Ok(StoreKind::disk()),
             other => other
@@ -67,7 +67,14 @@ impl std::str::FromStr for StoreKind {
                 .ok_or_else(|| {
                     format!("unknown store kind {other:?}: memory, disk, or disk:<cache MiB>")
                 }),
-        }
+        };
+        // The cache is split in eighths (the memtable's share): a store parsed has at least
+        // a MiB, never a memtable of no bytes.
+        assert!(
+            !matches!(kind, Ok(StoreKind::Disk(DiskOptions { cache_bytes })) if cache_bytes < 1 << 20),
+            "a disk store parsed has a cache of a MiB or more"
+        );
+        kind
     }
 }
 
@@ -104,7 +111,12 @@ impl<'a> Iterator for Entries<'a> {
         }
         // The merge ends early when a read fails; that failure is remembered, not lost.
         self.inner = None;
-        self.store.check().err().map(Err)
+        let failure = self.store.check().err();
+        assert!(
+            failure.is_none() || self.store.disk.is_some(),
+            "a memory store's read never fails"
+        );
+        failure.map(Err)
     }
 }
 
@@ -146,6 +158,8 @@ impl Store {
     }
 
     pub(crate) fn memory_data(&self) -> &BTreeMap<Vec<u8>, Vec<u8>> {
+        // Only a memory store snapshots its map; a disk store is its own snapshot.
+        assert!(self.disk.is_none(), "a disk store has no map to snapshot");
         &self.data
     }
 
@@ -167,6 +181,7 @@ impl Store {
     /// damaged store is condemned: the next runner rebuilds it from the changelog.
     pub fn check(&self) -> Result<(), StoreError> {
         let Some(disk) = &self.disk else { return Ok(()) };
+        assert!(self.data.is_empty(), "a disk store keeps no map");
         match disk.take_failure() {
             None => Ok(()),
             Some(error) => {
@@ -200,6 +215,7 @@ impl Store {
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {
+        debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
             Some(disk) => disk.get(key).is_some(),
             None => self.data.contains_key(key),
@@ -261,6 +277,8 @@ impl Store {
             tagged.push(CHANGELOG_PUT);
             tagged.extend_from_slice(value);
         }
+        // Per record, so debug only: the change is tagged as the changelog will carry it.
+        debug_assert_eq!(tagged.len(), value.map_or(0, |v| v.len() + 1), "a change is tagged");
         self.dirty_bytes += size(tagged.len());
         debug_assert!(self.dirty_bytes >= self.dirty.len() * 32, "dirty bytes count each change");
     }
@@ -292,6 +310,7 @@ impl Store {
 
     /// The changes are committed: forget them.
     pub(crate) fn committed(&mut self) {
+        assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         assert_eq!(
             self.dirty_bytes,
             self.dirty.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>(),
@@ -312,6 +331,7 @@ impl Store {
             // BTreeMap::range panics on a range that ends before it starts.
             return Box::new(std::iter::empty());
         }
+        assert!(bounds_ordered(range.start_bound(), range.end_bound()), "range bounds in order");
         match &self.disk {
             Some(disk) if cfg!(debug_assertions) => {
                 // Pair with the run writer's order check: entries read back come in strictly

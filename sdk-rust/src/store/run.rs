@@ -60,9 +60,18 @@ impl Bloom {
 
     /// The byte and bit of each probe of `hash`.
     fn probes(&self, hash: u64) -> impl Iterator<Item = (usize, u8)> + use<> {
+        // Per key (every lookup and every entry written), so debug only.
+        debug_assert!(
+            !self.bits.is_empty() && self.bits.len().is_multiple_of(BLOOM_BLOCK_BYTES),
+            "a Bloom filter probed is whole blocks"
+        );
         let blocks = (self.bits.len() / BLOOM_BLOCK_BYTES) as u64;
         let block =
             ((u128::from(hash >> 32) * u128::from(blocks)) >> 32) as usize * BLOOM_BLOCK_BYTES;
+        debug_assert!(
+            block + BLOOM_BLOCK_BYTES <= self.bits.len(),
+            "a key's Bloom block is inside"
+        );
         let mixed = hash.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         (0..BLOOM_PROBES).map(move |i| {
             let bit = (mixed >> (9 * i)) as usize & (BLOOM_BLOCK_BYTES * 8 - 1);
@@ -71,6 +80,8 @@ impl Bloom {
     }
 
     fn insert(&mut self, hash: u64) {
+        // Per entry written, so debug only; the filter's shape is `for_keys`'s.
+        debug_assert!(!self.bits.is_empty(), "a Bloom filter takes keys once sized");
         for (byte, mask) in self.probes(hash) {
             self.bits[byte] |= mask;
         }
@@ -78,7 +89,11 @@ impl Bloom {
     }
 
     fn may_contain(&self, hash: u64) -> bool {
-        self.probes(hash).all(|(byte, mask)| self.bits[byte] & mask != 0)
+        // Per lookup, so debug only: a probe is one bit.
+        self.probes(hash).all(|(byte, mask)| {
+            debug_assert!(mask.is_power_of_two(), "a Bloom probe tests one bit");
+            self.bits[byte] & mask != 0
+        })
     }
 }
 
@@ -116,13 +131,14 @@ impl RunWriter {
         expected_entries: u64,
     ) -> Result<RunWriter, StoreError> {
         let path = files.path(&run_name(id));
+        assert_eq!(path.parent(), Some(files.directory.as_path()), "a run lies in its store");
         // A file left by a build a crash interrupted (never in a manifest) is replaced.
         files.remove_if_present(&path)?;
         let file = files
             .io
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| Files::error("create", &path, e))?;
-        Ok(RunWriter {
+        let writer = RunWriter {
             files: Arc::clone(files),
             path,
             file,
@@ -133,7 +149,13 @@ impl RunWriter {
             last_key: Vec::new(),
             index: Vec::new(),
             bloom: Bloom::for_keys(expected_entries),
-        })
+        };
+        // Sized for the entries expected (a merge may write fewer, never a filter of none).
+        assert!(
+            writer.bloom.bits.len() as u64 * 8 >= expected_entries * BLOOM_BITS_PER_KEY,
+            "a run's Bloom filter has its bits per key"
+        );
+        Ok(writer)
     }
 
     /// Add an entry: `None` records a deletion. Keys come in strictly increasing order; a
@@ -153,10 +175,18 @@ impl RunWriter {
             }
             None => TOMBSTONE,
         };
+        let before = self.block.len();
         self.block.extend_from_slice(&key_length.to_le_bytes());
         self.block.extend_from_slice(&value_length.to_le_bytes());
         self.block.extend_from_slice(key);
         self.block.extend_from_slice(value.unwrap_or_default());
+        // Pair with `BlockEntries::next`, which reads back its two length fields, the key and
+        // the value, and nothing more.
+        assert_eq!(
+            self.block.len() - before,
+            8 + key.len() + value.map_or(0, <[u8]>::len),
+            "an entry is its length fields, key and value"
+        );
         self.bloom.insert(key_hash(key));
         self.last_key.clear();
         self.last_key.extend_from_slice(key);
@@ -196,13 +226,16 @@ impl RunWriter {
         let sum = checksum(&self.block);
         self.block.extend_from_slice(&sum.to_le_bytes());
         let length = u32::try_from(self.block.len()).expect("blocks are under 4 GiB");
-        self.index.push(BlockEntry {
-            last_key: self.last_key.as_slice().into(),
-            offset: self.position + self.buffer.len() as u64,
-            length,
-        });
+        // Pair with `Run::load`, which refuses an index entry shorter than a checksum.
+        assert!(length > 8, "a block holds an entry and its checksum");
+        self.index.push(BlockEntry { last_key: self.last_key.as_slice().into(), offset, length });
         self.buffer.extend_from_slice(&self.block);
         self.block.clear();
+        assert_eq!(
+            self.position + self.buffer.len() as u64,
+            offset + u64::from(length),
+            "a block ends where its index entry says"
+        );
         if self.buffer.len() >= WRITE_BUFFER_BYTES {
             self.write_out()?;
         }
@@ -222,6 +255,13 @@ impl RunWriter {
         chronik_engine::io::write_all(&*self.files.io, self.file, self.position, buffer)
             .map_err(|e| Files::error("write", &self.path, e))?;
         self.position = self.position.checked_add(length).expect("run files are under 16 EiB");
+        // Blocks go out whole: everything indexed is written once the buffer is.
+        assert!(
+            self.index
+                .last()
+                .is_none_or(|last| last.offset + u64::from(last.length) <= self.position),
+            "every block indexed is written"
+        );
         Ok(())
     }
 
@@ -229,6 +269,8 @@ impl RunWriter {
     /// the directory entry is the caller's, see [`Files::sync`]).
     pub fn finish(mut self) -> Result<RunMeta, StoreError> {
         self.close_block()?;
+        // The index follows the last block, so no entry is left outside one.
+        assert!(self.block.is_empty(), "every entry added is in a closed block");
         let index_offset = self.position + self.buffer.len() as u64;
         let mut index = Vec::with_capacity(self.index.len() * 32);
         for entry in &self.index {
@@ -237,13 +279,24 @@ impl RunWriter {
             index.extend_from_slice(&entry.offset.to_le_bytes());
             index.extend_from_slice(&entry.length.to_le_bytes());
         }
+        // Pair with `Run::load`, which parses exactly these fields: a key's length, the key,
+        // the offset and the length of each block.
+        assert_eq!(
+            index.len(),
+            self.index.iter().map(|e| 16 + e.last_key.len()).sum::<usize>(),
+            "the index is its entries"
+        );
         let sum = checksum(&index);
         index.extend_from_slice(&sum.to_le_bytes());
+        // A run with entries has blocks, and one without has none.
+        assert_eq!(self.meta.entries == 0, self.index.is_empty(), "entries iff blocks");
         self.buffer.extend_from_slice(&index);
         let bloom_offset = index_offset + index.len() as u64;
         let mut bloom = std::mem::take(&mut self.bloom.bits);
         let sum = checksum(&bloom);
         bloom.extend_from_slice(&sum.to_le_bytes());
+        // Pair with `Run::load`, which refuses a smaller filter as damage.
+        assert!(bloom.len() >= BLOOM_BLOCK_BYTES + 8, "a Bloom filter is a block or more");
         self.buffer.extend_from_slice(&bloom);
         let mut footer = Vec::with_capacity(FOOTER_BYTES);
         footer.extend_from_slice(MAGIC);
@@ -372,6 +425,8 @@ impl Run {
     pub fn open(files: &Arc<Files>, meta: RunMeta) -> Result<Run, StoreError> {
         let name = run_name(meta.id);
         let path = files.path(&name);
+        // Pair with `RunWriter::create`: a run is opened where it was written.
+        assert_eq!(path.parent(), Some(files.directory.as_path()), "a run lies in its store");
         let damaged = |detail: &'static str| StoreError::Damaged(Damage::new(&name, detail));
         let file = files.io.open(&path, OpenMode::Read).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -454,6 +509,14 @@ impl Run {
         if bits.is_empty() || !bits.len().is_multiple_of(BLOOM_BLOCK_BYTES) {
             return Err(Loaded::Damaged("Bloom filter size"));
         }
+        // What was refused as damage above leaves the blocks, index and Bloom filter inside
+        // the file, in that order, before the footer.
+        assert!(
+            index.last().map_or(0, |e| e.offset + u64::from(e.length)) == index_offset
+                && index_offset < bloom_offset
+                && bloom_offset < end,
+            "blocks, index and Bloom filter lie in order inside the file"
+        );
         Ok((index, Bloom { bits: bits.to_vec() }))
     }
 
@@ -462,8 +525,16 @@ impl Run {
     }
 
     fn read(&self, position: u64, length: usize) -> Result<Vec<u8>, StoreError> {
-        chronik_engine::io::read_exact(&*self.files.io, self.file, position, length)
-            .map_err(|e| self.io_error("read", e))
+        // Positions come from the footer and index only once checked against the file's size
+        // (the manifest's, which `load` compared first).
+        assert!(
+            position.checked_add(length as u64).is_some_and(|end| end <= self.meta.bytes),
+            "a run read lies inside its file"
+        );
+        let bytes = chronik_engine::io::read_exact(&*self.files.io, self.file, position, length)
+            .map_err(|e| self.io_error("read", e))?;
+        assert_eq!(bytes.len(), length, "a read gives what was asked");
+        Ok(bytes)
     }
 
     pub fn blocks(&self) -> usize {
@@ -472,21 +543,29 @@ impl Run {
 
     /// Bytes this run keeps in memory (index and Bloom filter).
     pub fn resident_bytes(&self) -> usize {
+        assert!(!self.bloom.bits.is_empty(), "an open run holds its Bloom filter");
         self.bloom.bits.len() + self.index.iter().map(|e| e.last_key.len() + 40).sum::<usize>()
     }
 
     pub fn may_contain(&self, hash: u64) -> bool {
+        // Per lookup, so debug only.
+        debug_assert!(!self.bloom.bits.is_empty(), "an open run holds its Bloom filter");
         self.bloom.may_contain(hash)
     }
 
     /// The block that holds `key` if this run has it.
     pub fn block_for(&self, key: &[u8]) -> Option<usize> {
         let i = self.index.partition_point(|e| &*e.last_key < key);
+        // Per lookup, so debug only: the block found is the first whose last key is not
+        // below `key` (the index's keys are in order, as `load` checked).
+        debug_assert!(i == 0 || *self.index[i - 1].last_key < *key, "blocks before are below");
+        debug_assert!(i == self.index.len() || *key <= *self.index[i].last_key, "within block");
         (i < self.index.len()).then_some(i)
     }
 
     /// Block `i`, checksum verified and parsed.
     pub fn read_block(&self, i: usize) -> Result<Block, StoreError> {
+        assert!(i < self.index.len(), "a block read is one of its run's");
         let entry = &self.index[i];
         let mut bytes = self.read(entry.offset, entry.length as usize)?;
         let damaged =
@@ -494,9 +573,11 @@ impl Run {
         let body_length = verified(&bytes).ok_or_else(damaged)?.len();
         bytes.truncate(body_length);
         assert_eq!(bytes.len() + 8, entry.length as usize, "a block read is its entry's length");
-        // A block must parse to the end, in key order, its last key the index's.
+        // A block must parse to the end, in key order above the previous block's last key,
+        // its last key the index's.
         let mut entries = Vec::new();
-        let mut last: Option<&[u8]> = None;
+        let below = i.checked_sub(1).map(|previous| &*self.index[previous].last_key);
+        let mut last: Option<&[u8]> = below;
         let mut rest = BlockEntries::new(&bytes);
         loop {
             let at = bytes.len() - rest.fields.rest.len();
@@ -512,6 +593,23 @@ impl Run {
         if last != Some(&*self.index[i].last_key) && !canary_trusts_damage() {
             return Err(damaged());
         }
+        // Verified and checked above, so (but under the canary that trusts damage) the block
+        // holds entries, within its bytes, ending at its index key.
+        assert!(!entries.is_empty() || canary_trusts_damage(), "a block read holds entries");
+        let key_at = |e: &EntryAt| &bytes[e.at as usize + 8..][..e.key_length as usize];
+        assert!(
+            entries.first().is_none_or(|e| below.is_none_or(|b| b < key_at(e)))
+                && entries.last().is_none_or(|e| key_at(e) == &*self.index[i].last_key)
+                || canary_trusts_damage(),
+            "a block read holds keys of its own range of the run"
+        );
+        assert!(
+            entries.iter().all(|e| {
+                let value = if e.value_length == TOMBSTONE { 0 } else { e.value_length };
+                e.at as usize + 8 + e.key_length as usize + value as usize <= bytes.len()
+            }),
+            "a block's entries lie within its bytes"
+        );
         Ok(Block { bytes, entries })
     }
 }
@@ -540,6 +638,7 @@ impl<'a> Iterator for BlockEntries<'a> {
         if self.fields.rest.is_empty() {
             return None;
         }
+        let before = self.fields.rest.len();
         let mut entry = || -> Option<(&'a [u8], Option<&'a [u8]>)> {
             let key_length = self.fields.u32()? as usize;
             let value_length = self.fields.u32()?;
@@ -554,6 +653,12 @@ impl<'a> Iterator for BlockEntries<'a> {
         if entry.is_none() {
             self.fields.rest = &[];
         }
+        // Per entry, so debug only: each entry takes its length fields at least, so the
+        // iteration ends.
+        debug_assert!(
+            entry.is_none() || self.fields.rest.len() + 8 <= before,
+            "an entry takes its length fields"
+        );
         Some(entry)
     }
 }
@@ -586,12 +691,19 @@ pub struct Block {
 impl Block {
     fn key(&self, entry: EntryAt) -> &[u8] {
         let start = entry.at as usize + 8;
+        // Per entry, so debug only (slicing checks it too, without naming it).
+        debug_assert!(start + entry.key_length as usize <= self.bytes.len(), "a key is inside");
         &self.bytes[start..start + entry.key_length as usize]
     }
 
     fn entry(&self, entry: EntryAt) -> (&[u8], Option<&[u8]>) {
         let key = self.key(entry);
         let start = entry.at as usize + 8 + key.len();
+        debug_assert!(
+            entry.value_length == TOMBSTONE
+                || start + entry.value_length as usize <= self.bytes.len(),
+            "a value is inside its block"
+        );
         let value = (entry.value_length != TOMBSTONE)
             .then(|| &self.bytes[start..start + entry.value_length as usize]);
         (key, value)
@@ -599,7 +711,19 @@ impl Block {
 
     /// Where `key` stands in this block.
     pub fn find(&self, key: &[u8]) -> Lookup<'_> {
-        match self.entries.binary_search_by(|e| self.key(*e).cmp(key)) {
+        let found = self.entries.binary_search_by(|e| self.key(*e).cmp(key));
+        // Per lookup, so debug only: an absent key falls between its neighbours (the
+        // entries are in key order, as `Run::read_block` checked).
+        debug_assert!(
+            found.is_ok()
+                || found.is_err_and(|i| {
+                    (i == 0 || self.key(self.entries[i - 1]) < key)
+                        && self.entries.get(i).is_none_or(|e| key < self.key(*e))
+                })
+                || canary_trusts_damage(),
+            "a key absent from a block falls between its neighbours"
+        );
+        match found {
             Ok(i) => match self.entry(self.entries[i]) {
                 (_, Some(value)) => Lookup::Value(value),
                 (_, None) => Lookup::Deleted,
@@ -615,6 +739,7 @@ impl Block {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
+        assert!(self.bytes.len() >= self.entries.len() * 8, "each entry holds its lengths");
         self.bytes.len() + self.entries.len() * std::mem::size_of::<EntryAt>()
     }
 }

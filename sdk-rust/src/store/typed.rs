@@ -19,6 +19,8 @@ pub struct Typed<'a, K, V> {
 
 impl<'a, K, V> Typed<'a, K, V> {
     pub(crate) fn new(store: &'a mut Store) -> Typed<'a, K, V> {
+        // A typed view keeps nothing of its own, so the store it borrows must be whole.
+        assert!(store.disk.is_none() || store.data.is_empty(), "a disk store keeps no map");
         Typed { store, types: std::marker::PhantomData }
     }
 }
@@ -29,17 +31,37 @@ where
     V: serde::Serialize + serde::de::DeserializeOwned,
 {
     pub fn get(&self, key: &K) -> Result<Option<V>, ProcessError> {
-        self.store.get(&encode(key)?).map(|v| decode(&v)).transpose()
+        let key = encode(key)?;
+        // Per call, so debug only: JSON text is never empty, so no typed key is the empty key
+        // (which untyped access may use).
+        debug_assert!(!key.is_empty(), "a typed key encodes to JSON text");
+        self.store.get(&key).map(|v| decode(&v)).transpose()
     }
 
     pub fn put(&mut self, key: &K, value: &V) -> Result<(), ProcessError> {
-        self.store.put(&encode(key)?, &encode(value)?);
+        let (key, value) = (encode(key)?, encode(value)?);
+        // Per record, so debug only: what is stored decodes back to the caller's types (the
+        // serde round trip a later `get` or `iter` relies on), and reads back as written.
+        debug_assert!(decode::<K>(&key).is_ok(), "a typed key decodes from its encoding");
+        debug_assert!(decode::<V>(&value).is_ok(), "a typed value decodes from its encoding");
+        self.store.put(&key, &value);
+        debug_assert!(
+            self.store.dirty.get(&key).is_some_and(|v| v.get(1..) == Some(&value[..])),
+            "a typed put is the store's change under the encoded key"
+        );
         Ok(())
     }
 
     /// Remove `key`; returns whether it was there.
     pub fn delete(&mut self, key: &K) -> Result<bool, ProcessError> {
-        Ok(self.store.delete(&encode(key)?))
+        let key = encode(key)?;
+        debug_assert!(decode::<K>(&key).is_ok(), "a typed key decodes from its encoding");
+        let was = self.store.delete(&key);
+        debug_assert!(
+            self.store.dirty.get(&key).is_some_and(Vec::is_empty),
+            "a typed delete is the store's change under the encoded key"
+        );
+        Ok(was)
     }
 
     /// Every entry, in the order of the encoded keys.
