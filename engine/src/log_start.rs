@@ -27,6 +27,7 @@ pub const CLEANER_OFFSET_MAGIC: u32 = u32::from_le_bytes(*b"CHCO");
 /// `log.start`: 24 bytes.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned, Clone, Copy, Debug)]
 #[repr(C)]
+#[allow(clippy::struct_field_names)] // The field's name in docs/format.md.
 pub struct LogStart {
     /// xxh3-64 of bytes 8..24.
     pub checksum: U64,
