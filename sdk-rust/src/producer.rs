@@ -72,12 +72,12 @@ impl Producer {
         records: &[Record<'_>],
         partition: Option<u32>,
     ) -> Result<Vec<SentBatch>, AppendError> {
+        // The partition count is looked up once for the batch, not once per record.
+        let count = if partition.is_none() && !records.is_empty() { self.partitions()? } else { 1 };
         let mut by_partition: BTreeMap<u32, Vec<Record<'_>>> = BTreeMap::new();
         for record in records {
-            let target = match partition {
-                Some(partition) => partition,
-                None => self.partition_of(record.key)?,
-            };
+            let target = partition
+                .unwrap_or_else(|| record.key.map_or(0, |key| partition_for_key(key, count)));
             by_partition.entry(target).or_default().push(*record);
         }
         let mut sent = Vec::with_capacity(by_partition.len());
@@ -133,11 +133,15 @@ impl Producer {
     /// The partition for a key: xxh3 of the key modulo the partition count, so records with the
     /// same key keep their order in one partition.
     pub fn partition_for_key(&self, key: &[u8]) -> Result<u32, AppendError> {
-        let count = self.engine.topic_partitions(&self.topic).map_err(|error| match error {
+        Ok(partition_for_key(key, self.partitions()?))
+    }
+
+    /// The topic's partition count, as an append's error when the topic is missing or damaged.
+    fn partitions(&self) -> Result<u32, AppendError> {
+        self.engine.topic_partitions(&self.topic).map_err(|error| match error {
             TopicError::Corruption(corruption) => AppendError::Corruption(corruption),
             _ => AppendError::TopicNotFound { topic: self.topic.clone() },
-        })?;
-        Ok(partition_for_key(key, count))
+        })
     }
 
     fn partition_of(&self, key: Option<&[u8]>) -> Result<u32, AppendError> {
