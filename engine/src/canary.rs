@@ -134,11 +134,22 @@ pub enum Canary {
     /// The SDK's readers (the `chronik` crate's shared cursor) take a fetch that holds no
     /// record at or past their position (batches emptied by compaction) for "caught up".
     ReaderStopsAtEmptyFetch = 49,
+    /// A partition's recovery point is made for written bytes, before an fdatasync covered
+    /// them.
+    RecoveryPointBeforeSync = 50,
+    /// A recovery point's index files keep the entries of batches past it, and the open
+    /// trusts them.
+    RecoveryPointIndexPastPoint = 51,
+    /// The engine's close writes the clean-shutdown mark before its partitions' last fsyncs.
+    CleanMarkBeforeLastSync = 52,
+    /// A writable open leaves the clean-shutdown mark in place, so a crash of this writer
+    /// is taken for a clean close by the next open.
+    CleanMarkKeptAtOpen = 53,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 49] = [
+    pub const ALL: [Canary; 53] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -188,6 +199,10 @@ impl Canary {
         Canary::DeleteRecordsOneTooMany,
         Canary::RepartitionPurgedPastCommit,
         Canary::ReaderStopsAtEmptyFetch,
+        Canary::RecoveryPointBeforeSync,
+        Canary::RecoveryPointIndexPastPoint,
+        Canary::CleanMarkBeforeLastSync,
+        Canary::CleanMarkKeptAtOpen,
     ];
 }
 

@@ -49,6 +49,11 @@ pub(crate) struct PartitionContext<I: Io> {
     pub read_only: bool,
     /// Segment files are written with direct I/O ([`crate::Options::direct_io`]).
     pub direct: bool,
+    /// The open found the clean-shutdown mark of the last close (see `recovery.rs`).
+    pub clean_shutdown: bool,
+    /// When the write path makes recovery points: bytes and milliseconds since the last one.
+    pub recovery_point_bytes: u64,
+    pub recovery_point_ms: i64,
     /// The engine's write paths, one per shard of partitions (each with its own reactor and,
     /// on io_uring, its own rings); empty when opened read-only.
     pub write_paths: Vec<Arc<WritePath<I>>>,
@@ -78,6 +83,9 @@ impl<I: Io> Clone for PartitionContext<I> {
             durability: self.durability,
             read_only: self.read_only,
             direct: self.direct,
+            clean_shutdown: self.clean_shutdown,
+            recovery_point_bytes: self.recovery_point_bytes,
+            recovery_point_ms: self.recovery_point_ms,
             write_paths: self.write_paths.clone(),
         }
     }

@@ -92,6 +92,23 @@ pub enum OpenError {
     Io(#[from] IoError),
 }
 
+/// Errors of [`crate::Engine::close`]. The next open recovers as after a crash, except after
+/// [`CloseError::Mark`]: every partition closed and only the mark is missing, so that open
+/// reads each partition's bytes past its recovery point (none) and fsyncs it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseError {
+    /// A partition's last flush, sync or recovery point failed.
+    #[error("close: {0}")]
+    Partition(#[source] AppendError),
+    /// The engine was poisoned before the close.
+    #[error("close: {0}")]
+    Poisoned(#[source] Poisoned),
+    /// Every partition closed, but the clean-shutdown mark was not written.
+    #[error("close: the clean-shutdown mark: {0}")]
+    Mark(#[source] IoError),
+}
+
 /// Errors of topic management: create, delete, describe.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -210,6 +227,8 @@ pub enum Error {
     Read(#[from] ReadError),
     #[error(transparent)]
     Commit(#[from] CommitError),
+    #[error(transparent)]
+    Close(#[from] CloseError),
 }
 
 impl Error {

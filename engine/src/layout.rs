@@ -19,6 +19,8 @@ use crate::io::{self, Io};
 use std::path::{Path, PathBuf};
 
 pub const LOCK_FILE: &str = "LOCK";
+/// The clean-shutdown mark in the data directory (`clean_shutdown.rs`).
+pub const CLEAN_SHUTDOWN_FILE: &str = "clean.shutdown";
 pub const META_FILE: &str = "chronik.meta";
 /// Files applications keep beside their topics
 /// ([`Engine::write_state_file`](crate::Engine::write_state_file)).

@@ -41,8 +41,8 @@ pub mod verify;
 
 pub use engine::{Engine, GroupCommit, Options, TopicDescription, TransactionWrite};
 pub use error::{
-    AppendError, CommitError, Corruption, CorruptionKind, Error, IoError, OpenError, Poisoned,
-    ReadError, TopicError,
+    AppendError, CloseError, CommitError, Corruption, CorruptionKind, Error, IoError, OpenError,
+    Poisoned, ReadError, TopicError,
 };
 pub use fetch::{Fetch, Header, Headers, RecordView};
 pub use format::{Record, partition_for_key};
@@ -55,6 +55,7 @@ pub use state_dir::StateDir;
 pub use topic::{CONFIG_KEYS, Cleanup, TopicConfig};
 
 mod checkpoint;
+mod clean_shutdown;
 mod compaction;
 mod context;
 mod engine;
@@ -170,6 +171,12 @@ pub mod limits {
     pub const WRITE_SHARDS_MAX: usize = 64;
     /// Bytes read from a segment in one read operation while scanning.
     pub const SCAN_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+    /// Durable bytes past a partition's recovery point after which the write path makes a new
+    /// one, unless `Options::recovery_point_bytes` says otherwise: what an open after a crash
+    /// reads of each partition, at most (plus what was written since).
+    pub const RECOVERY_POINT_BYTES_DEFAULT: u64 = 32 * 1024 * 1024;
+    /// ... or milliseconds since the last one (`Options::recovery_point_ms`).
+    pub const RECOVERY_POINT_MS_DEFAULT: u64 = 5_000;
 
     const _: () = assert!(BATCH_BYTES_MAX as u64 <= SEGMENT_BYTES_MAX);
     const _: () = assert!(SEGMENT_BYTES_MAX + BATCH_BYTES_MAX as u64 <= u32::MAX as u64);

@@ -55,6 +55,15 @@ pub trait Host<I: Io>: Send + Sync {
     /// The encoded offset and time index files of segment `segment`, sealed at `length`
     /// bytes ending before offset `next_offset`.
     fn index_files(&self, segment: Offset, length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>);
+    /// The encoded index files of the first `length` bytes of the active segment `segment`,
+    /// ending before offset `next_offset`, largest timestamp `max_timestamp`: a recovery point.
+    fn recovery_point_files(
+        &self,
+        segment: Offset,
+        length: u64,
+        next_offset: Offset,
+        max_timestamp: i64,
+    ) -> (Vec<u8>, Vec<u8>);
 }
 
 /// A [`Host`] that keeps only the segments' indexes, for a reactor run without an engine
@@ -99,6 +108,18 @@ impl<I: Io> Host<I> for IndexHost {
         let indexes = self.indexes.lock();
         let index = indexes.get(&segment).expect("a sealed segment was rolled to or started");
         index.encode(length, next_offset)
+    }
+
+    fn recovery_point_files(
+        &self,
+        segment: Offset,
+        length: u64,
+        next_offset: Offset,
+        max_timestamp: i64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let indexes = self.indexes.lock();
+        let index = indexes.get(&segment).expect("the active segment was rolled to or started");
+        index.encode_prefix(length, next_offset, max_timestamp)
     }
 }
 
@@ -424,6 +445,15 @@ impl<I: Io> Reactor<I> {
                         }
                         continue;
                     }
+                    OpKind::RecoveryPoint { segment, position, offset, max_timestamp } => {
+                        pass_events(driven);
+                        let result =
+                            recovery_point(driven, segment, position, offset, max_timestamp);
+                        self.failed |= result.is_err();
+                        driven.log.complete(id, result.map_err(|e| into_io(&e)), now_ms);
+                        ran_inline = true;
+                        continue;
+                    }
                     OpKind::Seal { segment, length, next_offset } => {
                         pass_events(driven);
                         let result = seal(driven, segment, length, next_offset);
@@ -492,6 +522,28 @@ fn seal<I: Io>(
         }
     }
     let (offset_index, time_index) = driven.host.index_files(segment, length, next_offset);
+    for (suffix, bytes) in [(INDEX_SUFFIX, offset_index), (TIME_INDEX_SUFFIX, time_index)] {
+        let path = driven.directory.join(layout::file_name(segment, suffix));
+        write_file_durably(file.io(), &path, bytes)?;
+    }
+    Ok(())
+}
+
+/// Write the active segment's index files for its first `length` bytes (all durable), each
+/// through a temporary file, fdatasync and rename. No directory fsync: a crash leaves the old
+/// files or the new ones, and both tell the truth (a missing pair only costs the next open a
+/// longer scan).
+fn recovery_point<I: Io>(
+    driven: &Driven<I>,
+    segment: Offset,
+    length: u64,
+    next_offset: Offset,
+    max_timestamp: i64,
+) -> Result<(), IoError> {
+    let file = driven.files.get(&segment).expect("a recovery point of the active file");
+    assert!(next_offset >= segment, "a recovery point ends at or after its base");
+    let (offset_index, time_index) =
+        driven.host.recovery_point_files(segment, length, next_offset, max_timestamp);
     for (suffix, bytes) in [(INDEX_SUFFIX, offset_index), (TIME_INDEX_SUFFIX, time_index)] {
         let path = driven.directory.join(layout::file_name(segment, suffix));
         write_file_durably(file.io(), &path, bytes)?;

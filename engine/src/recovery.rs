@@ -2,8 +2,11 @@
 //!
 //! Sealed segments (every segment but the last) were fsynced before the next one was created,
 //! so anything wrong in them is corruption: it is reported, never cut. Their index files are
-//! loaded, or rebuilt by a scan when missing or stale. The last (active) segment is scanned from
-//! its start. Where the scan stops early, the bytes are either a torn tail of unsynced writes,
+//! loaded, or rebuilt by a scan when missing or stale. The last (active) segment is loaded from
+//! its recovery point (its index files, written for a prefix of it that was durable) and scanned
+//! past it only; without a usable one, from its start. After a clean close the recovery point
+//! covers the whole segment and the clean-shutdown mark lets the open skip the fsyncs too.
+//! Where the scan stops early, the bytes are either a torn tail of unsynced writes,
 //! which is cut and reported, or damage inside data that was already synced, which is kept and
 //! reported as corruption. Two kinds of evidence separate them: the partition's sync checkpoint
 //! (a position below which every byte was fsynced), and the `synced_offset_hint` of the chain of
@@ -33,6 +36,7 @@ use crate::topic::TopicConfig;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use zerocopy::FromBytes;
 
 /// What recovery did to one partition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,6 +64,19 @@ pub struct PartitionRecovery {
     /// Opened read-only: nothing was cut or rewritten; a tail that does not parse was only
     /// left unread (a writer may be appending to it).
     pub read_only: bool,
+    /// Bytes of the active segment read at open: those past its recovery point.
+    pub scanned_bytes: u64,
+    /// Where the active segment's recovery point was (bytes it covers), if it had one.
+    pub recovery_point: Option<u64>,
+    /// Why the active segment's recovery point could not be used: it was scanned from its
+    /// start instead.
+    pub recovery_point_unusable: Option<&'static str>,
+    /// Opened on the clean-shutdown mark: nothing scanned, rewritten or fsynced.
+    pub opened_clean: bool,
+    /// The clean-shutdown mark was there but this partition's files disagree with it (its
+    /// active segment is not exactly covered by its recovery point): recovered as after a
+    /// crash.
+    pub mark_contradicted: bool,
 }
 
 impl PartitionRecovery {
@@ -68,6 +85,8 @@ impl PartitionRecovery {
             && self.rebuilt_indexes == 0
             && self.rolled_back_records == 0
             && self.damage.is_empty()
+            && self.recovery_point_unusable.is_none()
+            && !self.mark_contradicted
     }
 }
 
@@ -93,6 +112,16 @@ impl fmt::Display for PartitionRecovery {
         if self.removed_segments_below_log_start > 0 {
             let removed = self.removed_segments_below_log_start;
             write!(f, " finished removing {removed} segments below the log start;")?;
+        }
+        if let Some(why) = self.recovery_point_unusable {
+            let bytes = self.scanned_bytes;
+            write!(f, " recovery point unusable ({why}): scanned {bytes} bytes from the start;")?;
+        }
+        if self.mark_contradicted {
+            write!(
+                f,
+                " the clean-shutdown mark disagrees with the files: recovered as after a crash;"
+            )?;
         }
         for damage in &self.damage {
             write!(f, " {damage};")?;
@@ -138,6 +167,11 @@ pub struct RecoveryReport {
     ///
     /// [`Engine::committed_offsets_damage`]: crate::Engine::committed_offsets_damage
     pub committed_offsets_damage: Option<Corruption>,
+    /// The clean-shutdown mark of the last close was found (and removed: this open's writes
+    /// begin after it).
+    pub clean_shutdown: bool,
+    /// The mark was there but unreadable: every partition recovered as after a crash.
+    pub clean_shutdown_unreadable: bool,
 }
 
 impl RecoveryReport {
@@ -146,6 +180,12 @@ impl RecoveryReport {
             && self.removed_incomplete_topics.is_empty()
             && self.damaged_topics.is_empty()
             && self.committed_offsets_damage.is_none()
+            && !self.clean_shutdown_unreadable
+    }
+
+    /// Bytes of active segments read at open (past their recovery points).
+    pub fn scanned_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.scanned_bytes).sum()
     }
 
     pub fn truncated_bytes(&self) -> u64 {
@@ -170,7 +210,10 @@ impl RecoveryReport {
                  offsets may be older than the last commits; no transaction was rolled back)"
             )
         });
-        partitions.chain(topics).chain(damaged).chain(offsets).collect()
+        let mark = self.clean_shutdown_unreadable.then(|| {
+            "the clean-shutdown mark is unreadable: recovered as after a crash".to_owned()
+        });
+        partitions.chain(topics).chain(damaged).chain(offsets).chain(mark).collect()
     }
 }
 
@@ -185,6 +228,8 @@ pub(crate) struct Recovered<I: Io> {
     pub damaged: Option<(Offset, Corruption)>,
     /// The newest valid sync checkpoint, if any.
     pub checkpoint: Option<Checkpoint>,
+    /// The position of the active segment's durable recovery point (0 without one).
+    pub recovery_point: u64,
     pub report: PartitionRecovery,
 }
 
@@ -298,20 +343,20 @@ pub(crate) fn recover_partition<I: Io>(
         read_only,
         direct,
         transaction_end,
+        clean_shutdown: context.clean_shutdown,
     };
-    if !read_only {
-        remove_derived_files(io, directory, active.base)?;
-    }
-    let (active, damaged) = recover_active(io, directory, &active, config, &mut report)?;
+    let (active, damaged, recovery_point) =
+        recover_active(io, directory, &active, config, &mut report)?;
     let damaged = damaged.or(lost_segments.map(|corruption| (active.next_offset, corruption)));
     segments.push(active);
     // Always, not only when this open changed the directory: a process killed (or failed)
     // between creating a file and fsyncing the directory leaves an entry that looks present
-    // but that a power loss can still take, and appends are about to land in it.
-    if !read_only {
+    // but that a power loss can still take, and appends are about to land in it. Not after a
+    // clean close, whose last fsyncs came after every change of the directory.
+    if !read_only && !report.opened_clean {
         io::sync_directory(&**io, directory).map_err(|e| IoError::new("fsync", directory, e))?;
     }
-    Ok(Recovered { segments, damaged, checkpoint, report })
+    Ok(Recovered { segments, damaged, checkpoint, recovery_point, report })
 }
 
 /// Load a sealed segment from its index files, or rebuild them by a scan.
@@ -389,6 +434,8 @@ struct ActiveSegment {
     read_only: bool,
     /// Open it for direct writes ([`crate::Options::direct_io`]).
     direct: bool,
+    /// The engine found the clean-shutdown mark of the last close.
+    clean_shutdown: bool,
 }
 
 /// A sealed segment to recover: every segment but the last.
@@ -454,9 +501,9 @@ fn remove_orphan_indexes<I: Io>(
     Ok(())
 }
 
-/// Index files next to the active segment are left from an interrupted roll or an older
-/// format; they are derived data and would only mislead a later open.
-fn remove_derived_files<I: Io>(
+/// Remove the active segment's index files (its recovery point): they are unusable, or about
+/// to claim more than the segment will hold.
+fn remove_recovery_point<I: Io>(
     io: &Arc<I>,
     directory: &Path,
     active: Offset,
@@ -472,32 +519,85 @@ fn remove_derived_files<I: Io>(
     Ok(())
 }
 
-/// Scan the active segment; cut a torn tail, or keep and report damage in synced data.
+/// The active segment's recovery point: the index of its first bytes, how many, and the
+/// offset they end at.
+type RecoveryPoint = (SegmentIndex, u64, Offset);
+
+/// Read the active segment's recovery point, if it has a usable one (why not goes to
+/// `report`; a writable open removes unusable files, so the next open does not say it again).
+fn read_recovery_point<I: Io>(
+    io: &Arc<I>,
+    directory: &Path,
+    active: &ActiveSegment,
+    size: u64,
+    config: &TopicConfig,
+    report: &mut PartitionRecovery,
+) -> Result<Option<RecoveryPoint>, OpenError> {
+    let base = active.base;
+    let read =
+        |suffix| segment::read_small_file(&**io, &directory.join(layout::file_name(base, suffix)));
+    let decoded = match (read(INDEX_SUFFIX)?, read(TIME_INDEX_SUFFIX)?) {
+        (None, None) => return Ok(None),
+        (Some(offsets), Some(times)) => {
+            let interval = config.index_interval_bytes;
+            SegmentIndex::decode_prefix(&offsets, &times, base, size, interval)
+        }
+        _ => Err("one of its two index files is missing"),
+    };
+    match decoded {
+        Ok(point) => {
+            assert!(point.1 <= size, "a usable recovery point lies inside the segment");
+            Ok(Some(point))
+        }
+        Err(why) => {
+            report.recovery_point_unusable = Some(why);
+            if !active.read_only {
+                remove_recovery_point(io, directory, base)?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Load the active segment from its recovery point, then scan the bytes past it; cut a torn
+/// tail there, or keep and report damage in synced data. Returns the segment, the damage, and
+/// the position of the recovery point that still holds (0 for none).
 fn recover_active<I: Io>(
     io: &Arc<I>,
     directory: &Path,
     active: &ActiveSegment,
     config: &TopicConfig,
     report: &mut PartitionRecovery,
-) -> Result<(Segment<I>, Option<Damaged>), OpenError> {
+) -> Result<(Segment<I>, Option<Damaged>, u64), OpenError> {
     let path = directory.join(layout::file_name(active.base, LOG_SUFFIX));
     let mode = if active.read_only { OpenMode::Read } else { OpenMode::ReadWrite };
     let file = SegmentFile::open(io, path, mode)?;
     let mut size = file.size()?;
     if canary::active(Canary::RecoveryCutsPastSynced) && !active.read_only {
-        size = last_batch_start(&file, size)?;
+        size = last_batch_start(&file, 0, size)?;
         file.run(Operation::Truncate { file: file.handle, length: size })?;
     }
-    let (mut segment, scanned) = load_by_scan(file, active.base, size, config, active.now_ms)?;
+    let point = read_recovery_point(io, directory, active, size, config, report)?;
+    let (mut covered, point_end) = point.as_ref().map_or((0, active.base), |p| (p.1, p.2));
+    let (mut segment, scanned) = match point {
+        Some(point) => load_from_point(file, active.base, size, point, active.now_ms)?,
+        None => load_by_scan(file, active.base, size, config, active.now_ms)?,
+    };
+    report.recovery_point = (covered > 0).then_some(covered);
+    report.scanned_bytes = size - covered;
     let checkpoint_path = directory.join(CHECKPOINT_FILE);
-    let verdict = tail::classify_active(
-        &segment.file,
-        active.base,
-        &scanned,
-        active.checkpoint,
-        &checkpoint_path,
-    )?;
+    let evidence = tail::with_recovery_point(active.checkpoint, active.base, covered, point_end);
+    let verdict =
+        tail::classify_active(&segment.file, active.base, &scanned, evidence, &checkpoint_path)?;
     let checkpointed = verdict.checkpointed;
+    // The mark says the last close fsynced everything and left the recovery point at the end:
+    // believed only where the files agree, and then nothing is rewritten or fsynced.
+    let mut clean = active.clean_shutdown
+        && !active.read_only
+        && covered == size
+        && verdict.tail == Tail::Clean
+        && verdict.missing_segment.is_none();
+    report.mark_contradicted = active.clean_shutdown && !active.read_only && !clean;
     let mut damaged = None;
     match verdict.tail {
         Tail::SyncedDamage(corruption) => {
@@ -541,42 +641,55 @@ fn recover_active<I: Io>(
     if damaged.is_none() && !active.read_only && segment.size > 0 && rollback {
         // After any torn tail is cut: a transaction writes one batch per partition and holds
         // the partition until its commit record is durable, so only the last whole batch can
-        // be uncommitted. The checkpoint never covers it.
-        let start = last_batch_start(&segment.file, segment.size)?;
+        // be uncommitted. The checkpoint never covers it. The search for the last batch starts
+        // at the last index entry, so it reads at most an index interval and a batch.
+        let from = segment.index.offset_entries().last().map_or(0, |&(_, p)| u64::from(p));
+        let start = last_batch_start(&segment.file, from.min(segment.size), segment.size)?;
         let bytes = segment.file.read(start, (segment.size - start) as usize)?;
         let batch = format::parse_batch(&bytes).ok();
         if let Some(batch) = batch.filter(format::BatchView::is_transactional)
             && batch.last_offset() >= active.transaction_end
         {
             report.rolled_back_records += u64::from(batch.header().record_count.get());
+            if covered > start {
+                // The recovery point covers the batch about to go: it would claim bytes the
+                // segment no longer holds. Gone durably before the cut.
+                remove_recovery_point(io, directory, active.base)?;
+                io::sync_directory(&**io, directory)
+                    .map_err(|e| IoError::new("fsync", directory, e))?;
+                covered = 0;
+            }
+            clean = false;
             let file = Arc::try_unwrap(segment.file).map_err(|_| ()).expect("recovery's own");
             let (kept, scanned) = load_by_scan(file, active.base, start, config, active.now_ms)?;
             assert!(scanned.damage.is_none(), "the batches before a clean last batch scan clean");
             segment = kept;
         }
     }
-    if !active.read_only {
+    report.opened_clean = clean;
+    if !active.read_only && !clean {
         let kept = segment.size;
         rewrite(&segment.file, checkpointed.min(kept), kept)?;
         let file = &segment.file;
         file.run(Operation::Truncate { file: file.handle, length: kept })?;
         file.run(Operation::Fsync { file: file.handle })?;
-        if active.direct {
-            // Recovered through ordinary writes, which need no padding: a crash in the middle
-            // leaves exactly what the buffered path leaves. Appends from here are direct.
-            let path = file.path.clone();
-            segment.file = Arc::new(SegmentFile::open(io, path, OpenMode::ReadWriteDirect)?);
-            segment.load_tail()?;
-        }
     }
-    Ok((segment, damaged))
+    if !active.read_only && active.direct {
+        // Recovered through ordinary writes, which need no padding: a crash in the middle
+        // leaves exactly what the buffered path leaves. Appends from here are direct.
+        let path = segment.file.path.clone();
+        segment.file = Arc::new(SegmentFile::open(io, path, OpenMode::ReadWriteDirect)?);
+        segment.load_tail()?;
+    }
+    let covered = covered.min(segment.size);
+    Ok((segment, damaged, covered))
 }
 
-/// Where the last valid batch of `file` starts (`size` if there is none): only the
-/// `RecoveryCutsPastSynced` mutation canary uses it.
-fn last_batch_start<I: Io>(file: &SegmentFile<I>, size: u64) -> Result<u64, IoError> {
+/// Where the last valid batch of `file` starts (`size` if there is none), scanning from
+/// `from`, which must be a batch boundary.
+fn last_batch_start<I: Io>(file: &SegmentFile<I>, from: u64, size: u64) -> Result<u64, IoError> {
     let mut last = size;
-    segment::scan(file, 0, size, |position, _| {
+    segment::scan(file, from, size, |position, _| {
         last = position;
         true
     })?;
@@ -597,6 +710,46 @@ fn rewrite<I: Io>(file: &SegmentFile<I>, from: u64, to: u64) -> Result<(), IoErr
         position += written;
     }
     Ok(())
+}
+
+/// Build the active segment's in-memory state from its recovery point, then scan the batches
+/// past it. Only the first batch's header is read below it (the segment's age).
+fn load_from_point<I: Io>(
+    file: SegmentFile<I>,
+    base: Offset,
+    size: u64,
+    point: RecoveryPoint,
+    now_ms: i64,
+) -> Result<(Segment<I>, Scanned), IoError> {
+    let (index, covered, next_offset) = point;
+    let mut created_ms = now_ms;
+    if covered > 0 {
+        let header = file.read(0, format::BATCH_HEADER_BYTES)?;
+        if let Ok(header) = format::BatchHeader::read_from_bytes(&header)
+            && header.magic.get() == format::BATCH_MAGIC
+        {
+            created_ms = created_ms.min(header.first_timestamp.get());
+        }
+    }
+    let file = Arc::new(file);
+    let mut segment = Segment {
+        base_offset: base,
+        file: Arc::clone(&file),
+        size: covered,
+        next_offset,
+        created_ms,
+        index,
+        tail: Vec::new(),
+    };
+    let scanned = tail::scan_from(&file, covered, next_offset, size, |_, batch| {
+        segment.on_batch(batch.info());
+    })?;
+    drop(file);
+    assert_eq!(segment.next_offset, scanned.next_offset, "the scan and the segment agree");
+    if scanned.damage.is_none() {
+        assert_eq!(segment.size, size, "a clean scan covers the whole file");
+    }
+    Ok((segment, scanned))
 }
 
 /// Build a segment's in-memory state by scanning its batches from the start.

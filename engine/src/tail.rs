@@ -15,7 +15,9 @@ use crate::Offset;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Corruption, CorruptionKind, IoError};
 use crate::format::{BATCH_HEADER_BYTES, BATCH_MAGIC, BatchHeader, BatchView, DecodeError};
+use crate::index::SegmentIndex;
 use crate::io::Io;
+use crate::layout::{self, INDEX_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::limits::{BATCH_BYTES_MAX, BATCH_RECORDS_MAX};
 use crate::segment::{self, SegmentFile};
 use std::path::Path;
@@ -56,11 +58,24 @@ pub(crate) fn scan<I: Io>(
     file: &SegmentFile<I>,
     base: Offset,
     size: u64,
+    visit: impl FnMut(u64, &BatchView<'_>),
+) -> Result<Scanned, IoError> {
+    scan_from(file, 0, base, size, visit)
+}
+
+/// As [`scan`], from byte `start` (a batch boundary) where the offsets reach `start_offset`.
+pub(crate) fn scan_from<I: Io>(
+    file: &SegmentFile<I>,
+    start: u64,
+    start_offset: Offset,
+    size: u64,
     mut visit: impl FnMut(u64, &BatchView<'_>),
 ) -> Result<Scanned, IoError> {
+    assert!(start <= size, "a scan starts inside the file");
+    let base = start_offset;
     let mut next_offset = base;
     let mut mismatch = None;
-    let end = segment::scan(file, 0, size, |position, batch| {
+    let end = segment::scan(file, start, size, |position, batch| {
         if batch.base_offset() != next_offset {
             let kind = CorruptionKind::OffsetMismatch {
                 expected: next_offset.get(),
@@ -160,6 +175,46 @@ pub(crate) fn classify_active<I: Io>(
         Tail::Clean
     };
     Ok(ActiveVerdict { tail, missing_segment, checkpointed })
+}
+
+/// The sync checkpoint, strengthened by the recovery point: every byte it covers was
+/// fdatasynced before its files were written, so it is evidence of synced data too.
+pub(crate) fn with_recovery_point(
+    checkpoint: Option<Checkpoint>,
+    base: Offset,
+    covered: u64,
+    next_offset: Offset,
+) -> Option<Checkpoint> {
+    match checkpoint {
+        _ if covered == 0 => checkpoint,
+        Some(c) if c.segment_base > base => Some(c),
+        Some(c) if c.segment_base == base && c.synced_position >= covered => Some(c),
+        other => Some(Checkpoint {
+            sequence: other.map_or(0, |c| c.sequence),
+            segment_base: base,
+            synced_position: covered,
+            synced_offset: next_offset,
+        }),
+    }
+}
+
+/// The position and end offset of the recovery point of the active segment at `base` (its
+/// index files), if they decode and lie inside its `size` bytes: for `chronik verify`, which
+/// takes it as evidence exactly as recovery does.
+pub(crate) fn read_recovery_point<I: Io>(
+    io: &I,
+    directory: &Path,
+    base: Offset,
+    size: u64,
+    interval_bytes: u32,
+) -> Result<Option<(u64, Offset)>, IoError> {
+    let read =
+        |suffix| segment::read_small_file(io, &directory.join(layout::file_name(base, suffix)));
+    let (Some(offsets), Some(times)) = (read(INDEX_SUFFIX)?, read(TIME_INDEX_SUFFIX)?) else {
+        return Ok(None);
+    };
+    let decoded = SegmentIndex::decode_prefix(&offsets, &times, base, size, interval_bytes);
+    Ok(decoded.ok().map(|(_, covered, next_offset)| (covered, next_offset)))
 }
 
 /// What the bytes after a damaged batch tell.

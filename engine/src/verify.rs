@@ -297,8 +297,11 @@ fn verify_partition<I: Io>(
         summary.bytes += size;
         damaged_before = false;
         if active {
-            let verdict =
-                tail::classify_active(&file, base, &scanned, checkpoint, &checkpoint_path)?;
+            let interval = config.index_interval_bytes;
+            let point = tail::read_recovery_point(&**io, directory, base, size, interval)?;
+            let (covered, end) = point.unwrap_or((0, base));
+            let evidence = tail::with_recovery_point(checkpoint, base, covered, end);
+            let verdict = tail::classify_active(&file, base, &scanned, evidence, &checkpoint_path)?;
             report_active(&verdict, checkpoint, report);
         } else if let Tail::SyncedDamage(c) = tail::classify_sealed(&path, &scanned) {
             report.add(Severity::Damage, &c.file, Some(c.position), c.kind.to_string());

@@ -22,6 +22,8 @@ fn damage_inside_synced_data_of_the_active_segment_is_kept_and_reported() {
     }
     let expected = common::read_all(&engine, TOPIC, 0, 0, 1 << 20);
     drop(engine);
+    // As after a crash with no recovery point: the open reads the whole active segment.
+    common::forget_clean_close(directory.path());
 
     let partition = common::partition_directory(directory.path(), TOPIC, 0);
     let logs = common::log_files(&partition);
@@ -71,8 +73,42 @@ fn damage_inside_synced_data_of_the_active_segment_is_kept_and_reported() {
         // Nothing visible lies past the damage.
         assert_eq!(engine.high_watermark(TOPIC, 0).unwrap().get(), base_offset);
         drop(engine);
+        // The close leaves a recovery point over the damage; the next open must find it all
+        // the same, as after a crash.
+        common::forget_clean_close(directory.path());
     }
     assert_eq!(std::fs::read(&logs[0]).unwrap(), damaged_bytes, "closing changes nothing");
+}
+
+#[test]
+fn damage_below_the_recovery_point_is_not_read_at_open_but_every_read_reports_it() {
+    // After a clean close the recovery point covers the whole segment: the open reads none of
+    // it, and the damage is found by the first read that reaches it, never served.
+    let directory = tempfile::tempdir().unwrap();
+    let (engine, _) = common::open(directory.path(), Durability::Sync);
+    engine.create_topic(TOPIC, chronik_engine::TopicConfig::default()).unwrap();
+    for i in 0..20u64 {
+        assert_eq!(common::append_value(&engine, TOPIC, 0, format!("value {i}").as_bytes()), i);
+    }
+    drop(engine);
+    let partition = common::partition_directory(directory.path(), TOPIC, 0);
+    let log = common::log_files(&partition).pop().unwrap();
+    let (position, base_offset) = common::batch_positions(&log)[5];
+    common::flip_byte(&log, position + 64 + 20);
+    let (engine, report) = common::open(directory.path(), Durability::Sync);
+    let recovery = &report.partitions[0];
+    assert!(report.clean_shutdown && recovery.opened_clean, "{report:?}");
+    assert_eq!(recovery.scanned_bytes, 0);
+    assert!(recovery.damage.is_empty(), "not read at open: {report:?}");
+    let mut next = Offset::ZERO;
+    while next.get() < base_offset {
+        let fetch = engine.read(TOPIC, 0, next, 100).unwrap();
+        assert_eq!(fetch.records().next().unwrap().offset(), next, "every record before it");
+        next = fetch.next_offset();
+    }
+    let error = engine.read(TOPIC, 0, Offset::new(base_offset), 1 << 20).unwrap_err();
+    let ReadError::Corruption(corruption) = error else { panic!("{error:?}") };
+    assert_eq!((corruption.file, corruption.position), (log, position));
 }
 
 /// Five synced appends, closed cleanly, then one byte flipped in the last batch. Returns the
@@ -85,6 +121,7 @@ fn flip_in_last_batch() -> (tempfile::TempDir, std::path::PathBuf, u64, u64) {
         assert_eq!(common::append_value(&engine, TOPIC, 0, format!("v{i}").as_bytes()), i);
     }
     drop(engine);
+    common::forget_clean_close(directory.path());
     let partition = common::partition_directory(directory.path(), TOPIC, 0);
     let log = common::log_files(&partition).pop().unwrap();
     let (position, _) = *common::batch_positions(&log).last().unwrap();

@@ -4,6 +4,9 @@
 //!
 //! Checked by path, directory by directory: a count of fsyncs would let the fsyncs of files
 //! (after truncates at recovery) stand in for a missing directory's.
+//!
+//! After a clean close (the clean-shutdown mark in place) no such entry can be left, and the
+//! open fsyncs no partition directory: that is what the mark saves on many partitions.
 
 mod common;
 
@@ -19,6 +22,14 @@ fn every_directory_is_fsynced_at_a_writable_open() {
         engine.create_topic("a", TopicConfig::default().with_partitions(2)).unwrap();
         engine.create_topic("b", TopicConfig::default().with_partitions(3)).unwrap();
     }
+    {
+        let (_engine, report, faults) = common::open_faulty(root, Durability::Sync);
+        assert!(report.clean_shutdown && report.is_clean(), "{report:?}");
+        let synced = faults.synced_directories();
+        let partitions = common::partition_directory(root, "a", 0);
+        assert!(!synced.contains(&partitions), "after a clean close: {synced:?}");
+    }
+    common::forget_clean_close(root);
     let (_engine, report, faults) = common::open_faulty(root, Durability::Sync);
     assert!(report.is_clean(), "{report:?}");
     let topics = root.join("topics");

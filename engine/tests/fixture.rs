@@ -1,10 +1,12 @@
 //! The committed data directories in `tests/fixtures/` pin the format: `v1/` was written by
-//! format version 1 (`topic.meta` version 1), `v2/` by the current one (`topic.meta` version 2,
-//! with the cleanup settings; every other file as in version 1). This build must open both and
-//! read exactly the records they hold, changing no file, and must write `v2/`'s bytes when it
-//! generates it again.
+//! format version 1 (`topic.meta` version 1), `v2/` by version 2 (`topic.meta` version 2, with
+//! the cleanup settings; every other file as in version 1), `v3/` by the current one (every
+//! file as in version 2, plus each active segment's recovery point, its index files, and the
+//! clean-shutdown mark `clean.shutdown`). This build must open all three and read exactly the
+//! records they hold, changing no file but adding the recovery points and the mark that an
+//! older close did not leave, and must write `v3/`'s bytes when it generates it again.
 //!
-//! Regenerate `v2/` (only when the format changes on purpose, together with a new version) with
+//! Regenerate `v3/` (only when the format changes on purpose, together with a new version) with
 //! `cargo test -p chronik-engine --test fixture -- --ignored regenerate`.
 
 mod common;
@@ -20,7 +22,7 @@ const CLICKS: &str = "clicks";
 const PROFILES: &str = "profiles";
 
 /// The fixture this build writes.
-const CURRENT: &str = "v2";
+const CURRENT: &str = "v3";
 
 fn fixture_directory(version: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(version)
@@ -162,7 +164,7 @@ fn copy_tree(from: &Path, to: &Path) {
 
 #[test]
 fn the_committed_fixtures_open_and_read_back_exactly() {
-    for version in ["v1", CURRENT] {
+    for version in ["v1", "v2", CURRENT] {
         open_and_read_back(version);
     }
 }
@@ -201,7 +203,27 @@ fn open_and_read_back(version: &str) {
         .filter(|(path, _)| path.extension().is_some_and(|e| e == "index" || e == "timeindex"));
     assert!(index_files.count() >= 8, "the fixture holds index files of sealed segments");
     drop(engine);
-    assert_eq!(common::snapshot(&root), committed, "opening a clean fixture changes no file");
+    let after = common::snapshot(&root);
+    let added: Vec<&PathBuf> =
+        after.iter().filter(|file| !committed.contains(file)).map(|(path, _)| path).collect();
+    for path in &added {
+        // Only what a close of this version leaves and an older one did not.
+        let extension = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+        assert!(
+            path.as_os_str() == "clean.shutdown" || ["index", "timeindex"].contains(&extension),
+            "{version}: opening and closing a clean fixture wrote {}",
+            path.display()
+        );
+        assert!(
+            !committed.iter().any(|(p, _)| &p == path),
+            "{version}: {} changed",
+            path.display()
+        );
+    }
+    assert!(committed.iter().all(|file| after.contains(file)), "{version}: a file changed or went");
+    if version == CURRENT {
+        assert!(added.is_empty(), "the current fixture is left exactly as it was: {added:?}");
+    }
 }
 
 #[test]

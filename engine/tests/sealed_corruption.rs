@@ -88,7 +88,9 @@ fn check_reads_stop_at_the_damage(damaged: &Damaged, engine: &common::Engine) {
 #[test]
 fn a_flipped_byte_in_a_sealed_segment_is_reported_not_served_nor_cut() {
     let damaged = damage_a_sealed_segment();
-    let snapshot = common::snapshot(damaged.directory.path());
+    let mut snapshot = common::snapshot(damaged.directory.path());
+    // The open takes the clean-shutdown mark away, and changes nothing else.
+    snapshot.retain(|(path, _)| path.as_os_str() != "clean.shutdown");
     let (engine, report) = common::open(damaged.directory.path(), Durability::Sync);
     // The sealed segment loads from its (intact) index files without a scan, so the damage is
     // found by the read, not the open.

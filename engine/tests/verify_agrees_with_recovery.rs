@@ -83,6 +83,11 @@ fn verify_and_recovery_classify_every_damaged_directory_alike() {
         ("a sealed segment cut short", sealed_cut_short, Expected::Damage),
         ("a lost middle segment", lost_middle_segment, Expected::Damage),
         ("the checkpoint names a lost last segment", lost_last_segment, Expected::Damage),
+        (
+            "a flipped byte in the last batch, vouched by the recovery point",
+            flip_last_vouched_by_recovery_point,
+            Expected::Damage,
+        ),
         ("a lost last segment and the one before cut", lost_last_and_cut, Expected::Damage),
     ];
     let mut disagreements = String::new();
@@ -185,9 +190,17 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// Sync appends of one record each to a topic of one (large) segment, closed cleanly; returns
-/// the active segment's log file.
+/// Sync appends of one record each to a topic of one (large) segment, closed cleanly, then
+/// its recovery point and clean-shutdown mark removed (as if the writer had been killed before
+/// it made one); returns the active segment's log file.
 fn one_segment(root: &Path, count: u64) -> PathBuf {
+    let log = one_segment_closed(root, count);
+    common::forget_clean_close(root);
+    log
+}
+
+/// As [`one_segment`], keeping the recovery point and the mark the close left.
+fn one_segment_closed(root: &Path, count: u64) -> PathBuf {
     let (engine, _) = common::open(root, Durability::Sync);
     engine.create_topic(TOPIC, TopicConfig::default()).unwrap();
     for i in 0..count {
@@ -195,6 +208,15 @@ fn one_segment(root: &Path, count: u64) -> PathBuf {
     }
     drop(engine);
     active_log(root)
+}
+
+fn flip_last_vouched_by_recovery_point(root: &Path) {
+    // No checkpoint and no later batch vouches for the last batch, but the recovery point the
+    // close left covers it: damage in synced data, to verify as to the reads after an open
+    // that does not read it.
+    let log = one_segment_closed(root, 12);
+    flip_in_batch(&log, 11);
+    std::fs::remove_file(checkpoint_of(root)).unwrap();
 }
 
 fn active_log(root: &Path) -> PathBuf {

@@ -33,6 +33,9 @@ fn write_path(root: &Path, partitions: u32) -> Opened {
     let config = TopicConfig { partitions, ..TopicConfig::default() };
     engine.create_topic(TOPIC, config).unwrap();
     drop(engine);
+    // The write path below writes as an engine would, and an engine's open takes the mark of
+    // the last close away first.
+    std::fs::remove_file(root.join(layout::CLEAN_SHUTDOWN_FILE)).unwrap();
     let (io, faults) = FaultyIo::new();
     let io = Arc::new(io);
     let mut reactor = Reactor::new(Arc::clone(&io));
@@ -48,6 +51,8 @@ fn write_path(root: &Path, partitions: u32) -> Opened {
             segment_ms: i64::MAX,
             direct: false,
             write_bytes_max: chronik_engine::internals::log::WRITE_BYTES_MAX,
+            recovery_point_bytes: chronik_engine::limits::RECOVERY_POINT_BYTES_DEFAULT,
+            recovery_point_ms: 5_000,
         };
         let recovered = Recovered {
             base_offset: Offset::ZERO,
@@ -55,6 +60,8 @@ fn write_path(root: &Path, partitions: u32) -> Opened {
             next_offset: Offset::ZERO,
             created_ms: 0,
             tail: Vec::new(),
+            max_timestamp: i64::MIN,
+            recovery_point: 0,
         };
         let log = PartitionLog::new(config, recovered, 0);
         let host = IndexHost::new(Offset::ZERO, 4096);

@@ -75,6 +75,10 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::DeleteRecordsOneTooMany => "delete-records-one-too-many",
         Canary::RepartitionPurgedPastCommit => "repartition-purged-past-commit",
         Canary::ReaderStopsAtEmptyFetch => "reader-stops-at-empty-fetch",
+        Canary::RecoveryPointBeforeSync => "recovery-point-before-sync",
+        Canary::RecoveryPointIndexPastPoint => "recovery-point-index-past-point",
+        Canary::CleanMarkBeforeLastSync => "clean-mark-before-last-sync",
+        Canary::CleanMarkKeptAtOpen => "clean-mark-kept-at-open",
     }
 }
 

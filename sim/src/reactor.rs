@@ -56,6 +56,9 @@ pub struct Plan {
     /// Most bytes per coalesced write: one block on some seeds, so that a turn holds several
     /// writes of a partition (and direct ones share blocks, linked).
     pub write_bytes_max: usize,
+    /// Bytes past a partition's recovery point that make a new one: small, so that a run
+    /// makes many, and crashes land around their writes.
+    pub recovery_point_bytes: u64,
 }
 
 /// Draw a seed's plan.
@@ -75,6 +78,7 @@ pub fn draw(seed: u64) -> Plan {
         power_cut_after: (rng.below(10) < 7).then(|| rng.between(10, 800)),
         errors_per_million: if rng.below(10) < 2 { 3_000 } else { 0 },
         write_bytes_max: if rng.below(10) < 4 { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX },
+        recovery_point_bytes: 512 * rng.between(1, 16),
     }
 }
 
@@ -167,6 +171,12 @@ fn create_topic(disk: &SimDisk, clock: &SimClock, plan: &Plan) {
         ..TopicConfig::default()
     };
     engine.create_topic(TOPIC, config).expect("a fresh disk takes a topic");
+    drop(engine);
+    // The reactor writes as an engine would, and an engine's open takes the mark of the last
+    // close away first.
+    let mark = Path::new(ROOT).join(layout::CLEAN_SHUTDOWN_FILE);
+    chronik_engine::io::Namespace::remove_file(disk, &mark).expect("the close left its mark");
+    chronik_engine::io::sync_directory(disk, Path::new(ROOT)).expect("a fresh disk syncs");
 }
 
 fn open_engine(disk: &SimDisk, clock: &SimClock) -> Result<Engine<SimDisk>, String> {
@@ -192,6 +202,8 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> (Reactor<SimDisk>, Vec<PartitionId>) 
             segment_ms: i64::MAX,
             direct: plan.direct,
             write_bytes_max: plan.write_bytes_max,
+            recovery_point_bytes: plan.recovery_point_bytes,
+            recovery_point_ms: 50,
         };
         let recovered = Recovered {
             base_offset: Offset::ZERO,
@@ -199,6 +211,8 @@ fn reactor(disk: &SimDisk, plan: &Plan) -> (Reactor<SimDisk>, Vec<PartitionId>) 
             next_offset: Offset::ZERO,
             created_ms: EPOCH_MS,
             tail: Vec::new(),
+            max_timestamp: i64::MIN,
+            recovery_point: 0,
         };
         let log = PartitionLog::new(config, recovered, EPOCH_MS);
         let host = IndexHost::new(Offset::ZERO, 512);

@@ -373,6 +373,15 @@ pub fn run(seed: u64, options: &RunOptions) -> RunOutcome {
     }
 }
 
+/// How the last engine on the simulated disk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LastClose {
+    /// Every partition closed (the clean-shutdown mark may be there).
+    Complete,
+    /// It crashed, its close failed, or it is still live.
+    Incomplete,
+}
+
 /// How a round ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
@@ -428,6 +437,12 @@ struct Sim {
     counters: Counters,
     /// Whether the disk crashed since the last open: then what an open finds is durable.
     crashed_since_open: bool,
+    /// How the last engine on the disk ended: only after a complete close (every partition
+    /// closed) may an open find the clean-shutdown mark.
+    last_close: LastClose,
+    /// An open found the clean-shutdown mark although the engine before it did not close
+    /// completely (it crashed, or its close failed): the mark lied.
+    lying_mark: Option<String>,
 }
 
 impl Sim {
@@ -471,6 +486,8 @@ impl Sim {
             faults_seen: 0,
             counters: Counters::default(),
             crashed_since_open: true,
+            last_close: LastClose::Incomplete,
+            lying_mark: None,
         }
     }
 

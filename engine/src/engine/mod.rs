@@ -18,8 +18,9 @@ mod topics;
 pub use offsets::{GroupCommit, TransactionWrite};
 pub use topics::TopicDescription;
 
+use crate::clean_shutdown;
 use crate::context::{PartitionContext, Poison};
-use crate::error::{CorruptionKind, IoError, OpenError, Poisoned, TopicError};
+use crate::error::{CloseError, CorruptionKind, IoError, OpenError, Poisoned, TopicError};
 use crate::format::meta::{DATA_DIRECTORY_VERSION, DataDirectoryMeta, MetaFile};
 use crate::groups::{Committed, OFFSETS_TOPIC};
 use crate::io::{FileHandle, Io};
@@ -68,6 +69,14 @@ pub struct Options {
     /// different threads at once. 0 means one (`Engine::open`); the `chronik` crate sets one
     /// per core. At most [`WRITE_SHARDS_MAX`](crate::limits::WRITE_SHARDS_MAX).
     pub write_shards: usize,
+    /// A partition's recovery point (below which an open after a crash reads nothing) moves
+    /// once this many bytes past it are durable. 0 means
+    /// [`RECOVERY_POINT_BYTES_DEFAULT`](crate::limits::RECOVERY_POINT_BYTES_DEFAULT).
+    /// Each move writes the active segment's index files (about 5 bytes per 1 KiB of log).
+    pub recovery_point_bytes: u64,
+    /// ... or once this many milliseconds passed since the last move. 0 means
+    /// [`RECOVERY_POINT_MS_DEFAULT`](crate::limits::RECOVERY_POINT_MS_DEFAULT).
+    pub recovery_point_ms: u64,
 }
 
 #[derive(Debug)]
@@ -142,16 +151,49 @@ struct Inner<I: Io> {
     /// The latest committed consumer offsets; held across a commit's append, so commits
     /// reach the offsets topic and this map in the same order.
     committed: Mutex<Committed>,
+    /// [`Engine::close`] ran (or the drop did).
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl<I: Io> Inner<I> {
+    /// Close every partition, then write the clean-shutdown mark if all of them closed; the
+    /// first failure is returned. Once only: later calls do nothing.
+    fn close(&self) -> Result<(), CloseError> {
+        if self.closed.swap(true, std::sync::atomic::Ordering::AcqRel) || self.lock.is_none() {
+            return Ok(());
+        }
+        let io = &*self.context.io;
+        let early = crate::canary::active(crate::canary::Canary::CleanMarkBeforeLastSync);
+        if early {
+            clean_shutdown::write(io, &self.root).map_err(CloseError::Mark)?;
+        }
+        let mut first = None;
+        for topic in self.topics.read().values() {
+            for partition in &topic.partitions {
+                // Every partition, whatever the others did: a failure poisons, and the next
+                // open recovers that one as after a crash.
+                if let Err(error) = partition.close() {
+                    first = first.or(Some(error));
+                }
+            }
+        }
+        if let Some(error) = first {
+            return Err(CloseError::Partition(error));
+        }
+        if let Err(poisoned) = self.context.poison.check() {
+            return Err(CloseError::Poisoned(poisoned));
+        }
+        if !early {
+            clean_shutdown::write(io, &self.root).map_err(CloseError::Mark)?;
+        }
+        Ok(())
+    }
 }
 
 impl<I: Io> Drop for Inner<I> {
     fn drop(&mut self) {
-        for topic in self.topics.get_mut().values() {
-            for partition in &topic.partitions {
-                // Best effort: a failure poisons, and the next open recovers.
-                let _ = partition.close();
-            }
-        }
+        // Best effort: whatever failed, the next open recovers.
+        let _ = self.close();
         if let Some(lock) = self.lock
             && !crate::canary::active(crate::canary::Canary::CloseLeaksLockHandle)
         {
@@ -224,6 +266,16 @@ impl<I: Io> Engine<I> {
             durability: options.durability,
             read_only: options.read_only,
             direct: options.direct_io && !options.read_only,
+            clean_shutdown: false,
+            recovery_point_bytes: match options.recovery_point_bytes {
+                0 => crate::limits::RECOVERY_POINT_BYTES_DEFAULT,
+                bytes => bytes,
+            },
+            recovery_point_ms: i64::try_from(match options.recovery_point_ms {
+                0 => crate::limits::RECOVERY_POINT_MS_DEFAULT,
+                ms => ms,
+            })
+            .unwrap_or(i64::MAX),
             write_paths,
         };
         let result = Self::open_locked(&context, root);
@@ -245,6 +297,7 @@ impl<I: Io> Engine<I> {
             admin: Mutex::new(()),
             lock,
             committed: Mutex::new(committed),
+            closed: std::sync::atomic::AtomicBool::new(false),
         };
         Ok((Engine { inner: Arc::new(inner) }, report))
     }
@@ -265,6 +318,13 @@ impl<I: Io> Engine<I> {
             fsync_directory(io, &topics_directory)?;
         }
         let mut report = RecoveryReport::default();
+        // Before anything else is written: from here on the mark would lie.
+        let found = clean_shutdown::take(io, root, read_only)?;
+        report.clean_shutdown = found == clean_shutdown::Found::Valid;
+        report.clean_shutdown_unreadable = found == clean_shutdown::Found::Unreadable;
+        let mut context = context.clone();
+        context.clean_shutdown = report.clean_shutdown;
+        let context = &context;
         let mut topics = BTreeMap::new();
         let entries = match io.list(&topics_directory) {
             Err(error) if read_only && error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -466,6 +526,17 @@ impl<I: Io> Engine<I> {
     /// The live counters, for layers above the engine to add theirs (the SDK's restores).
     pub fn metrics_registry(&self) -> &Metrics {
         &self.inner.context.metrics
+    }
+
+    /// Close the engine: every partition's appends made durable, its recovery point moved to
+    /// its end, then the clean-shutdown mark written, so that the next open reads and fsyncs
+    /// nothing of a partition. Dropping the last clone does the same, without the result.
+    /// Other clones see every partition closed: their appends are refused.
+    ///
+    /// # Errors
+    /// The first failure; the next open then recovers as after a crash ([`CloseError`]).
+    pub fn close(self) -> Result<(), CloseError> {
+        self.inner.close()
     }
 
     /// Whether a failure has poisoned the engine, and why.

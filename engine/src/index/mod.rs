@@ -3,7 +3,9 @@
 //! Both are kept in memory for every segment and written to `<base>.index` and
 //! `<base>.timeindex` when a segment is sealed. A sealed segment's index file is trusted only if
 //! it validates and covers exactly the segment's current length; otherwise it is rebuilt by
-//! scanning the segment. The active segment's index is always rebuilt at open.
+//! scanning the segment. The active segment's index files are its recovery point: written
+//! periodically for a durable prefix of it ([`SegmentIndex::encode_prefix`]), loaded at open
+//! ([`SegmentIndex::decode_prefix`]), and the bytes past the prefix scanned.
 
 use crate::Offset;
 use crate::canary::{self, Canary};
@@ -160,6 +162,27 @@ impl SegmentIndex {
 
     /// Encode both index files for a segment of `covered_length` bytes ending at `next_offset`.
     pub fn encode(&self, covered_length: u64, next_offset: Offset) -> (Vec<u8>, Vec<u8>) {
+        self.encode_prefix(covered_length, next_offset, self.max_timestamp)
+    }
+
+    /// Encode both index files for the first `covered_length` bytes of the segment, which end
+    /// at `next_offset` and whose largest timestamp is `max_timestamp`: only the entries of
+    /// batches below it (the index may hold later ones already).
+    pub fn encode_prefix(
+        &self,
+        covered_length: u64,
+        next_offset: Offset,
+        max_timestamp: i64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        assert!(next_offset >= self.base_offset, "a prefix ends at or after the base");
+        assert!(max_timestamp <= self.max_timestamp, "a prefix's timestamps are the segment's");
+        let past = canary::active(Canary::RecoveryPointIndexPastPoint);
+        let span = next_offset.get() - self.base_offset.get();
+        let offsets_below =
+            self.offsets.partition_point(|&(_, p)| past || u64::from(p) < covered_length);
+        let times_below = self.times.partition_point(|&(_, r)| past || u64::from(r) < span);
+        let (offset_entries, time_entries) =
+            (&self.offsets[..offsets_below], &self.times[..times_below]);
         let header = |kind: u16, entry_count: usize| IndexFileHeader {
             checksum: U64::new(0),
             magic: U32::new(INDEX_MAGIC),
@@ -170,16 +193,16 @@ impl SegmentIndex {
             covered_length: U64::new(covered_length),
             base_offset: U64::new(self.base_offset.get()),
             next_offset: U64::new(next_offset.get()),
-            max_timestamp: I64::new(self.max_timestamp),
+            max_timestamp: I64::new(max_timestamp),
         };
-        let mut offsets = header(KIND_OFFSET, self.offsets.len()).as_bytes().to_vec();
-        for &(relative, position) in &self.offsets {
+        let mut offsets = header(KIND_OFFSET, offset_entries.len()).as_bytes().to_vec();
+        for &(relative, position) in offset_entries {
             let entry =
                 OffsetEntry { relative_offset: U32::new(relative), position: U32::new(position) };
             offsets.extend_from_slice(entry.as_bytes());
         }
-        let mut times = header(KIND_TIME, self.times.len()).as_bytes().to_vec();
-        for &(timestamp, relative) in &self.times {
+        let mut times = header(KIND_TIME, time_entries.len()).as_bytes().to_vec();
+        for &(timestamp, relative) in time_entries {
             let entry =
                 TimeEntry { timestamp: I64::new(timestamp), relative_offset: U32::new(relative) };
             times.extend_from_slice(entry.as_bytes());
@@ -198,6 +221,20 @@ impl SegmentIndex {
         times: &[u8],
         base_offset: Offset,
         covered_length: u64,
+        interval_bytes: u32,
+    ) -> Result<(SegmentIndex, Offset), &'static str> {
+        let (length, checked) = (covered_length, covered_length);
+        SegmentIndex::decode_covering(offsets, times, base_offset, length, checked, interval_bytes)
+    }
+
+    /// [`SegmentIndex::decode`], with the entries' positions checked against `checked_length`
+    /// (only a canary makes it differ from `covered_length`).
+    fn decode_covering(
+        offsets: &[u8],
+        times: &[u8],
+        base_offset: Offset,
+        covered_length: u64,
+        checked_length: u64,
         interval_bytes: u32,
     ) -> Result<(SegmentIndex, Offset), &'static str> {
         let (offset_header, offset_entries) = decode_file::<OffsetEntry>(offsets, KIND_OFFSET)?;
@@ -219,7 +256,10 @@ impl SegmentIndex {
             return Err("offset and time index disagree");
         }
         // Every entry must point inside the segment's offsets, so lookups cannot overflow.
-        let span = offset_header.next_offset.get() - base_offset.get();
+        let mut span = offset_header.next_offset.get() - base_offset.get();
+        if checked_length > covered_length {
+            span = u64::MAX; // Only the canary trusting entries past a recovery point.
+        }
         let inside = |relative: u32| u64::from(relative) < span;
         if !offset_entries.iter().all(|e| inside(e.relative_offset.get()))
             || !time_entries.iter().all(|e| inside(e.relative_offset.get()))
@@ -231,7 +271,7 @@ impl SegmentIndex {
         for entry in offset_entries {
             let (relative, position) = (entry.relative_offset.get(), entry.position.get());
             if index.offsets.last().is_some_and(|&(r, p)| r >= relative || p >= position)
-                || u64::from(position) >= covered_length
+                || u64::from(position) >= checked_length
             {
                 return Err("offset index entries out of order or range");
             }
@@ -245,6 +285,52 @@ impl SegmentIndex {
             index.times.push((timestamp, relative));
         }
         Ok((index, Offset::new(offset_header.next_offset.get())))
+    }
+}
+
+impl SegmentIndex {
+    /// Decode the index files of the active segment at `base_offset`, which is `size` bytes
+    /// long now: its recovery point. Returns the index of the prefix they cover, the prefix's
+    /// length and its next offset, or why the files are unusable. The index then continues
+    /// with the batches past the prefix ([`SegmentIndex::on_batch`]).
+    pub fn decode_prefix(
+        offsets: &[u8],
+        times: &[u8],
+        base_offset: Offset,
+        size: u64,
+        interval_bytes: u32,
+    ) -> Result<(SegmentIndex, u64, Offset), &'static str> {
+        let (header, _) = decode_file::<OffsetEntry>(offsets, KIND_OFFSET)?;
+        let covered = header.covered_length.get();
+        if covered > size {
+            return Err("it covers more bytes than the segment holds");
+        }
+        let mut checked = covered;
+        if canary::active(Canary::RecoveryPointIndexPastPoint) {
+            checked = size;
+        }
+        let (mut index, next_offset) = SegmentIndex::decode_covering(
+            offsets,
+            times,
+            base_offset,
+            covered,
+            checked,
+            interval_bytes,
+        )?;
+        // Where the next entries go: as if the prefix had been indexed batch by batch (the
+        // time entry's position is known only to the offset entry before it, so the next time
+        // entry may come a little early; lookups only need entries in order).
+        let last_offset_entry = index.offsets.last().map_or(0, |&(_, p)| u64::from(p));
+        index.bytes_since_offset_entry = covered - last_offset_entry;
+        let last_time_entry = index.times.last().map_or(0, |&(_, r)| {
+            u64::from(index.position_for_offset(index.base_offset.plus(u64::from(r))))
+        });
+        index.bytes_since_time_entry = covered.saturating_sub(last_time_entry);
+        assert!(
+            checked > covered || index.offsets.last().is_none_or(|&(_, p)| u64::from(p) < covered),
+            "the prefix's entries point inside it"
+        );
+        Ok((index, covered, next_offset))
     }
 }
 

@@ -98,6 +98,12 @@ pub struct Config {
     /// Most bytes one coalesced write carries: [`WRITE_BYTES_MAX`] in the engine; tests make
     /// it small so that one turn holds several writes. At least one block.
     pub write_bytes_max: usize,
+    /// A recovery point is made once this many bytes past the last one are durable (in `os`
+    /// mode, once this many are written: an fdatasync of its own then makes them durable).
+    pub recovery_point_bytes: u64,
+    /// ... or once this long passed since the last one and any byte past it is durable
+    /// (written, in `os` mode).
+    pub recovery_point_ms: i64,
 }
 
 /// The active segment as recovery left it: everything in it below `size` is durable.
@@ -109,6 +115,11 @@ pub struct Recovered {
     pub created_ms: i64,
     /// On a direct file, the bytes of its last, partial block (`size % DIRECT_ALIGNMENT`).
     pub tail: Vec<u8>,
+    /// The largest record timestamp in the segment below `size` (`i64::MIN` if none).
+    pub max_timestamp: i64,
+    /// The position of the segment's durable recovery point (its index files cover the
+    /// bytes below it); at most `size`.
+    pub recovery_point: u64,
 }
 
 /// A batch encoded at offset zero by the caller, outside any lock; the log gives it its
@@ -149,6 +160,11 @@ pub enum OpKind {
     /// Record in `synced.checkpoint` (not fsynced) that every byte below `position` of the
     /// segment, and every offset below `offset`, is durable.
     Checkpoint { segment: Offset, position: u64, offset: Offset },
+    /// Make a recovery point: write the segment's index files covering its first `position`
+    /// bytes (which end at `offset`, and whose largest timestamp is `max_timestamp`), each
+    /// through a temporary file, fdatasync and rename. Every byte below `position` is durable
+    /// already, so whichever of the old and new files a crash leaves is true.
+    RecoveryPoint { segment: Offset, position: u64, offset: Offset, max_timestamp: i64 },
 }
 
 /// Why an operation failed, kept for every waiter it fails.
@@ -223,11 +239,13 @@ pub enum Event {
     Poisoned(Failure),
 }
 
-/// A position in the log: an offset and the byte position of the active segment it maps to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// A position in the log: an offset, the byte position of the active segment it maps to,
+/// and the largest record timestamp of the segment below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct End {
     offset: Offset,
     position: u64,
+    max_timestamp: i64,
 }
 
 #[derive(Debug)]
@@ -241,6 +259,8 @@ enum Queued {
 struct Placed {
     bytes: Vec<u8>,
     position: u64,
+    /// Where the log ends after this batch.
+    end: End,
 }
 
 /// A caller waiting for the log to pass `end`.
@@ -321,6 +341,11 @@ pub struct PartitionLog {
     roll: Option<Roll>,
     checkpoint_due: Option<(Offset, u64, Offset)>,
     checkpoint_in_flight: Option<OpId>,
+    /// The position of the active segment's newest durable recovery point.
+    recovery_point: u64,
+    recovery_point_due: Option<End>,
+    recovery_point_in_flight: Option<(OpId, End)>,
+    last_recovery_point_ms: i64,
     last_sync_ms: i64,
     acks: VecDeque<Ack>,
     events: VecDeque<Event>,
@@ -337,7 +362,15 @@ impl PartitionLog {
             if config.direct { recovered.size % DIRECT_ALIGNMENT as u64 } else { 0 },
             "a direct segment's tail is its partial block"
         );
-        let end = End { offset: recovered.next_offset, position: recovered.size };
+        assert!(recovered.recovery_point <= recovered.size, "a recovery point inside the segment");
+        let end = End {
+            offset: recovered.next_offset,
+            position: recovered.size,
+            max_timestamp: recovered.max_timestamp,
+        };
+        // Recovery made the whole segment durable; a recovery point at its end saves the next
+        // open from reading the bytes past the one it found.
+        let recovery_point_due = (recovered.recovery_point < recovered.size).then_some(end);
         PartitionLog {
             config,
             active: Active {
@@ -360,6 +393,10 @@ impl PartitionLog {
             roll: None,
             checkpoint_due: None,
             checkpoint_in_flight: None,
+            recovery_point: recovered.recovery_point,
+            recovery_point_due,
+            recovery_point_in_flight: None,
+            last_recovery_point_ms: now_ms,
             last_sync_ms: now_ms,
             acks: VecDeque::new(),
             events: VecDeque::new(),
@@ -403,6 +440,8 @@ impl PartitionLog {
             && self.roll.is_none()
             && self.checkpoint_in_flight.is_none()
             && self.checkpoint_due.is_none()
+            && self.recovery_point_in_flight.is_none()
+            && self.recovery_point_due.is_none()
     }
 
     /// Queue an append; `ticket` is acknowledged through [`PartitionLog::poll_ack`].
@@ -508,7 +547,11 @@ impl PartitionLog {
     /// When [`PartitionLog::poll_ops`] must run next without any new request or completion
     /// (an `interval` flush), on the engine clock.
     pub fn poll_timeout(&self) -> Option<i64> {
-        let Durability::Interval { ms } = self.config.durability else { return None };
+        let recovery_point = (self.config.durability == Durability::Os
+            && self.written.position > self.recovery_point
+            && self.sync_in_flight.is_none())
+        .then(|| self.last_recovery_point_ms.saturating_add(self.config.recovery_point_ms));
+        let Durability::Interval { ms } = self.config.durability else { return recovery_point };
         let pending = self.written.offset > self.durable.offset || self.placed != self.written;
         pending.then(|| self.last_sync_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)))
     }
@@ -525,6 +568,7 @@ impl PartitionLog {
         self.emit_sync(now_ms, out, first_new);
         self.emit_roll(out);
         self.emit_checkpoint(out);
+        self.emit_recovery_point(out);
     }
 
     fn op_id(&mut self) -> OpId {
@@ -581,9 +625,13 @@ impl PartitionLog {
         let next_offset = start.offset.plus(count);
         let info = BatchInfo { base_offset: start.offset, next_offset, ..batch.info };
         self.events.push_back(Event::Placed { position: start.position, info });
-        self.placed =
-            End { offset: start.offset.plus(count), position: start.position + u64::from(length) };
-        self.unwritten.push_back(Placed { bytes: batch.bytes, position: start.position });
+        self.placed = End {
+            offset: next_offset,
+            position: start.position + u64::from(length),
+            max_timestamp: start.max_timestamp.max(info.max_timestamp),
+        };
+        let (bytes, position, end) = (batch.bytes, start.position, self.placed);
+        self.unwritten.push_back(Placed { bytes, position, end });
         let kind = if transactional { WaitKind::Transaction } else { WaitKind::Append };
         self.waiters.push_back(Waiter {
             ticket,
@@ -618,6 +666,7 @@ impl PartitionLog {
             let batches_position = self.unwritten[0].position;
             let mut buffer = Vec::new();
             let mut end = batches_position;
+            let mut end_of_write = self.unwritten[0].end;
             if self.config.direct {
                 if canary::active(Canary::DirectWriteDropsTail) {
                     buffer.resize(self.active.tail.len(), 0);
@@ -633,6 +682,8 @@ impl PartitionLog {
                 let next = self.unwritten.pop_front().expect("front exists");
                 assert_eq!(next.position, end, "placed batches are contiguous");
                 end += next.bytes.len() as u64;
+                assert_eq!(next.end.position, end, "a placed batch ends where its bytes do");
+                end_of_write = next.end;
                 if buffer.is_empty() {
                     buffer = next.bytes;
                 } else {
@@ -643,13 +694,12 @@ impl PartitionLog {
             if self.config.direct {
                 self.pad_direct(&mut buffer, position, end);
             }
-            let end_offset = self.offset_at(end);
             let id = self.op_id();
             assert!(self.writes.back().is_none_or(|w| w.end.position == batches_position));
             self.writes.push_back(WriteInFlight {
                 id,
                 start: position,
-                end: End { offset: end_offset, position: end },
+                end: end_of_write,
                 done: false,
             });
             let segment = self.active.base_offset;
@@ -667,17 +717,6 @@ impl PartitionLog {
         self.active.tail = buffer[tail_start..].to_vec();
         let padded = usize::try_from((end - position).next_multiple_of(block)).expect("in memory");
         buffer.resize(padded, 0);
-    }
-
-    /// The offset after the placed batch that ends at byte `position` (a batch boundary).
-    fn offset_at(&self, position: u64) -> Offset {
-        if position == self.placed.position {
-            return self.placed.offset;
-        }
-        // A boundary before the placed end: the first unwritten batch starts there.
-        let next = self.unwritten.front().expect("a later batch is unwritten");
-        assert_eq!(next.position, position, "writes end at batch boundaries");
-        format::view_validated_batch(&next.bytes).expect("placed batches are valid").base_offset()
     }
 
     /// Start an fdatasync if a waiter needs one and none is in flight. The writes this call
@@ -722,8 +761,57 @@ impl PartitionLog {
                 let due = self.last_sync_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX));
                 now_ms >= due && self.written.position > self.durable.position
             }
-            Durability::Os => false,
+            // The periodic fdatasync a recovery point needs.
+            Durability::Os => self.recovery_point_wanted(self.written, now_ms),
         }
+    }
+
+    /// Whether a recovery point at `end` is due: enough bytes or time past the last one.
+    fn recovery_point_wanted(&self, end: End, now_ms: i64) -> bool {
+        if end.position <= self.recovery_point {
+            return false;
+        }
+        let bytes = end.position - self.recovery_point;
+        let waited = now_ms.saturating_sub(self.last_recovery_point_ms);
+        bytes >= self.config.recovery_point_bytes || waited >= self.config.recovery_point_ms
+    }
+
+    /// The durable end a recovery point may cover: never a fenced transaction's batch, whose
+    /// commit recovery must still be able to roll back from the end of the log.
+    fn recovery_point_end(&self) -> End {
+        match self.fence {
+            Some(fence) if fence.start.offset < self.durable.offset => fence.start,
+            _ => self.durable,
+        }
+    }
+
+    /// Make a due recovery point, one at a time, never during a roll (a seal writes the same
+    /// index files, covering the whole segment).
+    fn emit_recovery_point(&mut self, out: &mut Vec<LogOp>) {
+        if self.recovery_point_in_flight.is_some() || self.roll.is_some() {
+            return;
+        }
+        let closing =
+            self.waiters.iter().any(|w| w.kind == WaitKind::Close && w.end <= self.synced);
+        if closing && self.recovery_point_end().position > self.recovery_point {
+            // A clean close leaves a recovery point at the end: the next open reads nothing.
+            self.recovery_point_due = Some(self.recovery_point_end());
+        }
+        let Some(end) = self.recovery_point_due.take() else { return };
+        if end.position <= self.recovery_point {
+            return;
+        }
+        let early = canary::active(Canary::RecoveryPointBeforeSync);
+        assert!(end.position <= self.durable.position || early, "it covers durable bytes");
+        let id = self.op_id();
+        let kind = OpKind::RecoveryPoint {
+            segment: self.active.base_offset,
+            position: end.position,
+            offset: end.offset,
+            max_timestamp: end.max_timestamp,
+        };
+        out.push(LogOp { id, kind, link_next: false });
+        self.recovery_point_in_flight = Some((id, end));
     }
 
     /// Move a due roll on: seal the active segment once nothing of it is in flight, then
@@ -733,7 +821,8 @@ impl PartitionLog {
             Some(Roll::Due)
                 if self.unwritten.is_empty()
                     && self.writes.is_empty()
-                    && self.sync_in_flight.is_none() =>
+                    && self.sync_in_flight.is_none()
+                    && self.recovery_point_in_flight.is_none() =>
             {
                 assert!(self.fence.is_none(), "no roll under a fence");
                 assert_eq!(self.written, self.placed, "every placed batch is written");
@@ -775,7 +864,7 @@ impl PartitionLog {
     /// link reports an error).
     pub fn complete(&mut self, id: OpId, result: io::Result<()>, now_ms: i64) {
         if let Some(index) = self.writes.iter().position(|w| w.id == id) {
-            self.complete_write(index, result);
+            self.complete_write(index, result, now_ms);
         } else if self.sync_in_flight.is_some_and(|(sync, _)| sync == id) {
             let (_, covers) = self.sync_in_flight.take().expect("checked");
             self.complete_sync(covers, result, now_ms);
@@ -785,6 +874,21 @@ impl PartitionLog {
             && create == id
         {
             self.complete_create(base, result, now_ms);
+        } else if self.recovery_point_in_flight.is_some_and(|(point, _)| point == id) {
+            let (_, end) = self.recovery_point_in_flight.take().expect("checked");
+            match result {
+                Ok(()) if self.poisoned.is_none() => {
+                    assert!(end.position > self.recovery_point, "recovery points only advance");
+                    self.recovery_point = end.position;
+                    self.last_recovery_point_ms = now_ms;
+                }
+                Ok(()) => {}
+                Err(error) => {
+                    let failure =
+                        Failure::from_error("recovery point", self.active.base_offset, &error);
+                    self.poison(failure);
+                }
+            }
         } else if self.checkpoint_in_flight == Some(id) {
             self.checkpoint_in_flight = None;
             if let Err(error) = result {
@@ -798,7 +902,7 @@ impl PartitionLog {
         self.complete_waiters();
     }
 
-    fn complete_write(&mut self, index: usize, result: io::Result<()>) {
+    fn complete_write(&mut self, index: usize, result: io::Result<()>, now_ms: i64) {
         // The canary takes a failed write for a done one: neither poisoned nor reported.
         let ignored = result.is_err() && canary::active(Canary::WriteErrorNotPoisoned);
         if let (Err(error), false) = (result, ignored) {
@@ -822,6 +926,13 @@ impl PartitionLog {
             self.written = write.end;
             let (end, position) = (write.end.offset, write.end.position);
             self.events.push_back(Event::Written { end, position });
+        }
+        if canary::active(Canary::RecoveryPointBeforeSync)
+            && self.fence.is_none()
+            && self.recovery_point_wanted(self.written, now_ms)
+        {
+            // The canary takes written bytes for durable ones.
+            self.recovery_point_due = Some(self.written);
         }
         if self.poisoned.is_none()
             && self.config.durability == Durability::Os
@@ -859,6 +970,10 @@ impl PartitionLog {
             _ => self.durable.position,
         };
         self.checkpoint_due = Some((self.active.base_offset, position, synced));
+        let end = self.recovery_point_end();
+        if self.recovery_point_wanted(end, now_ms) {
+            self.recovery_point_due = Some(end);
+        }
     }
 
     fn complete_seal(&mut self, result: io::Result<()>, now_ms: i64) {
@@ -870,6 +985,8 @@ impl PartitionLog {
         self.durable = self.placed;
         self.mark_synced(self.placed.offset);
         self.roll = Some(Roll::Sealed);
+        // The seal wrote index files covering the whole segment.
+        self.recovery_point_due = None;
     }
 
     fn complete_create(&mut self, base: Offset, result: io::Result<()>, now_ms: i64) {
@@ -878,9 +995,10 @@ impl PartitionLog {
             return;
         }
         assert_eq!(base, self.placed.offset, "the new segment starts where the log ends");
-        let end = End { offset: base, position: 0 };
+        let end = End { offset: base, position: 0, max_timestamp: i64::MIN };
         self.active = Active { base_offset: base, created_ms: now_ms, tail: Vec::new() };
         (self.placed, self.written, self.durable) = (end, end, end);
+        (self.recovery_point, self.last_recovery_point_ms) = (0, now_ms);
         self.roll = None;
         self.events.push_back(Event::Rolled { segment: base });
         self.checkpoint_due = Some((base, 0, base));
@@ -950,8 +1068,10 @@ impl PartitionLog {
                     (waiter.end <= self.synced).then_some(Acked::Flushed { end: waiter.end })
                 }
                 WaitKind::Close => {
-                    let recorded =
-                        self.checkpoint_due.is_none() && self.checkpoint_in_flight.is_none();
+                    let recorded = self.checkpoint_due.is_none()
+                        && self.checkpoint_in_flight.is_none()
+                        && self.recovery_point_in_flight.is_none()
+                        && self.recovery_point >= self.recovery_point_end().position;
                     (waiter.end <= self.synced && recorded)
                         .then_some(Acked::Closed { end: waiter.end })
                 }
@@ -989,6 +1109,7 @@ impl PartitionLog {
         }
         self.unwritten.clear();
         self.checkpoint_due = None;
+        self.recovery_point_due = None;
         self.events.push_back(Event::Poisoned(failure.clone()));
         self.poisoned = Some(failure);
     }

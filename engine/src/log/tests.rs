@@ -33,7 +33,15 @@ fn batch(records: usize, value_bytes: usize) -> Batch {
 
 fn config(durability: Durability, direct: bool) -> Config {
     let write_bytes_max = WRITE_BYTES_MAX;
-    Config { durability, segment_bytes: 16 * 1024, segment_ms: 1_000_000, direct, write_bytes_max }
+    Config {
+        durability,
+        segment_bytes: 16 * 1024,
+        segment_ms: 1_000_000,
+        direct,
+        write_bytes_max,
+        recovery_point_bytes: 2048,
+        recovery_point_ms: 50,
+    }
 }
 
 /// Writes of at most one block on even seeds, so that one poll holds several writes (and a
@@ -50,6 +58,8 @@ fn fresh(config: Config) -> PartitionLog {
         next_offset: Offset::ZERO,
         created_ms: 0,
         tail: Vec::new(),
+        max_timestamp: i64::MIN,
+        recovery_point: 0,
     };
     PartitionLog::new(config, recovered, 0)
 }
@@ -230,6 +240,10 @@ impl Harness {
                     assert!(*last.0 < segment.get(), "segments grow");
                 }
                 OpKind::Checkpoint { .. } => {}
+                OpKind::RecoveryPoint { segment, position, .. } => {
+                    let durable = self.files[&segment.get()].durable;
+                    assert!(*position <= durable, "a recovery point covers only durable bytes");
+                }
             }
             let linked = op.link_next;
             let id = op.id;
@@ -344,7 +358,7 @@ impl Harness {
             OpKind::Create { segment } => {
                 self.files.insert(segment.get(), ModelFile::default());
             }
-            OpKind::Checkpoint { .. } => {}
+            OpKind::Checkpoint { .. } | OpKind::RecoveryPoint { .. } => {}
         }
         self.log.complete(flight.op.id, Ok(()), self.now_ms);
     }

@@ -260,6 +260,13 @@ impl<I: Io> Partition<I> {
             }
         }
         checkpoint.sync().inspect_err(|e| self.poison_with(e))?;
+        // The recovery point's files were renamed into place without a directory fsync (either
+        // name tells the truth); the clean-shutdown mark written after this close claims the
+        // new ones, so they must be durable first.
+        let directory = &self.directory;
+        crate::io::sync_directory(&*self.io, directory)
+            .map_err(|e| IoError::new("fsync", directory, e))
+            .inspect_err(|e| self.poison_with(e))?;
         Ok(())
     }
 }

@@ -181,6 +181,21 @@ impl<I: Io> Host<I> for PartitionHost<I> {
         assert_eq!((sealed.size, sealed.next_offset), (length, next_offset), "sealed as written");
         sealed.index.encode(length, next_offset)
     }
+
+    fn recovery_point_files(
+        &self,
+        segment: Offset,
+        length: u64,
+        next_offset: Offset,
+        max_timestamp: i64,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let partition = self.partition.upgrade().expect("a driven partition is alive");
+        let state = partition.state.lock();
+        let active = state.active();
+        assert_eq!(active.base_offset, segment, "a recovery point of the active segment");
+        assert!(length <= active.size, "a recovery point covers written bytes");
+        active.index.encode_prefix(length, next_offset, max_timestamp)
+    }
 }
 
 impl<I: Io> Partition<I> {
@@ -235,6 +250,8 @@ impl<I: Io> Partition<I> {
             next_offset: end,
             created_ms: active.created_ms,
             tail: active.tail.clone(),
+            max_timestamp: active.index.max_timestamp(),
+            recovery_point: recovered.recovery_point,
         };
         let active_file = Arc::clone(&active.file);
         let write_path = context.write_path_of(topic, id);
@@ -259,6 +276,8 @@ impl<I: Io> Partition<I> {
             segment_ms: config.segment_ms,
             direct: context.direct,
             write_bytes_max: write_log::WRITE_BYTES_MAX,
+            recovery_point_bytes: context.recovery_point_bytes,
+            recovery_point_ms: context.recovery_point_ms,
         };
         let state = State {
             config,

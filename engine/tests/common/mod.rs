@@ -528,3 +528,24 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         std::thread::park();
     }
 }
+
+/// Make a cleanly closed data directory look like one whose writer was killed before it made
+/// any recovery point: the clean-shutdown mark and every active segment's index files go, so
+/// the next open scans every active segment from its start (the evidence rules apply to all
+/// of it).
+pub fn forget_clean_close(root: &Path) {
+    let _ = std::fs::remove_file(root.join("clean.shutdown"));
+    for file in files_under(root) {
+        let file = root.join(file);
+        if file.extension().is_none_or(|extension| extension != "log") {
+            continue;
+        }
+        let partition = file.parent().unwrap();
+        if log_files(partition).last() != Some(&file) {
+            continue;
+        }
+        for suffix in ["index", "timeindex"] {
+            let _ = std::fs::remove_file(file.with_extension(suffix));
+        }
+    }
+}

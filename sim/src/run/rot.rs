@@ -27,10 +27,11 @@ impl Sim {
             flip.bit
         ));
         self.check_rot(&engine, None)?;
-        drop(engine);
+        self.close_engine(engine);
         self.crash();
         match self.open_engine(Durability::Sync) {
             Ok((engine, report)) => {
+                self.check_mark()?;
                 self.trace.event(format!("open after the flip: {:?}", report.lines()));
                 self.check_rot(&engine, Some(&report))
             }

@@ -2,11 +2,14 @@
 //! steps, the ending (a clean close, a crash under the live engine or a restart), and the
 //! final open and liveness phase of a run.
 
-use super::{Ending, Feature, Flow, Sim};
+use super::steps::ok_or_error;
+use super::{Ending, Feature, Flow, LastClose, Sim};
 use crate::model::{ModelRecord, TopicState};
 use crate::oracle::{self, Scan, SimEngine, Violation};
 use crate::workload::TOPIC;
-use chronik_engine::{Durability, Engine, Offset, OpenError, Options, Record, RecoveryReport};
+use chronik_engine::{
+    CloseError, Durability, Engine, Offset, OpenError, Options, Record, RecoveryReport,
+};
 use std::path::Path;
 
 /// Largest power-cut delay, in disk calls.
@@ -17,6 +20,9 @@ const DOUBLE_OPEN_PER_MILLION: u32 = 200_000;
 
 /// Largest power-cut delay of a faulty open, in disk calls: recovery makes few.
 const OPEN_POWER_CUT_CALLS_MAX: u64 = 60;
+
+/// Most disk calls into a clean close before a power cut armed there fires.
+const CLOSE_POWER_CUT_CALLS_MAX: u64 = 40;
 
 /// Batches each partition takes in the liveness phase at the end of a run.
 const LIVENESS_BATCHES: u64 = 3;
@@ -41,12 +47,54 @@ impl Sim {
         if write_shards > 1 {
             self.counters.sharded_opens += 1;
         }
-        let options = Options { durability, direct_io, write_shards, ..Options::default() };
+        // Small recovery points on some opens, so that runs make many and crashes land
+        // around their writes; the default (tens of MiB) on the others.
+        let recovery_point_bytes = if (self.rounds + self.ops_done).is_multiple_of(2) {
+            512 * (1 + self.rounds % 8)
+        } else {
+            0
+        };
+        let options = Options {
+            durability,
+            direct_io,
+            write_shards,
+            recovery_point_bytes,
+            ..Options::default()
+        };
         let before = self.disk.stats();
         let opened =
             Engine::open(self.disk.clone(), self.clock.shared(), Path::new("/data"), options);
         self.spend_io(before);
+        if let Ok((_, report)) = &opened {
+            if report.clean_shutdown && self.last_close != LastClose::Complete {
+                let detail = "an open found the clean-shutdown mark, but the engine before it \
+                              did not close completely"
+                    .to_owned();
+                self.lying_mark = self.lying_mark.take().or(Some(detail));
+            }
+            // A writer is live: from here on a mark would lie until its close completes.
+            self.last_close = LastClose::Incomplete;
+        }
         opened
+    }
+
+    /// Fail if an open found a clean-shutdown mark that lies.
+    pub(super) fn check_mark(&mut self) -> Result<(), Violation> {
+        match self.lying_mark.take() {
+            Some(detail) => Err(Violation::new("clean_shutdown_mark_true", detail)),
+            None => Ok(()),
+        }
+    }
+
+    /// Close the engine through [`Engine::close`], and remember whether every partition
+    /// closed (only a mark written after that may be found by the next open).
+    pub(super) fn close_engine(&mut self, engine: SimEngine) {
+        let closed = engine.close();
+        self.trace.event(format!("close: {}", ok_or_error(&closed)));
+        self.last_close = match closed {
+            Ok(()) | Err(CloseError::Mark(_)) => LastClose::Complete,
+            Err(_) => LastClose::Incomplete,
+        };
     }
 
     pub(super) fn open(&mut self) -> Result<(SimEngine, RecoveryReport), Violation> {
@@ -62,6 +110,7 @@ impl Sim {
         let opened = self.open_engine(durability);
         let (engine, report) =
             opened.map_err(|e| Violation::new("recovery_succeeds", format!("open failed: {e}")))?;
+        self.check_mark()?;
         self.trace.event(format!(
             "open {durability:?} truncated={}B/{} records clean={}",
             report.truncated_bytes(),
@@ -95,8 +144,9 @@ impl Sim {
             Ok((engine, report)) => {
                 self.trace.event(format!("faulty open succeeded: {:?}", report.lines()));
                 self.counters.truncated_bytes += report.truncated_bytes();
+                self.check_mark()?;
                 Self::check_no_damage(&report)?;
-                drop(engine);
+                self.close_engine(engine);
             }
             Err(OpenError::Io(error)) => {
                 self.trace.event(format!("faulty open failed: {error}"));
@@ -200,7 +250,7 @@ impl Sim {
         scan: &Scan,
     ) -> Result<SimEngine, Violation> {
         const ORACLE: &str = "recovery_idempotent";
-        drop(engine);
+        self.close_engine(engine);
         self.counters.double_opens += 1;
         let (engine, report) = self.open()?;
         if !report.is_clean() {
@@ -240,7 +290,17 @@ impl Sim {
                 if engine.flush().is_ok() {
                     self.model.all_synced();
                 }
-                drop(engine);
+                // Now and then the power goes in the middle of the close: the mark must not
+                // be found by the next open unless every partition closed before the cut.
+                let cut = ending == Ending::CleanClose
+                    && self.has(Feature::PowerCuts)
+                    && self.fault_rng.chance(crate::rng::PER_MILLION / 4);
+                if cut {
+                    let calls = self.fault_rng.below(CLOSE_POWER_CUT_CALLS_MAX);
+                    self.trace.event(format!("power cut armed {calls} calls into the close"));
+                    self.disk.cut_power_after(calls);
+                }
+                self.close_engine(engine);
                 if self.disk.open_handles() != 0 {
                     let detail = format!("{} handles open after close", self.disk.open_handles());
                     return Err(Violation::new("close_releases_handles", detail));
@@ -255,7 +315,7 @@ impl Sim {
             Ending::CrashLive => {
                 self.counters.crashes_under_a_live_engine += 1;
                 self.disk.cut_power_after(0);
-                drop(engine);
+                self.close_engine(engine);
                 self.crash();
             }
         }

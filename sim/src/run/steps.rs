@@ -503,7 +503,7 @@ impl Sim {
     }
 }
 
-fn ok_or_error<E: std::fmt::Display>(result: &Result<(), E>) -> String {
+pub(super) fn ok_or_error<E: std::fmt::Display>(result: &Result<(), E>) -> String {
     match result {
         Ok(()) => "ok".to_owned(),
         Err(error) => format!("error: {error}"),
