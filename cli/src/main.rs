@@ -170,7 +170,9 @@ static IO_CHOICE: std::sync::OnceLock<(chronik::Backend, bool)> = std::sync::Onc
 /// [`Options::default`] with the I/O chosen on the command line.
 pub fn default_options() -> Options {
     let (io_backend, direct_io) = IO_CHOICE.get().copied().unwrap_or_default();
-    Options { io_backend, direct_io, ..Options::default() }
+    // Partitions recover in parallel, one thread per core.
+    let open_threads = std::thread::available_parallelism().map_or(1, usize::from);
+    Options { io_backend, direct_io, open_threads, ..Options::default() }
 }
 
 fn report(

@@ -51,6 +51,8 @@ pub(crate) struct PartitionContext<I: Io> {
     pub direct: bool,
     /// The open found the clean-shutdown mark of the last close (see `recovery.rs`).
     pub clean_shutdown: bool,
+    /// Threads that recover a topic's partitions at open (at least one).
+    pub open_threads: usize,
     /// When the write path makes recovery points: bytes and milliseconds since the last one.
     pub recovery_point_bytes: u64,
     pub recovery_point_ms: i64,
@@ -84,6 +86,7 @@ impl<I: Io> Clone for PartitionContext<I> {
             read_only: self.read_only,
             direct: self.direct,
             clean_shutdown: self.clean_shutdown,
+            open_threads: self.open_threads,
             recovery_point_bytes: self.recovery_point_bytes,
             recovery_point_ms: self.recovery_point_ms,
             write_paths: self.write_paths.clone(),

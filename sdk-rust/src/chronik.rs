@@ -28,10 +28,14 @@ impl Chronik {
     ///
     /// The I/O backend is `options.io_backend`: by default io_uring where the kernel allows it;
     /// where it does not, pread/pwrite, with one line on standard error saying why.
-    /// `options.write_shards` of 0 means one write shard per core.
+    /// `options.write_shards` and `options.open_threads` of 0 mean one per core.
     pub fn open(path: impl AsRef<Path>, mut options: Options) -> Result<Chronik, Error> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         if options.write_shards == 0 {
-            options.write_shards = std::thread::available_parallelism().map_or(1, usize::from);
+            options.write_shards = cores;
+        }
+        if options.open_threads == 0 {
+            options.open_threads = cores;
         }
         let io = SystemIo::new(options.io_backend).map_err(|source| {
             let path = path.as_ref().to_path_buf();

@@ -77,6 +77,10 @@ pub struct Options {
     /// ... or once this many milliseconds passed since the last move. 0 means
     /// [`RECOVERY_POINT_MS_DEFAULT`](crate::limits::RECOVERY_POINT_MS_DEFAULT).
     pub recovery_point_ms: u64,
+    /// Threads that recover a topic's partitions at open, in parallel (the opening thread
+    /// among them). 0 means one (`Engine::open`, and the simulator, which must stay
+    /// deterministic); the `chronik` crate sets one per core.
+    pub open_threads: usize,
 }
 
 #[derive(Debug)]
@@ -267,6 +271,7 @@ impl<I: Io> Engine<I> {
             read_only: options.read_only,
             direct: options.direct_io && !options.read_only,
             clean_shutdown: false,
+            open_threads: options.open_threads.max(1),
             recovery_point_bytes: match options.recovery_point_bytes {
                 0 => crate::limits::RECOVERY_POINT_BYTES_DEFAULT,
                 bytes => bytes,
@@ -409,18 +414,27 @@ impl<I: Io> Engine<I> {
             fsync_directory(io, path)?;
         }
         let mut partitions: Vec<Arc<Partition<I>>> = Vec::with_capacity(config.partitions as usize);
-        for id in 0..config.partitions {
+        // Each partition's recovery is independent of the others': in parallel, each doing
+        // work in proportion to its own unsynced tail.
+        let ids: Vec<u32> = (0..config.partitions).collect();
+        let opened = crate::runtime::map_parallel(context.open_threads, &ids, |&id| {
             let directory = path.join(id.to_string());
             let transaction_end = committed.transaction_end(name, id);
-            let opened = Partition::open(context, directory, name, id, config, transaction_end);
-            let error = match opened {
+            Partition::open(context, directory, name, id, config, transaction_end)
+        });
+        let mut failure = None;
+        for opened in opened {
+            match opened {
                 Ok((partition, recovery)) => {
                     recoveries.push(recovery);
                     partitions.push(partition);
-                    continue;
                 }
-                Err(error) => error,
-            };
+                Err(error) => {
+                    failure = failure.or(Some(error));
+                }
+            }
+        }
+        if let Some(error) = failure {
             // The partitions opened so far leave the write path: the topic stays closed.
             for partition in &partitions {
                 partition.mark_deleted();
