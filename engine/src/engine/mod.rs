@@ -171,17 +171,16 @@ impl<I: Io> Inner<I> {
         if early {
             clean_shutdown::write(io, &self.root).map_err(CloseError::Mark)?;
         }
-        let mut first = None;
-        for topic in self.topics.read().values() {
-            for partition in &topic.partitions {
-                // Every partition, whatever the others did: a failure poisons, and the next
-                // open recovers that one as after a crash.
-                if let Err(error) = partition.close() {
-                    first = first.or(Some(error));
-                }
-            }
-        }
-        if let Some(error) = first {
+        let partitions: Vec<Arc<Partition<I>>> = {
+            let topics = self.topics.read();
+            topics.values().flat_map(|t| t.partitions.iter().cloned()).collect()
+        };
+        // Every partition, whatever the others did (a failure poisons, and the next open
+        // recovers that one as after a crash), on as many threads as the open used: each
+        // close waits for its last fsyncs.
+        let closed =
+            crate::runtime::map_parallel(self.context.open_threads, &partitions, |p| p.close());
+        if let Some(error) = closed.into_iter().find_map(Result::err) {
             return Err(CloseError::Partition(error));
         }
         if let Err(poisoned) = self.context.poison.check() {

@@ -251,7 +251,13 @@ impl<I: Io> Partition<I> {
             created_ms: active.created_ms,
             tail: active.tail.clone(),
             max_timestamp: active.index.max_timestamp(),
-            recovery_point: recovered.recovery_point,
+            // Never a recovery point over damage recovery kept: the next open must read it
+            // again, and keep refusing appends behind it.
+            recovery_point: if recovered.damaged.is_some() {
+                size
+            } else {
+                recovered.recovery_point
+            },
         };
         let active_file = Arc::clone(&active.file);
         let write_path = context.write_path_of(topic, id);
