@@ -69,6 +69,7 @@ mod log;
 mod log_start;
 #[cfg(all(test, loom))]
 mod loom_models;
+mod parallel;
 mod partition;
 mod reactor;
 mod recovery;

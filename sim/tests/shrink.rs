@@ -13,9 +13,13 @@ use chronik_sim::shrink::shrink;
 fn a_canary_failure_shrinks_to_a_smaller_case_that_replays() {
     let armed = canaries::arm(Some(Canary::AckBeforeFsync));
     let options = RunOptions::default();
-    let seed = (0..50)
-        .find(|&seed| run(seed, &options).violation.is_some())
-        .expect("the canary is caught within 50 seeds");
+    // A failing run with steps to spare: one that fails at its first steps has nothing to cut.
+    let seed = (0..100)
+        .find(|&seed| {
+            let outcome = run(seed, &options);
+            outcome.violation.is_some() && outcome.ops >= 5
+        })
+        .expect("the canary is caught within 100 seeds, after a few steps");
     let shrunk = shrink(seed, &options, 300).expect("the seed fails");
     let oracle = shrunk.original.violation.as_ref().unwrap().oracle;
     assert_eq!(shrunk.outcome.violation.as_ref().unwrap().oracle, oracle);

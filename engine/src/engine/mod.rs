@@ -179,7 +179,7 @@ impl<I: Io> Inner<I> {
         // recovers that one as after a crash), on as many threads as the open used: each
         // close waits for its last fsyncs.
         let closed =
-            crate::runtime::map_parallel(self.context.open_threads, &partitions, |p| p.close());
+            crate::parallel::map_parallel(self.context.open_threads, &partitions, |p| p.close());
         if let Some(error) = closed.into_iter().find_map(Result::err) {
             return Err(CloseError::Partition(error));
         }
@@ -416,7 +416,7 @@ impl<I: Io> Engine<I> {
         // Each partition's recovery is independent of the others': in parallel, each doing
         // work in proportion to its own unsynced tail.
         let ids: Vec<u32> = (0..config.partitions).collect();
-        let opened = crate::runtime::map_parallel(context.open_threads, &ids, |&id| {
+        let opened = crate::parallel::map_parallel(context.open_threads, &ids, |&id| {
             let directory = path.join(id.to_string());
             let transaction_end = committed.transaction_end(name, id);
             Partition::open(context, directory, name, id, config, transaction_end)
