@@ -72,6 +72,7 @@ pub fn open_scenarios(base: &Path, backend: Backend, sizes: Sizes) -> anyhow::Re
     let shapes = [
         Shape { partitions: PARTITIONS, bytes: sizes.open_small_bytes, named: true },
         Shape { partitions: PARTITIONS, bytes: sizes.open_large_bytes, named: true },
+        Shape { partitions: 64, bytes: 64 * SMALL_PARTITION_BYTES, named: false },
         Shape { partitions: many, bytes: u64::from(many) * SMALL_PARTITION_BYTES, named: false },
     ];
     let mut out = Vec::new();
@@ -120,8 +121,14 @@ fn fill(dir: &Path, shape: &Shape, shutdown: Shutdown, backend: Backend) -> anyh
 /// `Engine::open` alone, timed (the I/O set up before, the close after).
 fn timed_open(dir: &Path, backend: Backend) -> anyhow::Result<(Duration, RecoveryReport)> {
     let io = chronik::SystemIo::new(backend)?;
-    let options =
-        Options { durability: Durability::Sync, io_backend: backend, ..Options::default() };
+    // As `Chronik::open` sets it: partitions recover on one thread per core.
+    let open_threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let options = Options {
+        durability: Durability::Sync,
+        io_backend: backend,
+        open_threads,
+        ..Options::default()
+    };
     let start = Instant::now();
     let (engine, report) = Engine::open(io, Arc::new(SystemClock), dir, options)?;
     let elapsed = start.elapsed();
