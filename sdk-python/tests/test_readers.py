@@ -259,8 +259,17 @@ def test_a_topology_refuses_bad_settings_at_construction(path, settings):
 
 
 def damage_consumer_offsets(path):
-    """Flip a bit in the last byte of the committed offsets' segment (a commit's checksum)."""
+    """Flip a bit in the last byte of the committed offsets' segment (a commit's checksum), and
+    leave the directory as a writer killed before its close leaves it (no clean-shutdown mark,
+    no recovery point over the damage), so that the open reads the damaged end."""
     segment = os.path.join(path, "topics", "__consumer_offsets", "0", "00000000000000000000.log")
+    for leftover in [
+        os.path.join(path, "clean.shutdown"),
+        segment[: -len(".log")] + ".index",
+        segment[: -len(".log")] + ".timeindex",
+    ]:
+        if os.path.exists(leftover):
+            os.remove(leftover)
     with open(segment, "r+b") as file:
         file.seek(-1, os.SEEK_END)
         last = file.read(1)
