@@ -31,7 +31,7 @@ use crate::limits::SCAN_CHUNK_BYTES;
 use crate::log_start;
 use crate::segment::{self, Segment, SegmentFile};
 use crate::swap::{self, CLEANED_SUFFIX, SWAP_SUFFIX, remove_segment_files};
-use crate::tail::{self, Scanned, Tail};
+use crate::tail::{self, RecoveryPoint, Scanned, Tail};
 use crate::topic::TopicConfig;
 use std::fmt;
 use std::path::Path;
@@ -519,10 +519,6 @@ fn remove_recovery_point<I: Io>(
     Ok(())
 }
 
-/// The active segment's recovery point: the index of its first bytes, how many, and the
-/// offset they end at.
-type RecoveryPoint = (SegmentIndex, u64, Offset);
-
 /// Read the active segment's recovery point, if it has a usable one (why not goes to
 /// `report`; a writable open removes unusable files, so the next open does not say it again).
 fn read_recovery_point<I: Io>(
@@ -533,26 +529,14 @@ fn read_recovery_point<I: Io>(
     config: &TopicConfig,
     report: &mut PartitionRecovery,
 ) -> Result<Option<RecoveryPoint>, OpenError> {
-    let base = active.base;
-    let read =
-        |suffix| segment::read_small_file(&**io, &directory.join(layout::file_name(base, suffix)));
-    let decoded = match (read(INDEX_SUFFIX)?, read(TIME_INDEX_SUFFIX)?) {
-        (None, None) => return Ok(None),
-        (Some(offsets), Some(times)) => {
-            let interval = config.index_interval_bytes;
-            SegmentIndex::decode_prefix(&offsets, &times, base, size, interval)
-        }
-        _ => Err("one of its two index files is missing"),
-    };
-    match decoded {
-        Ok(point) => {
-            assert!(point.1 <= size, "a usable recovery point lies inside the segment");
-            Ok(Some(point))
-        }
-        Err(why) => {
+    let interval = config.index_interval_bytes;
+    match tail::read_recovery_point(&**io, directory, active.base, size, interval)? {
+        None => Ok(None),
+        Some(Ok(point)) => Ok(Some(point)),
+        Some(Err(why)) => {
             report.recovery_point_unusable = Some(why);
             if !active.read_only {
-                remove_recovery_point(io, directory, base)?;
+                remove_recovery_point(io, directory, active.base)?;
             }
             Ok(None)
         }

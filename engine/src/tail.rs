@@ -198,23 +198,33 @@ pub(crate) fn with_recovery_point(
     }
 }
 
-/// The position and end offset of the recovery point of the active segment at `base` (its
-/// index files), if they decode and lie inside its `size` bytes: for `chronik verify`, which
-/// takes it as evidence exactly as recovery does.
-pub(crate) fn read_recovery_point<I: Io>(
+/// The active segment's recovery point: the index of its first bytes, how many, and the
+/// offset they end at.
+pub(crate) type RecoveryPoint = (SegmentIndex, u64, Offset);
+
+/// Read the recovery point of the active segment at `base` (its index files), which is `size`
+/// bytes long: `None` without one, else the point or why it is unusable. Recovery and
+/// `chronik verify` both read it here, so they weigh the same evidence.
+pub(crate) fn read_recovery_point<I: Io + ?Sized>(
     io: &I,
     directory: &Path,
     base: Offset,
     size: u64,
     interval_bytes: u32,
-) -> Result<Option<(u64, Offset)>, IoError> {
+) -> Result<Option<Result<RecoveryPoint, &'static str>>, IoError> {
     let read =
         |suffix| segment::read_small_file(io, &directory.join(layout::file_name(base, suffix)));
-    let (Some(offsets), Some(times)) = (read(INDEX_SUFFIX)?, read(TIME_INDEX_SUFFIX)?) else {
-        return Ok(None);
+    let decoded = match (read(INDEX_SUFFIX)?, read(TIME_INDEX_SUFFIX)?) {
+        (None, None) => return Ok(None),
+        (Some(offsets), Some(times)) => {
+            SegmentIndex::decode_prefix(&offsets, &times, base, size, interval_bytes)
+        }
+        _ => Err("one of its two index files is missing"),
     };
-    let decoded = SegmentIndex::decode_prefix(&offsets, &times, base, size, interval_bytes);
-    Ok(decoded.ok().map(|(_, covered, next_offset)| (covered, next_offset)))
+    if let Ok((_, covered, _)) = &decoded {
+        assert!(*covered <= size, "a usable recovery point lies inside the segment");
+    }
+    Ok(Some(decoded))
 }
 
 /// What the bytes after a damaged batch tell.

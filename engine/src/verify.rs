@@ -299,7 +299,10 @@ fn verify_partition<I: Io>(
         if active {
             let interval = config.index_interval_bytes;
             let point = tail::read_recovery_point(&**io, directory, base, size, interval)?;
-            let (covered, end) = point.unwrap_or((0, base));
+            let (covered, end) = match point {
+                Some(Ok((_, covered, end))) => (covered, end),
+                None | Some(Err(_)) => (0, base),
+            };
             let evidence = tail::with_recovery_point(checkpoint, base, covered, end);
             let verdict = tail::classify_active(&file, base, &scanned, evidence, &checkpoint_path)?;
             report_active(&verdict, checkpoint, report);

@@ -791,12 +791,6 @@ impl PartitionLog {
         if self.recovery_point_in_flight.is_some() || self.roll.is_some() {
             return;
         }
-        let closing =
-            self.waiters.iter().any(|w| w.kind == WaitKind::Close && w.end <= self.synced);
-        if closing && self.recovery_point_end().position > self.recovery_point {
-            // A clean close leaves a recovery point at the end: the next open reads nothing.
-            self.recovery_point_due = Some(self.recovery_point_end());
-        }
         let Some(end) = self.recovery_point_due.take() else { return };
         if end.position <= self.recovery_point {
             return;
@@ -1068,10 +1062,19 @@ impl PartitionLog {
                     (waiter.end <= self.synced).then_some(Acked::Flushed { end: waiter.end })
                 }
                 WaitKind::Close => {
+                    let end = self.recovery_point_end();
+                    if waiter.end <= self.synced
+                        && end.position > self.recovery_point
+                        && self.recovery_point_in_flight.is_none()
+                    {
+                        // A clean close leaves a recovery point at the end: the next open
+                        // reads nothing.
+                        self.recovery_point_due = Some(end);
+                    }
                     let recorded = self.checkpoint_due.is_none()
                         && self.checkpoint_in_flight.is_none()
                         && self.recovery_point_in_flight.is_none()
-                        && self.recovery_point >= self.recovery_point_end().position;
+                        && self.recovery_point >= end.position;
                     (waiter.end <= self.synced && recorded)
                         .then_some(Acked::Closed { end: waiter.end })
                 }
