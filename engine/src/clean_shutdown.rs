@@ -57,11 +57,7 @@ pub fn take<I: Io + ?Sized>(io: &I, root: &Path, read_only: bool) -> Result<Foun
         return Ok(Found::Absent);
     }
     if !canary::active(Canary::CleanMarkKeptAtOpen) {
-        match io.remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(IoError::new("remove", &path, error)),
-        }
+        io::remove_if_present(io, &path)?;
         io::sync_directory(io, root).map_err(|e| IoError::new("fsync", root, e))?;
     }
     assert!(found != Found::Absent, "a file was there");

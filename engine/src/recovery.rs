@@ -509,12 +509,7 @@ fn remove_recovery_point<I: Io>(
     active: Offset,
 ) -> Result<(), IoError> {
     for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
-        let path = directory.join(layout::file_name(active, suffix));
-        match io.remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(IoError::new("remove", &path, error)),
-        }
+        io::remove_if_present(&**io, &directory.join(layout::file_name(active, suffix)))?;
     }
     Ok(())
 }

@@ -73,12 +73,7 @@ pub fn remove_segment_files<I: Io + ?Sized>(
     base: Offset,
 ) -> Result<(), IoError> {
     for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX] {
-        let path = directory.join(file_name(base, suffix));
-        match io.remove_file(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => return Err(IoError::new("remove", &path, error)),
-        }
+        crate::io::remove_if_present(io, &directory.join(file_name(base, suffix)))?;
     }
     Ok(())
 }

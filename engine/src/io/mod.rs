@@ -348,6 +348,16 @@ pub fn sync_directory<I: Io + ?Sized>(io: &I, path: &Path) -> io::Result<()> {
     result
 }
 
+/// Remove the file at `path` if it is there (a missing file is no error). The caller fsyncs
+/// the directory to make the removal durable.
+pub fn remove_if_present<I: Io + ?Sized>(io: &I, path: &Path) -> Result<(), IoError> {
+    match io.remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(IoError::new("remove", path, error)),
+    }
+}
+
 /// Replace the file at `path` with `bytes`, atomically: write `path` + [`TEMPORARY_SUFFIX`]
 /// (removed first if a crash left one), fdatasync it, rename it over `path`. The caller
 /// fsyncs the directory to make the rename durable.
