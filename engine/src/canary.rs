@@ -145,11 +145,15 @@ pub enum Canary {
     /// A writable open leaves the clean-shutdown mark in place, so a crash of this writer
     /// is taken for a clean close by the next open.
     CleanMarkKeptAtOpen = 53,
+    /// A completed fdatasync is taken to cover every write completed by then, also those
+    /// that completed while it was in flight (it covers only those completed before its
+    /// submission).
+    SyncCoversLaterWrites = 54,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 53] = [
+    pub const ALL: [Canary; 54] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -203,6 +207,7 @@ impl Canary {
         Canary::RecoveryPointIndexPastPoint,
         Canary::CleanMarkBeforeLastSync,
         Canary::CleanMarkKeptAtOpen,
+        Canary::SyncCoversLaterWrites,
     ];
 }
 

@@ -3,8 +3,10 @@
 //!
 //! A turn asks every partition's log for the operations it wants now, turns them into
 //! [`Operation`]s on the partition's files (segment writes and fdatasyncs, checkpoint writes),
-//! submits all of them with [`Io::submit_linked`] (on io_uring: one system call per round, a
-//! partition's writes linked before its fdatasync), and hands every completion back to its log.
+//! submits all of them with [`Io::start_linked`] (on io_uring: one system call per round, a
+//! partition's writes linked before its fdatasync), and hands every completion back to its log
+//! as it comes: in the same turn on the system backends, which complete a batch before they
+//! return, or in a later one (the simulated disk may defer completions, as a ring can).
 //! Sealing a segment and creating the next one are rare and involve namespace calls (index
 //! files through renames, the new file, the directory fsync): the reactor runs them inline,
 //! at once, and completes them before it asks that log again. What changed in a log (batches
@@ -15,7 +17,8 @@
 //! write path's driver, or the simulator) decides when to turn it.
 //!
 //! *Invariants:* every operation a log emitted is completed exactly once, in the turn that
-//! submitted it; a log's linked chain is submitted whole and in order; a buffer stays owned by
+//! submitted it or a later one; a partition is removed with none of its operations in flight; a
+//! log's linked chain is submitted whole and in order; a buffer stays owned by
 //! its operation until the completion hands it back; a host hears a log's events in the order
 //! the log decided them, and hears of a new segment's file before any event about it.
 
@@ -24,7 +27,7 @@ use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::error::IoError;
 use crate::format::BatchInfo;
 use crate::index::SegmentIndex;
-use crate::io::{self, Io, Linked, OpenMode, Operation};
+use crate::io::{self, InFlight, Io, Linked, OpenMode, Operation};
 use crate::layout::{self, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
 use crate::log::{Ack, Event, Failure, LogOp, OpId, OpKind, PartitionLog};
 use crate::metrics::Metrics;
@@ -151,6 +154,8 @@ struct Slot<I: Io> {
 #[derive(Debug)]
 struct Owner {
     slot: usize,
+    /// The slot's generation when the operation was gathered: it completes to that partition.
+    generation: u32,
     id: OpId,
     /// A checkpoint write: recorded in the writer once it succeeded.
     checkpoint: Option<Checkpoint>,
@@ -158,6 +163,15 @@ struct Owner {
     fdatasync: Option<io::FileHandle>,
     /// Bytes of a write, for the metrics.
     bytes: usize,
+}
+
+/// A batch one turn submitted, with what each of its operations belongs to (`None` once
+/// reaped).
+struct Flight {
+    batch: Box<dyn InFlight>,
+    owners: Vec<Option<Owner>>,
+    /// When it was submitted, if it holds an fdatasync and the reactor counts metrics.
+    started_us: Option<u64>,
 }
 
 /// Drives partition logs through one [`Io`]. See the module documentation.
@@ -170,6 +184,8 @@ pub struct Reactor<I: Io> {
     metrics: Option<(Arc<Metrics>, Arc<dyn Clock>)>,
     /// An operation failed this turn (a completion, or a seal or create run inline).
     failed: bool,
+    /// Batches submitted whose operations did not all complete yet, oldest first.
+    flights: Vec<Flight>,
 }
 
 impl<I: Io> std::fmt::Debug for Reactor<I> {
@@ -188,6 +204,7 @@ impl<I: Io> Reactor<I> {
             ops: Vec::new(),
             metrics: None,
             failed: false,
+            flights: Vec::new(),
         }
     }
 
@@ -236,6 +253,10 @@ impl<I: Io> Reactor<I> {
     /// queued that it waits for.
     pub fn remove(&mut self, partition: PartitionId) -> Option<CheckpointWriter<I>> {
         let slot = self.slot_of(partition)?;
+        assert!(
+            self.flights.iter().flat_map(|f| f.owners.iter().flatten()).all(|o| o.slot != slot),
+            "a partition is removed with none of its operations in flight"
+        );
         let driven = self.slots[slot].driven.take().expect("slot_of found it");
         assert!(!self.free.contains(&slot), "a slot is freed once");
         self.free.push(slot);
@@ -284,10 +305,12 @@ impl<I: Io> Reactor<I> {
         }
     }
 
-    /// One turn: every partition's ready operations in one submission, their completions
-    /// handed back, events passed to the hosts, and the acknowledgements decided appended to
-    /// `acks`. Returns how many operations went to the [`Io`] (zero: nothing to do until a new
-    /// request, a completion or a deadline).
+    /// One turn: every partition's ready operations in one submission, the completions ready
+    /// (of this turn's batch or of earlier ones) handed back, events passed to the hosts, and
+    /// the acknowledgements decided appended to `acks`. A turn that submits nothing while
+    /// operations are in flight waits for at least one completion. Returns how many
+    /// operations went to the [`Io`] or came back from it (zero: nothing to do until a new
+    /// request or a deadline, and nothing is in flight).
     pub fn turn(&mut self, now_ms: i64, acks: &mut Vec<(PartitionId, Ack)>) -> usize {
         let mut batch: Vec<Linked> = Vec::new();
         let mut owners: Vec<Owner> = Vec::new();
@@ -304,31 +327,13 @@ impl<I: Io> Reactor<I> {
         );
         if submitted > 0 {
             let syncs = owners.iter().any(|owner| owner.fdatasync.is_some());
-            let started = self.metrics.as_ref().filter(|_| syncs).map(|(_, c)| c.monotonic_us());
-            let completions = self.io.submit_linked(batch);
-            assert_eq!(completions.len(), owners.len(), "one completion per operation");
-            for (owner, completion) in owners.into_iter().zip(completions) {
-                // Completions come back in submission order, one per owner: the partition
-                // an operation was gathered from is still registered when it completes.
-                assert!(owner.slot < self.slots.len(), "a completion routes to a known slot");
-                let mut result = completion.result.map(|_| ());
-                if let Some(file) = owner.fdatasync {
-                    if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
-                        result = io::run_plain(&*self.io, Operation::Fdatasync { file });
-                    }
-                    self.count_fdatasync(started, result.is_ok());
-                }
-                if owner.bytes > 0 && result.is_ok() {
-                    self.count(|m| &m.bytes_written, owner.bytes as u64);
-                }
-                self.failed |= result.is_err();
-                let driven = self.slots[owner.slot].driven.as_mut().expect("driven this turn");
-                if let (Some(checkpoint), Ok(())) = (owner.checkpoint, &result) {
-                    driven.checkpoint.written(checkpoint);
-                }
-                driven.log.complete(owner.id, result, now_ms);
-            }
+            let started_us = self.metrics.as_ref().filter(|_| syncs).map(|(_, c)| c.monotonic_us());
+            let batch = self.io.start_linked(batch);
+            assert_eq!(batch.pending(), owners.len(), "the batch holds every operation");
+            let owners = owners.into_iter().map(Some).collect();
+            self.flights.push(Flight { batch, owners, started_us });
         }
+        let completed = self.reap(now_ms, submitted == 0);
         // An operation failed: that log is poisoned, the engine stops, and so does every
         // other log, before any of this turn's answers is handed out.
         if std::mem::take(&mut self.failed) {
@@ -356,7 +361,63 @@ impl<I: Io> Reactor<I> {
             self.free.iter().all(|&slot| self.slots[slot].driven.is_none()),
             "a free slot drives nothing"
         );
-        submitted
+        submitted + completed
+    }
+
+    /// Operations submitted and not completed yet.
+    pub fn in_flight(&self) -> usize {
+        self.flights.iter().map(|flight| flight.batch.pending()).sum()
+    }
+
+    /// Hand the completions ready back to their logs, oldest batch first; with `wait`, wait
+    /// for one if none is ready and any is in flight. Returns how many came back.
+    fn reap(&mut self, now_ms: i64, wait: bool) -> usize {
+        let mut completed = 0;
+        let mut flights = std::mem::take(&mut self.flights);
+        for flight in &mut flights {
+            completed += self.complete(flight, false, now_ms);
+        }
+        if wait && completed == 0 && !flights.is_empty() {
+            completed += self.complete(&mut flights[0], true, now_ms);
+            assert!(completed > 0, "a wait for a batch in flight brings a completion");
+        }
+        flights.retain(|flight| flight.batch.pending() > 0);
+        assert!(self.flights.is_empty(), "no batch is submitted while completions are handled");
+        self.flights = flights;
+        completed
+    }
+
+    /// Hand `flight`'s ready completions back to their logs; how many came back.
+    fn complete(&mut self, flight: &mut Flight, wait: bool, now_ms: i64) -> usize {
+        let pending = flight.batch.pending();
+        let completions = flight.batch.reap(wait);
+        assert_eq!(flight.batch.pending() + completions.len(), pending, "each reaped once");
+        let count = completions.len();
+        for (index, completion) in completions {
+            assert!(index < flight.owners.len(), "a completion of an operation of the batch");
+            let owner = flight.owners[index].take().expect("an operation completes once");
+            // The partition an operation was gathered from is still registered when it
+            // completes: a partition is removed only with nothing in flight.
+            let entry = &self.slots[owner.slot];
+            assert_eq!(entry.generation, owner.generation, "a completion routes to its partition");
+            let mut result = completion.result.map(|_| ());
+            if let Some(file) = owner.fdatasync {
+                if result.is_err() && canary::active(Canary::RetryFsyncAfterFailure) {
+                    result = io::run_plain(&*self.io, Operation::Fdatasync { file });
+                }
+                self.count_fdatasync(flight.started_us, result.is_ok());
+            }
+            if owner.bytes > 0 && result.is_ok() {
+                self.count(|m| &m.bytes_written, owner.bytes as u64);
+            }
+            self.failed |= result.is_err();
+            let driven = self.slots[owner.slot].driven.as_mut().expect("driven while in flight");
+            if let (Some(checkpoint), Ok(())) = (owner.checkpoint, &result) {
+                driven.checkpoint.written(checkpoint);
+            }
+            driven.log.complete(owner.id, result, now_ms);
+        }
+        count
     }
 
     fn count(&self, counter: impl Fn(&Metrics) -> &std::sync::atomic::AtomicU64, value: u64) {
@@ -390,6 +451,7 @@ impl<I: Io> Reactor<I> {
         let unlinked = canary::active(Canary::ReactorUnlinkedSync);
         assert_eq!(batch.len(), owners.len(), "every gathered operation has one owner");
         let gathered_before = batch.len();
+        let generation = self.slots[slot].generation;
         loop {
             let mut ops = std::mem::take(&mut self.ops);
             assert!(ops.is_empty(), "the scratch operations were drained");
@@ -422,7 +484,8 @@ impl<I: Io> Reactor<I> {
             for (index, op) in ops.drain(..).enumerate() {
                 let unlink = unlinked && before_sync[index];
                 let (id, link_next) = (op.id, op.link_next && !unlink);
-                let mut owner = Owner { slot, id, checkpoint: None, fdatasync: None, bytes: 0 };
+                let mut owner =
+                    Owner { slot, generation, id, checkpoint: None, fdatasync: None, bytes: 0 };
                 let operation = match op.kind {
                     OpKind::Write { segment, position, buffer, .. } => {
                         owner.bytes = buffer.len();

@@ -79,6 +79,7 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::RecoveryPointIndexPastPoint => "recovery-point-index-past-point",
         Canary::CleanMarkBeforeLastSync => "clean-mark-before-last-sync",
         Canary::CleanMarkKeptAtOpen => "clean-mark-kept-at-open",
+        Canary::SyncCoversLaterWrites => "sync-covers-later-writes",
     }
 }
 
@@ -151,11 +152,12 @@ pub const PROCESSOR_CANARIES: [Canary; 13] = [
 /// Canaries of the write path's partition log and reactor, hunted with [`crate::reactor`]
 /// workloads, which drive them with many partitions, small writes and power cuts between any
 /// two completions.
-pub const REACTOR_CANARIES: [Canary; 4] = [
+pub const REACTOR_CANARIES: [Canary; 5] = [
     Canary::LogAckOnWrite,
     Canary::ReactorUnlinkedSync,
     Canary::LogWatermarkBeforeSync,
     Canary::DirectWritesUnlinked,
+    Canary::SyncCoversLaterWrites,
 ];
 
 /// The canaries the swarm hunts: the catalogue but the targeted ones.

@@ -471,6 +471,7 @@ fn run_processors(start: u64, seeds: u64) -> bool {
 fn run_reactor(start: u64, seeds: u64) -> bool {
     let started = Instant::now();
     let (mut acknowledged, mut faulted, mut operations, mut hash) = (0, 0, 0, 0u64);
+    let mut turns_in_flight = 0;
     for seed in start..start.saturating_add(seeds) {
         let replay = format!("chronik-sim reactor --start {seed} --seeds 1");
         let report = match chronik_sim::reactor::run_seed(seed) {
@@ -488,13 +489,14 @@ fn run_reactor(start: u64, seeds: u64) -> bool {
         }
         acknowledged += report.acknowledged;
         operations += report.operations;
+        turns_in_flight += report.turns_in_flight;
         faulted += u64::from(report.faults_met);
         hash = hash.rotate_left(5) ^ report.trace_hash;
     }
     let elapsed = started.elapsed().as_secs_f64();
     println!(
         "reactor: seeds={seeds} acknowledged={acknowledged} operations={operations} \
-         faulted={faulted} seeds/s={:.1} trace_hash={hash:016x} failures=0",
+         turns_in_flight={turns_in_flight} faulted={faulted} seeds/s={:.1} trace_hash={hash:016x} failures=0",
         2.0 * seeds as f64 / elapsed.max(1e-9)
     );
     true

@@ -5,7 +5,9 @@
 //! writes, the segment size, I/O error rates and a power cut after a number of disk calls.
 //! Appends (batches of one to three records) and flushes are queued between reactor turns;
 //! the simulated disk runs each turn's chains in a seeded order, so unlinked operations
-//! complete out of order and a power cut falls between any two completions. At the end the
+//! complete out of order and a power cut falls between any two completions. On half the
+//! seeds it defers completions: an operation runs and completes in a later turn, so a log
+//! queues writes while its fdatasync is in flight, and a write may land after it. At the end the
 //! disk crashes and the engine's own recovery opens the directory. Oracles:
 //! - `recovery_clean`: the open succeeds and every partition reads back without an error
 //!   (a checkpoint claiming unsynced bytes would show up here as damage to synced data);
@@ -59,6 +61,9 @@ pub struct Plan {
     /// Bytes past a partition's recovery point that make a new one: small, so that a run
     /// makes many, and crashes land around their writes.
     pub recovery_point_bytes: u64,
+    /// The disk defers completions: an operation takes effect, and completes, in a later
+    /// turn than the one that submitted it (writes land while an fdatasync is in flight).
+    pub deferred: bool,
 }
 
 /// Draw a seed's plan.
@@ -79,6 +84,7 @@ pub fn draw(seed: u64) -> Plan {
         errors_per_million: if rng.below(10) < 2 { 3_000 } else { 0 },
         write_bytes_max: if rng.below(10) < 4 { DIRECT_ALIGNMENT } else { WRITE_BYTES_MAX },
         recovery_point_bytes: 512 * rng.between(1, 16),
+        deferred: rng.below(2) == 0,
     }
 }
 
@@ -89,7 +95,10 @@ pub struct Report {
     pub refused: u64,
     pub flushes: u64,
     pub turns: u64,
+    /// Operations submitted plus operations completed, over all turns.
     pub operations: u64,
+    /// Turns that ended with operations still in flight.
+    pub turns_in_flight: u64,
     /// Records recovered that were submitted but never acknowledged.
     pub kept_unacknowledged: u64,
     pub faults_met: bool,
@@ -129,6 +138,7 @@ fn run_seed_unguarded(seed: u64) -> Result<Report, Violation> {
     if let Some(calls) = plan.power_cut_after {
         disk.cut_power_after(calls);
     }
+    disk.set_deferred_completions(plan.deferred);
     let mut run = Run::new(ids);
     let mut now_ms = EPOCH_MS;
     for step in 0..plan.steps {
@@ -140,11 +150,13 @@ fn run_seed_unguarded(seed: u64) -> Result<Report, Violation> {
             run.turn(&mut reactor, now_ms);
         }
     }
-    // Flush every partition, then let everything finish (or fail on the cut power).
+    // Flush every partition, then let everything finish (or fail on the cut power): a turn
+    // that submits nothing waits for an operation in flight, so this ends with none.
     for partition in 0..plan.partitions as usize {
         run.flush(&mut reactor, partition);
     }
     while run.turn(&mut reactor, now_ms) > 0 {}
+    assert_eq!(reactor.in_flight(), 0, "an idle turn leaves nothing in flight");
     run.answer_all()?;
     let poisoned = run.ids.iter().any(|&id| reactor.log(id).expect("driven").poisoned().is_some());
     run.report.faults_met = poisoned || run.report.refused > 0;
@@ -299,6 +311,7 @@ impl Run {
         let operations = reactor.turn(now_ms, &mut acks);
         self.report.turns += 1;
         self.report.operations += operations as u64;
+        self.report.turns_in_flight += u64::from(reactor.in_flight() > 0);
         for (_, ack) in acks {
             let result = ack.result.map_err(|refusal| format!("{refusal:?}"));
             self.answers.push((ack.ticket.0, result));

@@ -244,11 +244,55 @@ pub trait Io: Namespace {
         submit_linked_in_order(self, operations)
     }
 
+    /// Submit a batch as [`Io::submit_linked`] does, without waiting for it: its operations
+    /// complete through [`InFlight::reap`], possibly over many calls, in any order (each chain
+    /// in its own). An operation started and not reaped may have run or not: a crash may keep
+    /// or drop its effect as the crash contract says. The caller reaps every operation before
+    /// it drops the batch, except on the way to a crash.
+    ///
+    /// The default runs the batch through [`Io::submit_linked`] at once and hands every
+    /// completion back on the first reap.
+    fn start_linked(&self, operations: Vec<Linked>) -> Box<dyn InFlight> {
+        Box::new(Completed::new(self.submit_linked(operations)))
+    }
+
     /// Submit a batch of operations and wait for all of them. Completions come back in the order
     /// of `operations`. Operations in one batch may run concurrently: a caller that needs an
     /// order between two operations (write, then fdatasync) submits them in separate batches,
     /// or relies on a backend that documents linking them.
     fn submit(&self, operations: Vec<Operation>) -> Vec<Completion>;
+}
+
+/// A batch started by [`Io::start_linked`]: its operations still to be handed back.
+pub trait InFlight: Send {
+    /// The completions ready now, each with its operation's index in the batch. With `wait`,
+    /// at least one if any operation is left (blocking until one completes).
+    fn reap(&mut self, wait: bool) -> Vec<(usize, Completion)>;
+
+    /// How many operations of the batch were not handed back yet.
+    fn pending(&self) -> usize;
+}
+
+/// A batch whose operations all completed already: the default [`Io::start_linked`].
+#[derive(Debug)]
+pub struct Completed {
+    completions: Vec<Completion>,
+}
+
+impl Completed {
+    pub fn new(completions: Vec<Completion>) -> Completed {
+        Completed { completions }
+    }
+}
+
+impl InFlight for Completed {
+    fn reap(&mut self, _wait: bool) -> Vec<(usize, Completion)> {
+        std::mem::take(&mut self.completions).into_iter().enumerate().collect()
+    }
+
+    fn pending(&self) -> usize {
+        self.completions.len()
+    }
 }
 
 /// The file system's namespace: opening and closing files, their sizes, directories, renames,

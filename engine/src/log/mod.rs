@@ -953,6 +953,13 @@ impl PartitionLog {
             return;
         }
         assert!(covers.offset <= self.placed.offset, "a sync covers placed batches");
+        let covers = if canary::active(Canary::SyncCoversLaterWrites)
+            && self.written.position > covers.position
+        {
+            self.written
+        } else {
+            covers
+        };
         if covers.position > self.durable.position {
             self.durable = covers;
         }
