@@ -364,6 +364,21 @@ impl<I: Io> Reactor<I> {
         submitted + completed
     }
 
+    /// Wait until none of `partition`'s operations is in flight, handing back the
+    /// completions that come (of any partition: their acknowledgements and events go out in
+    /// the next turn). Submits nothing. For a removal.
+    pub fn settle(&mut self, partition: PartitionId, now_ms: i64) {
+        let Some(slot) = self.slot_of(partition) else { return };
+        let ours = |flights: &[Flight]| {
+            flights.iter().flat_map(|f| f.owners.iter().flatten()).any(|o| o.slot == slot)
+        };
+        while ours(&self.flights) {
+            let before = self.in_flight();
+            self.reap(now_ms, true);
+            assert!(self.in_flight() < before, "each wait brings a completion");
+        }
+    }
+
     /// Operations submitted and not completed yet.
     pub fn in_flight(&self) -> usize {
         self.flights.iter().map(|flight| flight.batch.pending()).sum()

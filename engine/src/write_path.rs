@@ -107,6 +107,9 @@ struct Inbox {
     /// requests left queued: a driver thread woken after every turn of a blocking writer costs
     /// that writer a wake-up per append.
     driver_sleepers: usize,
+    /// The last turn left operations in flight (only on a backend that defers completions):
+    /// another turn hands them back.
+    in_flight: bool,
 }
 
 /// Queues requests for a reactor's partitions and drives it. See the module documentation.
@@ -235,7 +238,9 @@ impl<I: Io> WritePath<I> {
     /// [`Refusal::Removed`]; its checkpoint writer is handed back.
     pub fn remove(&self, partition: PartitionId) -> Option<crate::checkpoint::CheckpointWriter<I>> {
         let mut acks = Vec::new();
+        let now_ms = self.clock.now_ms();
         let checkpoint = self.with_reactor(|reactor| {
+            reactor.settle(partition, now_ms);
             let log = reactor.log_mut(partition)?;
             log.abandon();
             while let Some(ack) = log.poll_ack() {
@@ -256,9 +261,18 @@ impl<I: Io> WritePath<I> {
     /// One turn if nobody is driving (the interval flushes of a ticker); whoever drives now
     /// runs them otherwise.
     pub fn turn_once(&self) {
-        let inbox = self.inbox.lock();
-        if !inbox.driving {
-            drop(self.drive_one(inbox));
+        let mut inbox = self.inbox.lock();
+        // On a backend that defers completions, until a turn starts and ends with nothing in
+        // flight: then a due fdatasync was not held back by one in flight, and completed
+        // within the tick, as on the backends that complete every batch in its turn.
+        while !inbox.driving {
+            let started_in_flight = inbox.in_flight;
+            let progressed;
+            (inbox, progressed) = self.drive_one(inbox);
+            if !started_in_flight && !inbox.in_flight {
+                break;
+            }
+            assert!(progressed || !inbox.in_flight, "a turn with operations in flight moves");
         }
     }
 
@@ -383,12 +397,14 @@ impl<I: Io> WritePath<I> {
                 }
             }
             answers.extend(acks.into_iter().map(|(_, ack)| (ack.ticket.0, ack.result)));
-            operations
+            (operations, reactor.in_flight() > 0)
         };
+        let (operations, in_flight) = operations;
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         assert!(inbox.driving, "the driver held the role through its turn");
         inbox.driving = false;
+        inbox.in_flight = in_flight;
         if requests.capacity() <= REQUESTS_MAX {
             inbox.spare = requests;
         }

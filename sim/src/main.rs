@@ -360,7 +360,8 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
     let c = &totals.counters;
     println!(
         "exercised: crashes={} power_cuts={} acknowledged_batches={} failed_appends={} \
-         faulty_opens={} direct_opens={} sharded_opens={} failed_opens={} bit_flips={} \
+         faulty_opens={} direct_opens={} sharded_opens={} deferred_seeds={} failed_opens={} \
+         bit_flips={} \
          rot_reported={} tail_reads={} \
          liveness_checks={} topic_changes={} retention_moves={} deletes={} delete_moves={} commits={} compaction_passes={} \
          compactions_abandoned={} transactions={} failed_transactions={} pipelined_appends={} \
@@ -372,6 +373,7 @@ fn swarm(start: u64, limit: Limit, jobs: usize, ops: u64) -> bool {
         c.faulty_opens,
         c.direct_opens,
         c.sharded_opens,
+        c.deferred_seeds,
         c.failed_opens,
         c.bit_flips,
         c.rot_reported,

@@ -217,6 +217,8 @@ pub struct Counters {
     pub direct_opens: u64,
     /// Opens whose partitions were spread over two or three write shards.
     pub sharded_opens: u64,
+    /// Seeds whose disk defers completions (operations complete turns after submission).
+    pub deferred_seeds: u64,
     pub failed_opens: u64,
     pub bit_flips: u64,
     /// Partitions whose rot was reported (a read's `Corruption`, damage or a cut at recovery).
@@ -267,6 +269,7 @@ impl Counters {
         self.faulty_opens += other.faulty_opens;
         self.direct_opens += other.direct_opens;
         self.sharded_opens += other.sharded_opens;
+        self.deferred_seeds += other.deferred_seeds;
         self.failed_opens += other.failed_opens;
         self.bit_flips += other.bit_flips;
         self.rot_reported += other.rot_reported;
@@ -451,6 +454,8 @@ impl Sim {
         let disk = SimDisk::new(rng.fork());
         let swarm = Swarm::draw(&mut rng.fork());
         disk.set_faults(swarm.crash_faults);
+        let deferred = swarm.deferred_completions;
+        disk.set_deferred_completions(deferred);
         let mut trace = Trace::new(options.trace_events_max, options.echo_trace);
         trace.event(format!("seed {seed} swarm {swarm:?}"));
         Sim {
@@ -484,7 +489,7 @@ impl Sim {
             ops_done: 0,
             rounds: 0,
             faults_seen: 0,
-            counters: Counters::default(),
+            counters: Counters { deferred_seeds: u64::from(deferred), ..Counters::default() },
             crashed_since_open: true,
             last_close: LastClose::Incomplete,
             lying_mark: None,

@@ -78,6 +78,8 @@ pub struct Swarm {
     pub pipelined_weight: u64,
     /// Weight of `Engine::delete_records` steps.
     pub delete_weight: u64,
+    /// The disk defers completions: the write path's operations complete in later turns.
+    pub deferred_completions: bool,
 }
 
 fn maybe(rng: &mut Rng, low: u64, high: u64) -> u32 {
@@ -162,6 +164,7 @@ impl Swarm {
             keys: KEYS_MAX,
             pipelined_weight: 0,
             delete_weight: 0,
+            deferred_completions: false,
         };
         // Drawn last, so the draws above stay what they were before retention existed. A
         // third of the seeds keep records by age, a third by size, the rest forever.
@@ -191,6 +194,8 @@ impl Swarm {
         swarm.pipelined_weight = if rng.chance(PER_MILLION / 2) { rng.between(2, 20) } else { 0 };
         // Drawn last, so the draws above stay what they were before deletes.
         swarm.delete_weight = if rng.chance(PER_MILLION / 3) { rng.between(1, 6) } else { 0 };
+        // Drawn last, so the draws above stay what they were before deferred completions.
+        swarm.deferred_completions = rng.chance(PER_MILLION / 2);
         swarm
     }
 }

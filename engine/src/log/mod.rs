@@ -346,6 +346,7 @@ pub struct PartitionLog {
     recovery_point_due: Option<End>,
     recovery_point_in_flight: Option<(OpId, End)>,
     last_recovery_point_ms: i64,
+    /// When the last fdatasync was submitted (or the last seal ran).
     last_sync_ms: i64,
     acks: VecDeque<Ack>,
     events: VecDeque<Event>,
@@ -743,6 +744,9 @@ impl PartitionLog {
             }
         }
         let id = self.op_id();
+        // The interval counts from the submission: what completes after it waits for the next
+        // fdatasync, due one interval later (not one interval after this one completes).
+        self.last_sync_ms = now_ms;
         self.sync_in_flight = Some((id, covers));
         let kind = OpKind::Fdatasync { segment: self.active.base_offset };
         out.push(LogOp { id, kind, link_next: false });
@@ -963,7 +967,6 @@ impl PartitionLog {
         if covers.position > self.durable.position {
             self.durable = covers;
         }
-        self.last_sync_ms = now_ms;
         let synced = self.visible_end(self.durable.offset);
         self.mark_synced(synced);
         let position = match self.fence {
