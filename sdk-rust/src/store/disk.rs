@@ -391,16 +391,28 @@ impl DiskStore {
     }
 
     fn exists(&self, key: &[u8]) -> bool {
-        if let Some(value) = self.memtable.get(key) {
-            return value.is_some();
+        match self.memtable.get(key) {
+            Some(value) => value.is_some(),
+            None => self.exists_in_runs(key),
         }
+    }
+
+    /// Whether `key`, which the memtable does not hold, is live in the runs: the last
+    /// lookup's answer if it was of this key, else a lookup (a read that fails is remembered,
+    /// as in [`DiskStore::get`]).
+    fn exists_in_runs(&self, key: &[u8]) -> bool {
         if let Ok(last) = self.last_lookup.lock()
             && last.valid
             && last.key == key
         {
             return last.exists;
         }
-        self.get(key).is_some()
+        self.lookup_runs(key)
+            .unwrap_or_else(|error| {
+                self.fail(error);
+                None
+            })
+            .is_some()
     }
 
     fn forget_lookup(&self) {
@@ -429,7 +441,8 @@ impl DiskStore {
             self.forget_lookup();
             return existed;
         }
-        let existed = self.exists(key);
+        // One walk of the memtable found nothing: ask the runs only.
+        let existed = self.exists_in_runs(key);
         self.forget_lookup();
         let slot = value.map(<[u8]>::to_vec);
         self.memtable_bytes += size(&slot);
