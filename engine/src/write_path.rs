@@ -238,9 +238,12 @@ impl<I: Io> WritePath<I> {
     /// [`Refusal::Removed`]; its checkpoint writer is handed back.
     pub fn remove(&self, partition: PartitionId) -> Option<crate::checkpoint::CheckpointWriter<I>> {
         let mut acks = Vec::new();
-        let now_ms = self.clock.now_ms();
         let checkpoint = self.with_reactor(|reactor| {
-            reactor.settle(partition, now_ms);
+            // What is still in flight completes first, as in a turn: its answers (of any
+            // partition) go out with the removal's.
+            let mut settled = Vec::new();
+            reactor.settle(partition, self.clock.now_ms(), &mut settled);
+            acks.extend(settled.into_iter().map(|(_, ack)| (ack.ticket.0, ack.result)));
             let log = reactor.log_mut(partition)?;
             log.abandon();
             while let Some(ack) = log.poll_ack() {
@@ -415,7 +418,9 @@ impl<I: Io> WritePath<I> {
         // two of them stuck behind a fence would take turns driving empty turns forever.
         let queued = !inbox.requests.is_empty();
         let waiters = inbox.answer_sleepers > 0 && (progressed || queued);
-        let driver = inbox.driver_sleepers > 0 && queued;
+        // A turn that left operations in flight (a backend that defers completions) needs a
+        // next one to hand them back, whether or not anyone waits for them.
+        let driver = inbox.driver_sleepers > 0 && (queued || in_flight);
         if waiters || driver || inbox.role_waiters > 0 {
             self.wake_all();
         }
@@ -429,7 +434,7 @@ impl<I: Io> WritePath<I> {
         let mut inbox = self.inbox.lock();
         let mut busy = false;
         while !stop() {
-            let idle = inbox.requests.is_empty() && !busy;
+            let idle = inbox.requests.is_empty() && !busy && !inbox.in_flight;
             if inbox.driving || !inbox.waited.is_empty() || idle {
                 // A request queued with nobody driving, the end of a turn that left requests
                 // queued, or the last waiter for an answer leaving wakes it.

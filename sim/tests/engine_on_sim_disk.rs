@@ -309,3 +309,48 @@ fn a_cut_tail_stays_cut_after_the_fsync_of_the_cut_failed() {
         assert_eq!(read, expected, "seed {seed}");
     }
 }
+
+/// Found by review of deferred completions: an `interval` append is acknowledged on its write
+/// while the fdatasync linked behind it may still be in flight. If that fdatasync fails and
+/// comes back only while its partition is removed (a topic deletion, a close), the failure
+/// must still poison the engine: no later close may succeed or leave the clean-shutdown mark.
+/// Over seeds, the disk defers completions and fails the first file fdatasync, linked behind
+/// the second append's write.
+#[test]
+fn a_failed_fdatasync_completed_during_a_removal_poisons_the_engine() {
+    let mut failed_during_removal = 0;
+    for seed in 0..60 {
+        let disk = SimDisk::new(Rng::new(seed));
+        let clock = SimClock::new(EPOCH_MS);
+        let options = Options { durability: Durability::Interval { ms: 1 }, ..Options::default() };
+        let open = || Engine::open(disk.clone(), clock.shared(), Path::new("/data"), options);
+        let engine = open().unwrap().0;
+        engine
+            .create_topic(TOPIC, TopicConfig { partitions: 1, ..TopicConfig::default() })
+            .unwrap();
+        disk.set_deferred_completions(true);
+        // Written, not yet synced: the next append's turn links an fdatasync behind its write.
+        engine.append(TOPIC, 0, &[Record::new(None, b"written")]).unwrap();
+        clock.advance(10);
+        disk.fail_next_file_syncs(1);
+        let appended = engine.append(TOPIC, 0, &[Record::new(None, b"maybe")]);
+        let poisoned_before = engine.poisoned().is_some();
+        let removed = engine.delete_topic(TOPIC);
+        let failed = disk.stats().failed_syncs > 0;
+        if failed && appended.is_ok() && !poisoned_before {
+            failed_during_removal += 1;
+        }
+        let closed = engine.close();
+        if failed {
+            assert!(
+                closed.is_err(),
+                "seed {seed}: a failed fdatasync, a clean close ({removed:?})"
+            );
+        }
+        disk.set_deferred_completions(false);
+        let (engine, report) = open().unwrap();
+        assert!(!failed || !report.clean_shutdown, "seed {seed}: a mark after a failed fdatasync");
+        drop(engine);
+    }
+    assert!(failed_during_removal > 0, "no seed failed the fdatasync during the removal");
+}

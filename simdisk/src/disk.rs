@@ -799,6 +799,10 @@ impl State {
     fn crash(&mut self, rng: &mut Rng) {
         self.handles.clear();
         self.locks.clear();
+        // A deferred batch still held (by an engine leaked across the crash) keeps its
+        // operations: they run on handles the crash closed, so they fail; its writes no longer
+        // count as in flight beside the next engine's.
+        self.writes_in_flight.clear();
         self.power_left = None;
         self.entry_changes_left = None;
         self.directory_syncs_left = None;
