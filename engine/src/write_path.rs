@@ -382,7 +382,7 @@ impl<I: Io> WritePath<I> {
             self.wake.notify_all(); // submitters waiting for room in the inbox
         }
         let mut answers = Vec::new();
-        let operations = {
+        let (operations, in_flight) = {
             let mut reactor = self.reactor.lock();
             if (self.poisoned)() {
                 reactor.fail_all("the engine is poisoned");
@@ -402,7 +402,6 @@ impl<I: Io> WritePath<I> {
             answers.extend(acks.into_iter().map(|(_, ack)| (ack.ticket.0, ack.result)));
             (operations, reactor.in_flight() > 0)
         };
-        let (operations, in_flight) = operations;
         let progressed = operations > 0 || !answers.is_empty();
         let mut inbox = self.inbox.lock();
         assert!(inbox.driving, "the driver held the role through its turn");

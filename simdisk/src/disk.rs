@@ -50,8 +50,9 @@
 //! (the trait allows them to run concurrently); their completions come back in order.
 //!
 //! With [`SimDisk::set_deferred_completions`], a batch of [`Io::start_linked`] runs later: each
-//! [`InFlight::reap`] runs a seeded number of its operations (each chain in order, chains
-//! interleaved) and hands back a seeded subset of those that ran, in any order. So an
+//! [`InFlight::reap`] runs a seeded number of the operations of every deferred batch (each
+//! chain in order, chains interleaved) and hands back a seeded subset of its own that ran,
+//! each chain's completions in order, as a ring posts them. So an
 //! operation takes effect at one point and completes, to its caller, in a later turn, as on a
 //! ring: a write may land while an fdatasync submitted before it is still in flight, after the
 //! fdatasync took effect. Writes that may run concurrently (in different chains, or in
