@@ -149,11 +149,17 @@ pub enum Canary {
     /// that completed while it was in flight (it covers only those completed before its
     /// submission).
     SyncCoversLaterWrites = 54,
+    /// A disk store's merge keeps the oldest run's entry of a key that several runs hold (the
+    /// newest must win).
+    StoreMergeKeepsOlder = 55,
+    /// A disk store's manifest names a run before the run is durable: neither its data
+    /// (fdatasync) nor its directory entry is synced first.
+    StoreRunNamedBeforeDurable = 56,
 }
 
 impl Canary {
     /// Every canary, in catalogue order.
-    pub const ALL: [Canary; 54] = [
+    pub const ALL: [Canary; 56] = [
         Canary::AckBeforeFsync,
         Canary::RetryFsyncAfterFailure,
         Canary::SkipDirectoryFsyncOnRoll,
@@ -208,6 +214,8 @@ impl Canary {
         Canary::CleanMarkBeforeLastSync,
         Canary::CleanMarkKeptAtOpen,
         Canary::SyncCoversLaterWrites,
+        Canary::StoreMergeKeepsOlder,
+        Canary::StoreRunNamedBeforeDurable,
     ];
 }
 

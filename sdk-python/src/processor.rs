@@ -465,22 +465,41 @@ impl PyStore {
         Ok(())
     }
 
+    /// `del store[key]`: KeyError when absent, as a dict (so it reads the key first;
+    /// `discard` deletes without reading).
     fn __delitem__(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let encoded = self.key(key)?;
-        if self.store.delete(&encoded) {
-            Ok(())
-        } else {
-            Err(PyKeyError::new_err(key.clone().unbind()))
+        if !self.store.contains_key(&encoded) {
+            return Err(PyKeyError::new_err(key.clone().unbind()));
         }
+        self.store.delete(&encoded);
+        Ok(())
+    }
+
+    /// Delete `key` whether it is there or not, without reading it (a blind write).
+    fn discard(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let encoded = self.key(key)?;
+        self.store.delete(&encoded);
+        Ok(())
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.store.contains_key(&self.key(key)?))
     }
 
+    /// The number of keys, exactly: a scan of every entry for a disk store
+    /// (`len_estimate()` answers at once).
     fn __len__(&self) -> PyResult<usize> {
         self.check()?;
-        Ok(self.store.len())
+        let count = self.store.count().map_err(store_error)?;
+        Ok(usize::try_from(count).unwrap_or(usize::MAX))
+    }
+
+    /// The number of keys without reading: exact for a memory store, an estimate for a disk
+    /// store (see the Rust `Store::len_estimate`).
+    fn len_estimate(&self) -> PyResult<u64> {
+        self.check()?;
+        Ok(self.store.len_estimate())
     }
 
     /// The keys, in order (a list taken now: the store may change while you go through it).
@@ -1113,6 +1132,7 @@ pub(crate) fn simulation_result(
                 FailureKind::Outputs => "outputs",
                 FailureKind::Run => "run",
                 FailureKind::Tail => "tail",
+                FailureKind::Damage => "damage",
                 FailureKind::Model => "model",
             };
             let mut message = failure.to_string();

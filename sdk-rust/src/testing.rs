@@ -144,6 +144,9 @@ pub enum FailureKind {
     /// A restore read more of the changelog than lies past the offset its snapshot or disk
     /// store holds: the store's offset was not used, and restarts cost the whole state.
     Tail,
+    /// A disk store was found damaged at a restart while no bit of it had rotted: a crash
+    /// or an I/O error left it so, which its write protocol must never allow.
+    Damage,
 }
 
 /// A store's entries, in key order.
@@ -257,7 +260,15 @@ struct Settings {
     snapshots: Snapshots,
     /// The cache of every disk store, and whether memory stores become disk stores.
     disk: Option<(usize, bool)>,
-    tail: Option<Arc<Mutex<Option<String>>>>,
+    tail: Option<Arc<Oracle>>,
+}
+
+/// What the restore listener checks, shared with the seed's loop: the first violation, and
+/// whether any store bit has rotted so far (damage without rot is a bug).
+#[derive(Default)]
+struct Oracle {
+    violation: Mutex<Option<(FailureKind, String)>>,
+    rotted: std::sync::atomic::AtomicBool,
 }
 
 impl Settings {
@@ -270,7 +281,7 @@ impl Settings {
     };
 
     /// Draw a seed's settings; `memory` says whether its stores are memory stores by default.
-    fn draw(rng: &mut Rng, memory: bool, tail: Arc<Mutex<Option<String>>>) -> Settings {
+    fn draw(rng: &mut Rng, memory: bool, tail: Arc<Oracle>) -> Settings {
         // Commits every few records, so crashes land between commits as well as inside them;
         // the outcome must not depend on where the commits fall.
         let commit_every_records = rng.between(1, 64);
@@ -339,11 +350,13 @@ const DAMAGE_RERUNS_MAX: u32 = 64;
 
 /// Before an attempt that may fail: sometimes rot a bit of a store file, sometimes fail
 /// I/O, and cut the power after some of the disk calls.
-fn arm_faults(disk: &SimDisk, rng: &mut Rng, calls: u64, io_faults: Faults) {
+fn arm_faults(disk: &SimDisk, rng: &mut Rng, calls: u64, io_faults: Faults, oracle: &Oracle) {
     let with_io_faults = rng.chance(300_000);
     if rng.chance(ROT_PER_MILLION) {
         for _ in 0..rng.between(1, 3) {
-            disk.flip_bit_under(&Path::new(DATA).join("state"), rng);
+            if disk.flip_bit_under(&Path::new(DATA).join("state"), rng).is_some() {
+                oracle.rotted.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
     // Log-uniform up to the calls of a run committing every record: early and late cuts
@@ -379,30 +392,46 @@ fn seed_faults(rng: &mut Rng) -> (Faults, Faults) {
 /// `config` with the tail oracle listening to its restores (and the listener it had): a
 /// restore that starts from a snapshot's or disk store's offset reads no more records than
 /// lie between that offset and the changelog's end.
-fn with_tail_oracle(
-    mut config: ProcessorConfig,
-    violation: Arc<Mutex<Option<String>>>,
-) -> ProcessorConfig {
+fn with_tail_oracle(mut config: ProcessorConfig, oracle: Arc<Oracle>) -> ProcessorConfig {
     let theirs = config.on_restore.take();
     config.on_restore = Some(Arc::new(move |progress: RestoreProgress<'_>| {
         if let Some(listener) = &theirs {
             listener(progress);
         }
+        let violated = |kind: FailureKind, detail: String| {
+            oracle.violation.lock().expect("oracle lock").get_or_insert((kind, detail));
+        };
+        // A disk store found damaged at open, while no bit rotted: a crash or an I/O error
+        // left it so, which the store's write protocol must never allow.
+        let rotted = oracle.rotted.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(reason) = progress.rebuilt
+            && !rotted
+            && !reason.starts_with("missing: no store files")
+            && !reason.starts_with("stale:")
+        {
+            violated(
+                FailureKind::Damage,
+                format!(
+                    "store {:?} partition {}: rebuilt as damaged ({reason}) though no bit rotted",
+                    progress.store, progress.partition
+                ),
+            );
+        }
         let Some(from) = progress.from_snapshot.filter(|_| progress.done) else { return };
         let tail = progress.end.get().saturating_sub(from.get());
         if progress.restored > tail {
-            let mut slot = violation.lock().expect("oracle lock");
-            slot.get_or_insert_with(|| {
+            violated(
+                FailureKind::Tail,
                 format!(
                     "store {:?} partition {}: the restore read {} changelog records, but only {tail} \
-                     lie past offset {} its state starts from (the changelog ends at {})",
+                 lie past offset {} its state starts from (the changelog ends at {})",
                     progress.store,
                     progress.partition,
                     progress.restored,
                     from.get(),
                     progress.end.get()
-                )
-            });
+                ),
+            );
         }
     }));
     config
@@ -543,10 +572,10 @@ impl Simulation {
         let clock = SimClock::new(chronik_simdisk::clock::EPOCH_MS);
         let (crash_faults, io_faults) = seed_faults(&mut rng);
         disk.set_faults(crash_faults);
-        let tail_violation: Arc<Mutex<Option<String>>> = Arc::default();
-        let settings = Settings::draw(&mut rng, kind.memory, Arc::clone(&tail_violation));
-        let tail = || tail_violation.lock().expect("oracle lock").take();
-        let tail_failure = |detail| SimulationFailure { seed, kind: FailureKind::Tail, detail };
+        let oracle: Arc<Oracle> = Arc::default();
+        let settings = Settings::draw(&mut rng, kind.memory, Arc::clone(&oracle));
+        let tail = || oracle.violation.lock().expect("oracle lock").take();
+        let tail_failure = |(kind, detail)| SimulationFailure { seed, kind, detail };
         let (engine, _) = self
             .setup(&disk, &clock, inputs, kind.compacted)
             .map_err(|e| failure(format!("setup: {e}")))?;
@@ -568,7 +597,7 @@ impl Simulation {
                 None => open_engine(&disk, &clock).map_err(|e| failure(format!("reopen: {e}")))?,
             };
             if !last {
-                arm_faults(&disk, &mut rng, calls, io_faults);
+                arm_faults(&disk, &mut rng, calls, io_faults, &oracle);
             }
             let result = open(&live, &settings).and_then(|mut runner| {
                 let stats = runner.run_until_caught_up();

@@ -80,6 +80,8 @@ pub fn name(canary: Canary) -> &'static str {
         Canary::CleanMarkBeforeLastSync => "clean-mark-before-last-sync",
         Canary::CleanMarkKeptAtOpen => "clean-mark-kept-at-open",
         Canary::SyncCoversLaterWrites => "sync-covers-later-writes",
+        Canary::StoreMergeKeepsOlder => "store-merge-keeps-older",
+        Canary::StoreRunNamedBeforeDurable => "store-run-named-before-durable",
     }
 }
 
@@ -133,7 +135,7 @@ pub const TARGETED: [(Canary, &str); 1] =
 
 /// Canaries of the stream-processor runtime, hunted with [`crate::processors`] workloads
 /// instead of engine runs.
-pub const PROCESSOR_CANARIES: [Canary; 13] = [
+pub const PROCESSOR_CANARIES: [Canary; 15] = [
     Canary::InputCommittedBeforeOutputs,
     Canary::RestoreSkipsTombstone,
     Canary::SnapshotAheadOfChangelog,
@@ -142,6 +144,8 @@ pub const PROCESSOR_CANARIES: [Canary; 13] = [
     Canary::StoreOffsetAheadOfData,
     Canary::StoreOffsetNotRead,
     Canary::StoreTrustsDamage,
+    Canary::StoreMergeKeepsOlder,
+    Canary::StoreRunNamedBeforeDurable,
     Canary::WindowFinalBeforeGrace,
     Canary::LateRecordFolded,
     Canary::WindowStateNotExpired,

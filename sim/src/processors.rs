@@ -197,6 +197,7 @@ pub fn run_seed(seed: u64) -> Result<SimulationReport, Violation> {
             FailureKind::Run if failure.detail.starts_with(NOT_CAUGHT_UP) => "inputs_caught_up",
             FailureKind::Run => "processor_runs",
             FailureKind::Tail => "restore_reads_tail",
+            FailureKind::Damage => "store_damaged_without_rot",
             FailureKind::Model => "topology_model",
         };
         Violation::new(oracle, format!("{workload:?}: {}", failure.detail))

@@ -64,6 +64,8 @@ fn every_processor_canary_is_caught_and_the_runtime_passes_without_them() {
         Canary::StoreOffsetAheadOfData,
         Canary::StoreOffsetNotRead,
         Canary::StoreTrustsDamage,
+        Canary::StoreMergeKeepsOlder,
+        Canary::StoreRunNamedBeforeDurable,
     ] {
         let _armed = arm(Some(canary));
         // Rot lands in a value read later in only some seeds: more of them for that canary.

@@ -162,8 +162,12 @@ fn count(
         worker.join().map_err(|_| anyhow::anyhow!("the processor panicked"))?.map_err(Into::into)
     })?;
     let seconds = started.elapsed().as_secs_f64();
-    let entries: u64 =
-        (0..PARTITIONS).map(|p| runner.store(p, "counts").map_or(0, |s| s.len() as u64)).sum();
+    let mut entries = 0;
+    for partition in 0..PARTITIONS {
+        if let Some(store) = runner.store(partition, "counts") {
+            entries += store.count()?;
+        }
+    }
     if let Some(store) = runner.stores().find(|s| s.check().is_err()) {
         bail!("a {} store failed a read", store.kind());
     }

@@ -280,6 +280,11 @@ fn restore_disk<L: TaskLog + ?Sized>(
         disk.flush(end).map_err(failed)?;
     }
     stats.restored += restored;
-    tracing::info!(restored, from = disk.offset().get(), entries = disk.len(), "disk store opened");
+    tracing::info!(
+        restored,
+        from = disk.offset().get(),
+        entries = disk.len_estimate(),
+        "disk store opened"
+    );
     Ok(store)
 }

@@ -5,10 +5,14 @@
 //!   while the task works; it is flushed only right after a commit, when it holds exactly the
 //!   committed state.
 //! - **Runs**: immutable sorted files ([`super::run`]), newest first, each of a level: a flush
-//!   writes a level-0 run; [`FANOUT`] runs of one level merge into one of the next level (a
-//!   base-`FANOUT` counter, so a key is rewritten about log_FANOUT(runs) times), and a merge
-//!   that includes the oldest run drops deletions.
-//! - **Manifest**: the runs, the changelog offset they reflect, the entry count and the
+//!   writes a level-0 run; [`super::policy`] chooses merges of a level's oldest
+//!   [`super::policy::FANOUT`] runs into one of the next level, and [`super::merge`] runs
+//!   them in slices of later flushes (a heap merge), so no commit waits for a whole merge
+//!   unless a level falls [`super::policy::LEVEL_RUNS_MAX`] runs behind (backpressure). A
+//!   merge that includes the oldest run drops deletions.
+//! - **Writes are blind**: a put or delete only changes the memtable; the key count is an
+//!   estimate kept per run at flushes and merges ([`RunMeta::live`]).
+//! - **Manifest**: the runs, the changelog offset they reflect, the key estimate and the
 //!   store's identity, checksummed, replaced atomically (temporary file, fdatasync, rename,
 //!   directory fsync) after the runs it names are durable. It is the store's commit point.
 //!
@@ -17,10 +21,10 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
-use super::files::{
-    Damage, DiskOptions, Files, StoreError, bounds_ordered, canary_trusts_damage, is_empty_range,
-};
+use super::files::{Damage, DiskOptions, Files, StoreError, bounds_ordered, is_empty_range};
 use super::manifest::Manifest;
+use super::merge::{Blocks, MergeHeap, MergeJob};
+use super::policy;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use crate::Offset;
 use chronik_engine::canary::{self, Canary};
@@ -29,8 +33,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
-/// Runs of one level that merge into one of the next.
-pub const FANOUT: usize = 4;
 const MANIFEST: &str = "MANIFEST";
 /// Bytes a memtable entry costs beyond its key and value (tree node share, vectors).
 const ENTRY_OVERHEAD: usize = 64;
@@ -100,6 +102,16 @@ impl BlockCache {
     }
 }
 
+/// What a disk store's merges did since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskMerges {
+    /// Merges finished and named by the manifest in place of their inputs.
+    pub installed: u64,
+    /// Flushes that waited for a merge to finish, because a level held
+    /// `LEVEL_RUNS_MAX` runs (the merges fell behind the flushes).
+    pub stalls: u64,
+}
+
 /// A disk store of one task.
 pub struct DiskStore {
     files: Arc<Files>,
@@ -108,17 +120,20 @@ pub struct DiskStore {
     memtable: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     memtable_bytes: usize,
     /// Newest first; levels never decrease from newest to oldest.
-    runs: Vec<Run>,
+    runs: Vec<Arc<Run>>,
+    /// Merges under way, at most one per level ([`policy`]); each takes a slice of every
+    /// flush, and is installed (named by the manifest in place of its inputs) at the flush
+    /// that finishes it.
+    jobs: Vec<MergeJob>,
+    /// Merges installed, and flushes that waited for a merge to finish (backpressure).
+    merges_installed: u64,
+    stalls: u64,
     cache: Mutex<BlockCache>,
     /// The changelog offset the runs reflect (what the manifest says).
     offset: Offset,
-    /// Live entries: runs and memtable together.
-    len: u64,
+    /// Memtable entries holding a value (the rest are deletions).
+    memtable_values: usize,
     next_id: u64,
-    /// The last key [`DiskStore::get`] looked up in the runs and whether it was there: a put
-    /// after a get (a count's update) then knows without a second lookup whether the key is
-    /// new. Forgotten on every change.
-    last_lookup: Mutex<LastLookup>,
     /// Damage was found: the manifest is gone and no flush may write another.
     condemned: std::sync::atomic::AtomicBool,
     /// Whether the open found a manifest: without one the store starts empty, which is a
@@ -134,19 +149,12 @@ impl std::fmt::Debug for DiskStore {
         f.debug_struct("DiskStore")
             .field("identity", &self.identity)
             .field("offset", &self.offset)
-            .field("len", &self.len)
+            .field("len_estimate", &self.len_estimate())
             .field("memtable", &self.memtable.len())
             .field("runs", &self.runs)
+            .field("jobs", &self.jobs)
             .finish_non_exhaustive()
     }
-}
-
-/// See [`DiskStore::last_lookup`].
-#[derive(Debug, Default)]
-struct LastLookup {
-    key: Vec<u8>,
-    exists: bool,
-    valid: bool,
 }
 
 /// Where a lookup found a key.
@@ -171,11 +179,13 @@ impl DiskStore {
             memtable: BTreeMap::new(),
             memtable_bytes: 0,
             runs: Vec::new(),
+            jobs: Vec::new(),
+            merges_installed: 0,
+            stalls: 0,
             cache: Mutex::new(cache),
             offset: Offset::ZERO,
-            len: 0,
+            memtable_values: 0,
             next_id: 0,
-            last_lookup: Mutex::new(LastLookup::default()),
             condemned: std::sync::atomic::AtomicBool::new(false),
             manifest_found: false,
             failure: Mutex::new(None),
@@ -208,12 +218,11 @@ impl DiskStore {
         }
         let mut runs = Vec::with_capacity(manifest.runs.len());
         for meta in &manifest.runs {
-            runs.push(Run::open(&self.files, *meta)?);
+            runs.push(Arc::new(Run::open(&self.files, *meta)?));
         }
         self.runs = runs;
         assert_eq!(self.runs.len(), manifest.runs.len(), "every run named is open");
         self.offset = Offset::new(manifest.offset);
-        self.len = manifest.len;
         self.next_id = manifest.next_id;
         Ok(())
     }
@@ -235,15 +244,16 @@ impl DiskStore {
 
     /// Forget everything: the store is empty at offset 0, its directory without files.
     pub fn wipe(&mut self) -> Result<(), StoreError> {
-        self.forget_lookup();
+        // Their outputs are unnamed files, removed below.
+        self.jobs.clear();
         self.condemned.store(false, std::sync::atomic::Ordering::Relaxed);
         self.runs.clear();
         *self.cache.lock().expect("cache lock") =
             BlockCache { capacity: block_cache_bytes(self.options), ..BlockCache::default() };
         self.memtable.clear();
         self.memtable_bytes = 0;
+        self.memtable_values = 0;
         self.offset = Offset::ZERO;
-        self.len = 0;
         // The manifest first: without it, no run file is believed.
         self.files.remove_if_present(&self.files.path(MANIFEST))?;
         self.files.sync()?;
@@ -292,8 +302,16 @@ impl DiskStore {
         self.manifest_found
     }
 
-    pub fn len(&self) -> u64 {
-        self.len
+    /// The store's keys, estimated without reading: the runs' live-key changes
+    /// ([`RunMeta::live`]) and the memtable's values less its deletions. Over by keys updated
+    /// since their runs last merged, under by Bloom false positives and keys deleted and
+    /// written again; exact for a store of one run that merges dropped deletions from.
+    pub fn len_estimate(&self) -> u64 {
+        let runs: i64 = self.runs.iter().map(|r| r.meta.live).sum();
+        let deletions = self.memtable.len() - self.memtable_values;
+        let values = i64::try_from(self.memtable_values).expect("a memtable's entries fit i64");
+        let deletions = i64::try_from(deletions).expect("a memtable's entries fit i64");
+        u64::try_from(runs + values - deletions).unwrap_or(0)
     }
 
     /// Whether the memtable has grown to its share of the cache: flush after the commit.
@@ -325,7 +343,8 @@ impl DiskStore {
         );
         self.memtable_bytes
             + self.cache.lock().map_or(0, |c| c.bytes)
-            + self.runs.iter().map(Run::resident_bytes).sum::<usize>()
+            + self.runs.iter().map(|r| r.resident_bytes()).sum::<usize>()
+            + self.jobs.iter().map(MergeJob::resident_bytes).sum::<usize>()
     }
 
     /// Take the first error a read met, if any.
@@ -341,7 +360,7 @@ impl DiskStore {
         }
     }
 
-    fn block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
+    fn cached_block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
         assert!(i < run.blocks(), "a block read is one of its run's");
         let key = (run.meta.id, i);
         if let Some(block) = self.cache.lock().expect("cache lock").get(key) {
@@ -361,7 +380,7 @@ impl DiskStore {
             }
             let Some(i) = run.block_for(key) else { continue };
             debug_assert!(i < run.blocks(), "the index names one of the run's blocks");
-            let block = self.block(run, i)?;
+            let block = self.cached_block(run, i)?;
             match block.find(key) {
                 Lookup::Absent => {}
                 Lookup::Deleted => return Ok(None),
@@ -377,59 +396,20 @@ impl DiskStore {
         if let Some(value) = self.memtable.get(key) {
             return value.as_deref().map(Cow::Borrowed);
         }
-        let found = self.lookup_runs(key).unwrap_or_else(|error| {
+        self.lookup_runs(key).unwrap_or_else(|error| {
             self.fail(error);
             None
-        });
-        if let Ok(mut last) = self.last_lookup.lock() {
-            last.key.clear();
-            last.key.extend_from_slice(key);
-            last.exists = found.is_some();
-            last.valid = true;
-        }
-        found
+        })
     }
 
-    fn exists(&self, key: &[u8]) -> bool {
-        match self.memtable.get(key) {
-            Some(value) => value.is_some(),
-            None => self.exists_in_runs(key),
-        }
-    }
-
-    /// Whether `key`, which the memtable does not hold, is live in the runs: the last
-    /// lookup's answer if it was of this key, else a lookup (a read that fails is remembered,
-    /// as in [`DiskStore::get`]).
-    fn exists_in_runs(&self, key: &[u8]) -> bool {
-        if let Ok(last) = self.last_lookup.lock()
-            && last.valid
-            && last.key == key
-        {
-            return last.exists;
-        }
-        self.lookup_runs(key)
-            .unwrap_or_else(|error| {
-                self.fail(error);
-                None
-            })
-            .is_some()
-    }
-
-    fn forget_lookup(&self) {
-        if let Ok(mut last) = self.last_lookup.lock() {
-            last.valid = false;
-        }
-    }
-
-    /// Set `key`'s change in the memtable; returns whether the key was there before (in the
-    /// memtable, or else in the runs), with one walk of the memtable for a key it holds.
-    fn set(&mut self, key: &[u8], value: Option<&[u8]>) -> bool {
+    /// Set `key`'s change in the memtable: a blind write, which reads no run.
+    fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
         let size =
             |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
         if let Some(slot) = self.memtable.get_mut(key) {
-            let existed = slot.is_some();
             debug_assert!(self.memtable_bytes >= size(slot), "memtable bytes count each entry");
             self.memtable_bytes -= size(slot);
+            self.memtable_values -= usize::from(slot.is_some());
             match (slot.as_mut(), value) {
                 (Some(stored), Some(value)) => {
                     stored.clear();
@@ -437,68 +417,59 @@ impl DiskStore {
                 }
                 (_, value) => *slot = value.map(<[u8]>::to_vec),
             }
+            self.memtable_values += usize::from(slot.is_some());
             self.memtable_bytes += size(slot);
-            self.forget_lookup();
-            return existed;
+            return;
         }
-        // One walk of the memtable found nothing: ask the runs only.
-        let existed = self.exists_in_runs(key);
-        self.forget_lookup();
         let slot = value.map(<[u8]>::to_vec);
         self.memtable_bytes += size(&slot);
+        self.memtable_values += usize::from(slot.is_some());
         let previous = self.memtable.insert(key.to_vec(), slot);
         debug_assert!(previous.is_none(), "a key the memtable lacked is added once");
-        existed
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        if !self.set(key, Some(value)) {
-            self.len += 1;
-        }
+        self.set(key, Some(value));
         // Per record: debug only. The key is live now, in memory.
         debug_assert!(self.memtable.get(key).is_some_and(Option::is_some), "a put is in memory");
     }
 
-    /// Returns whether the key was there.
-    pub fn delete(&mut self, key: &[u8]) -> bool {
-        let was = self.exists(key);
-        self.forget_lookup();
-        if was {
-            self.len = self.len.saturating_sub(1);
-            if self.runs.is_empty() {
-                // No older run holds it: nothing to shadow.
-                if let Some(slot) = self.memtable.remove(key) {
-                    let size = key.len() + slot.map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
-                    debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
-                    self.memtable_bytes -= size;
-                }
-            } else {
-                self.set(key, None);
-            }
+    /// Delete `key`, blind: a deletion shadows the runs' copies, or, when there is no run,
+    /// the key just leaves the memtable.
+    pub fn delete(&mut self, key: &[u8]) {
+        if !self.runs.is_empty() {
+            self.set(key, None);
+        } else if let Some(slot) = self.memtable.remove(key) {
+            let size = key.len() + slot.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
+            debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
+            self.memtable_bytes -= size;
+            self.memtable_values -= usize::from(slot.is_some());
         }
         // Per record: debug only. A deleted key is shadowed or gone from memory.
         debug_assert!(
             self.memtable.get(key).is_none_or(Option::is_none),
             "a deleted key has no value in memory"
         );
-        was
     }
 
     /// Entries with keys within the bounds, in key order.
     pub fn range(&self, low: Bound<&[u8]>, high: Bound<&[u8]>) -> DiskRange<'_> {
-        if is_empty_range(low, high) {
-            let nothing: MemtableIter<'_> = Box::new(std::iter::empty());
-            let high = high.map(<[u8]>::to_vec);
-            let memtable = nothing.peekable();
-            return DiskRange { store: Some(self), memtable, cursors: Vec::new(), high };
+        let empty = is_empty_range(low, high);
+        assert!(empty || bounds_ordered(low, high), "a range's bounds are in order");
+        // BTreeMap::range panics on bounds out of order: an empty range reads nothing.
+        let memtable = if empty {
+            self.memtable.range::<[u8], _>((Bound::Unbounded, Bound::Unbounded))
+        } else {
+            self.memtable.range::<[u8], _>((low, high))
+        };
+        let runs = if empty { &[][..] } else { &self.runs[..] };
+        DiskRange {
+            store: self,
+            memtable: memtable.peekable(),
+            runs: MergeHeap::new(runs.iter().cloned(), low),
+            high: high.map(<[u8]>::to_vec),
+            done: empty,
         }
-        assert!(bounds_ordered(low, high), "a range's bounds are in order");
-        let memtable: MemtableIter<'_> = Box::new(
-            self.memtable.range::<[u8], _>((low, high)).map(|(k, v)| (k.as_slice(), v.as_deref())),
-        );
-        let (low, high) = (low.map(<[u8]>::to_vec), high.map(<[u8]>::to_vec));
-        let cursors = self.runs.iter().map(|run| RunCursor::new(run, &low, Some(self))).collect();
-        DiskRange { store: Some(self), memtable: memtable.peekable(), cursors, high }
     }
 
     /// Write the memtable as a run and record `offset`, the changelog end of the commit that
@@ -523,40 +494,162 @@ impl DiskStore {
     }
 
     fn write_memtable(&mut self, offset: Offset) -> Result<(), StoreError> {
-        self.forget_lookup();
         assert!(self.memtable_accounted(), "memtable bytes are the sum of its entries'");
-        if self.memtable.is_empty() && offset == self.offset {
+        if self.memtable.is_empty() && offset == self.offset && self.jobs.is_empty() {
             return Ok(());
         }
-        let mut runs_named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
-        if self.memtable.is_empty() {
-            self.write_manifest(offset, &runs_named)?;
-        } else {
-            let id = self.take_id();
-            let mut writer = RunWriter::create(&self.files, id, 0, self.memtable.len() as u64)?;
-            let keep_deletions = !self.runs.is_empty();
-            let mut written = 0;
-            for (key, value) in &self.memtable {
-                if value.is_some() || keep_deletions {
-                    writer.add(key, value.as_deref())?;
-                    written += 1;
-                }
-            }
-            let meta = writer.finish()?;
-            assert_eq!((meta.id, meta.level, meta.entries), (id, 0, written), "the run as built");
-            if canary::active(Canary::StoreOffsetAheadOfData) {
-                // The bug: the new offset is recorded before the run holding its data.
-                self.write_manifest(offset, &runs_named)?;
-            }
-            self.files.sync()?;
-            runs_named.insert(0, meta);
-            self.write_manifest(offset, &runs_named)?;
-            self.runs.insert(0, Run::open(&self.files, meta)?);
+        let fresh = if self.memtable.is_empty() { None } else { Some(self.write_run()?) };
+        if fresh.is_some() && canary::active(Canary::StoreOffsetAheadOfData) {
+            // The bug: the new offset is recorded before the run holding its data.
+            let named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
+            self.write_manifest(offset, &named)?;
         }
-        self.offset = offset;
+        // Each merge under way takes a slice: twice the memtable's share of input bytes, so a
+        // merge of level k's runs ends well before the next one of level k is due.
+        let slice = 2 * memtable_bytes(self.options) as u64;
+        let finished = self.step_jobs(slice)?;
+        self.publish(offset, fresh, finished)?;
         self.memtable.clear();
         self.memtable_bytes = 0;
-        self.merge_full_levels()
+        self.memtable_values = 0;
+        self.start_jobs()?;
+        // Backpressure: a level behind has its merge finished now, and the flush waits.
+        while let Some(level) = policy::overfull(&self.levels()) {
+            let i = self.jobs.iter().position(|j| j.level() == level);
+            let mut job = self.jobs.swap_remove(i.expect("an overfull level is merging"));
+            let meta = loop {
+                if let Some(meta) = job.step(u64::MAX)? {
+                    break meta;
+                }
+            };
+            let output = Arc::new(Run::open(&self.files, meta)?);
+            self.stalls += 1;
+            self.publish(offset, None, vec![(job, output)])?;
+            self.start_jobs()?;
+        }
+        Ok(())
+    }
+
+    /// Write the memtable as a level-0 run (durable data; the directory entry is the
+    /// caller's), opened.
+    fn write_run(&mut self) -> Result<Arc<Run>, StoreError> {
+        let id = self.take_id();
+        let mut writer = RunWriter::create(&self.files, id, 0, self.memtable.len() as u64)?;
+        let keep_deletions = !self.runs.is_empty();
+        let (mut written, mut live) = (0, 0);
+        for (key, value) in &self.memtable {
+            // Whether an older run may hold the key: Bloom filters only, no block read.
+            let hash = key_hash(key);
+            let older = self.runs.iter().any(|r| r.may_contain(hash));
+            live += match (value, older) {
+                (Some(_), false) => 1,
+                (None, true) => -1,
+                _ => 0,
+            };
+            if value.is_some() || keep_deletions {
+                writer.add(key, value.as_deref())?;
+                written += 1;
+            }
+        }
+        let mut meta = writer.finish()?;
+        meta.live = live;
+        assert_eq!((meta.id, meta.level, meta.entries), (id, 0, written), "the run as built");
+        Ok(Arc::new(Run::open(&self.files, meta)?))
+    }
+
+    fn levels(&self) -> Vec<u8> {
+        self.runs.iter().map(|r| r.meta.level).collect()
+    }
+
+    /// Give each merge under way a slice of `budget` input bytes; the finished ones, with
+    /// their outputs opened. A merge that fails is dropped (its output is an unnamed file).
+    fn step_jobs(&mut self, budget: u64) -> Result<Vec<(MergeJob, Arc<Run>)>, StoreError> {
+        let mut finished = Vec::new();
+        let mut i = 0;
+        while i < self.jobs.len() {
+            match self.jobs[i].step(budget) {
+                Ok(None) => i += 1,
+                Ok(Some(meta)) => {
+                    let job = self.jobs.remove(i);
+                    finished.push((job, Arc::new(Run::open(&self.files, meta)?)));
+                }
+                Err(error) => {
+                    self.jobs.remove(i);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Start the merges the policy chooses.
+    fn start_jobs(&mut self) -> Result<(), StoreError> {
+        loop {
+            let busy: Vec<u8> = self.jobs.iter().map(MergeJob::level).collect();
+            let Some(choice) = policy::choose(&self.levels(), &busy) else { return Ok(()) };
+            let id = self.take_id();
+            let inputs = &self.runs[choice.runs];
+            let job = MergeJob::start(&self.files, id, inputs, choice.drop_deletions)?;
+            self.jobs.push(job);
+        }
+    }
+
+    /// Name in one new manifest, at `offset`, the runs as they now are: `fresh` (a flushed
+    /// memtable) first, each finished merge's output in place of its inputs. Then remove the
+    /// inputs. The new runs' data are durable; their directory entries are made so here,
+    /// before the manifest names them.
+    fn publish(
+        &mut self,
+        offset: Offset,
+        fresh: Option<Arc<Run>>,
+        finished: Vec<(MergeJob, Arc<Run>)>,
+    ) -> Result<(), StoreError> {
+        let named_first = canary::active(Canary::StoreRunNamedBeforeDurable);
+        if (fresh.is_some() || !finished.is_empty()) && !named_first {
+            self.files.sync()?;
+        }
+        let mut runs = self.runs.clone();
+        runs.splice(0..0, fresh);
+        let installed = finished.len() as u64;
+        let mut old = Vec::new();
+        for (job, output) in finished {
+            let inputs = job.inputs();
+            let at = runs.iter().position(|r| r.meta.id == inputs[0]);
+            let group = at.expect("a merge's inputs are the store's")..;
+            let group = group.start..group.start + inputs.len();
+            // Pair with `policy::choose`: the inputs are as chosen, still contiguous, and
+            // still the oldest runs if the merge dropped deletions.
+            assert!(
+                runs[group.clone()].iter().map(|r| r.meta.id).eq(inputs.iter().copied()),
+                "a merge's inputs stay contiguous"
+            );
+            assert!(!job.drop_deletions() || group.end == runs.len(), "deletions go at the oldest");
+            drop(job);
+            old.extend(runs.splice(group, [output]));
+        }
+        let named: Vec<RunMeta> = runs.iter().map(|r| r.meta).collect();
+        assert!(named.windows(2).all(|p| p[0].level <= p[1].level), "levels never decrease");
+        self.write_manifest(offset, &named)?;
+        // The manifest is the store's commit point: memory follows it.
+        self.runs = runs;
+        self.offset = offset;
+        self.merges_installed += installed;
+        if old.is_empty() {
+            return Ok(());
+        }
+        let mut cache = self.cache.lock().expect("cache lock");
+        for run in &old {
+            cache.forget_run(run.meta.id);
+        }
+        drop(cache);
+        for run in old {
+            let path = self.files.path(&run::run_name(run.meta.id));
+            // No manifest, range or merge holds it now: its file closes here.
+            assert_eq!(Arc::strong_count(&run), 1, "a run merged away is held by nothing");
+            drop(run);
+            self.files.remove_if_present(&path)?;
+        }
+        self.files.sync()
     }
 
     fn take_id(&mut self) -> u64 {
@@ -579,249 +672,111 @@ impl DiskStore {
         let manifest = Manifest {
             identity: self.identity.clone(),
             offset: offset.get(),
-            len: self.len,
+            len: self.len_estimate(),
             next_id: self.next_id,
             runs: runs.to_vec(),
         };
         self.files.write_durably(MANIFEST, manifest.encode())
     }
 
-    /// Merge every level that holds [`FANOUT`] runs into one run of the next level.
-    fn merge_full_levels(&mut self) -> Result<(), StoreError> {
-        loop {
-            let mut start = 0;
-            let group = loop {
-                let Some(first) = self.runs.get(start) else { break None };
-                let end = start
-                    + self.runs[start..]
-                        .iter()
-                        .take_while(|r| r.meta.level == first.meta.level)
-                        .count();
-                if end - start >= FANOUT {
-                    break Some(start..end);
-                }
-                start = end;
-            };
-            let Some(group) = group else { return Ok(()) };
-            let before = self.runs.len();
-            self.merge(group)?;
-            // Progress: a merge replaces FANOUT runs or more by one, so the loop ends.
-            assert!(self.runs.len() + FANOUT - 1 <= before, "a merge leaves fewer runs");
-        }
-    }
-
-    fn merge(&mut self, group: std::ops::Range<usize>) -> Result<(), StoreError> {
-        let first = self.runs[group.start].meta.level;
-        assert!(group.len() >= FANOUT, "a merge takes a full level");
-        assert!(
-            self.runs[group.clone()].iter().all(|r| r.meta.level == first),
-            "a merge takes runs of one level"
-        );
-        let level = first.saturating_add(1);
-        let expected = self.runs[group.clone()].iter().map(|r| r.meta.entries).sum();
-        let keep_deletions = group.end < self.runs.len();
-        let id = self.take_id();
-        let mut writer = RunWriter::create(&self.files, id, level, expected)?;
-        {
-            let cursors = self.runs[group.clone()]
-                .iter()
-                .map(|run| RunCursor::new(run, &Bound::Unbounded, None))
-                .collect();
-            let mut merged = DiskRange {
-                store: None,
-                memtable: (Box::new(std::iter::empty()) as MemtableIter<'_>).peekable(),
-                cursors,
-                high: Bound::Unbounded,
-            };
-            while let Some(entry) = merged.next_change() {
-                let (key, value) = entry?;
-                if value.is_some() || keep_deletions {
-                    writer.add(&key, value.as_deref())?;
-                }
-            }
-        }
-        let meta = writer.finish()?;
-        // A merge drops shadowed entries (and deletions, at the oldest) but invents none.
-        assert!(
-            meta.entries <= expected || canary_trusts_damage(),
-            "a merge writes at most the entries it read"
-        );
-        self.files.sync()?;
-        let mut named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
-        named.splice(group.clone(), [meta]);
-        self.write_manifest(self.offset, &named)?;
-        let opened = Run::open(&self.files, meta)?;
-        let old: Vec<Run> = self.runs.splice(group, [opened]).collect();
-        assert!(self.levels_ordered(), "levels never decrease from newest to oldest");
-        let mut cache = self.cache.lock().expect("cache lock");
-        for run in &old {
-            cache.forget_run(run.meta.id);
-        }
-        drop(cache);
-        for run in old {
-            let path = self.files.path(&run::run_name(run.meta.id));
-            drop(run);
-            self.files.remove_if_present(&path)?;
-        }
-        self.files.sync()
+    /// Merges installed, and flushes that waited for a merge to finish.
+    pub fn merges(&self) -> DiskMerges {
+        DiskMerges { installed: self.merges_installed, stalls: self.stalls }
     }
 
     /// Apply one restored changelog change.
     pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
         match value {
             Some(value) => self.put(key, value),
-            None => {
-                self.delete(key);
-            }
+            None => self.delete(key),
         }
     }
 }
 
-/// One run's entries in key order, a block at a time.
-struct RunCursor<'a> {
-    run: &'a Run,
-    next_block: usize,
-    block: Vec<OwnedChange>,
-    at: usize,
-    /// Read through the store's cache (a range), or directly (a merge).
-    store: Option<&'a DiskStore>,
-    low: Bound<Vec<u8>>,
-}
-
-impl<'a> RunCursor<'a> {
-    fn new(run: &'a Run, low: &Bound<Vec<u8>>, store: Option<&'a DiskStore>) -> RunCursor<'a> {
-        let next_block = match low {
-            Bound::Included(key) | Bound::Excluded(key) => {
-                run.block_for(key).unwrap_or(run.blocks())
-            }
-            Bound::Unbounded => 0,
-        };
-        assert!(next_block <= run.blocks(), "a cursor starts within its run");
-        RunCursor { run, next_block, block: Vec::new(), at: 0, store, low: low.clone() }
-    }
-
-    /// The entry under the cursor.
-    fn peek(&mut self) -> Result<Option<&OwnedChange>, StoreError> {
-        while self.at == self.block.len() {
-            if self.next_block >= self.run.blocks() {
-                return Ok(None);
-            }
-            let bytes = match self.store {
-                Some(store) => store.block(self.run, self.next_block)?,
-                None => Arc::new(self.run.read_block(self.next_block)?),
-            };
-            self.next_block += 1;
-            assert!(self.next_block <= self.run.blocks(), "a cursor stays within its run");
-            let low = &self.low;
-            self.block = bytes
-                .iter()
-                .filter(|(key, _)| match low {
-                    Bound::Included(l) => *key >= l.as_slice(),
-                    Bound::Excluded(l) => *key > l.as_slice(),
-                    Bound::Unbounded => true,
-                })
-                .map(|(key, value)| (key.to_vec(), value.map(<[u8]>::to_vec)))
-                .collect();
-            // Pair with `RunWriter::add`, which refuses keys out of order before a block is
-            // written: a block read back (its checksum and order verified) holds them in order.
-            debug_assert!(
-                self.block.windows(2).all(|pair| pair[0].0 < pair[1].0) || canary_trusts_damage(),
-                "a block's keys strictly increase when read back"
-            );
-            self.at = 0;
-        }
-        Ok(self.block.get(self.at))
+impl Blocks for DiskStore {
+    fn block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
+        self.cached_block(run, i)
     }
 }
 
-/// A key and its change (`None`: deleted), borrowed or owned.
-type Change<'a> = (&'a [u8], Option<&'a [u8]>);
-type OwnedChange = (Vec<u8>, Option<Vec<u8>>);
-type MemtableIter<'a> = Box<dyn Iterator<Item = Change<'a>> + 'a>;
-type MemtableEntries<'a> = std::iter::Peekable<MemtableIter<'a>>;
-/// A key and its newest change, as a merge yields them.
-type Merged<'a> = (Cow<'a, [u8]>, Option<Cow<'a, [u8]>>);
-
-/// A merged range over the memtable and runs; iterating yields live entries.
+/// A merged range over the memtable and runs; iterating yields live entries. A read that
+/// fails ends it, remembered in the store ([`DiskStore::take_failure`]).
 pub struct DiskRange<'a> {
-    store: Option<&'a DiskStore>,
-    memtable: MemtableEntries<'a>,
-    cursors: Vec<RunCursor<'a>>,
+    store: &'a DiskStore,
+    memtable: std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+    runs: MergeHeap,
     high: Bound<Vec<u8>>,
+    done: bool,
 }
 
 impl std::fmt::Debug for DiskRange<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskRange").field("runs", &self.cursors.len()).finish_non_exhaustive()
+        f.debug_struct("DiskRange").field("done", &self.done).finish_non_exhaustive()
     }
 }
 
 impl<'a> DiskRange<'a> {
-    /// The next key of the merge, with its newest change (a value, or `None` for deleted).
-    fn next_change(&mut self) -> Option<Result<Merged<'a>, StoreError>> {
-        let mut smallest: Option<Vec<u8>> = self.memtable.peek().map(|(k, _)| k.to_vec());
-        for cursor in &mut self.cursors {
-            match cursor.peek() {
-                Ok(Some((key, _))) => {
-                    if smallest.as_ref().is_none_or(|s| key < s) {
-                        smallest = Some(key.clone());
-                    }
-                }
-                Ok(None) => {}
-                Err(error) => return Some(Err(error)),
-            }
-        }
-        let key = smallest?;
-        let beyond = match &self.high {
-            Bound::Included(h) => key > *h,
-            Bound::Excluded(h) => key >= *h,
-            Bound::Unbounded => false,
-        };
-        if beyond {
-            return None;
-        }
-        // The newest source with the key wins: the memtable, then the runs in order.
-        let mut change: Option<Option<Cow<'a, [u8]>>> = None;
-        if self.memtable.peek().is_some_and(|(k, _)| *k == key.as_slice()) {
-            let (_, value) = self.memtable.next().expect("peeked");
-            change = Some(value.map(Cow::Borrowed));
-        }
-        for cursor in &mut self.cursors {
-            let matches = matches!(cursor.peek(), Ok(Some((k, _))) if *k == key);
-            if matches {
-                let (_, value) = std::mem::take(&mut cursor.block[cursor.at]);
-                cursor.at += 1;
-                if change.is_none() {
-                    change = Some(value.map(Cow::Owned));
-                }
-            }
-        }
-        debug_assert!(
-            self.memtable.peek().is_none_or(|(k, _)| *k > key.as_slice()),
-            "the memtable moved past the key it gave"
-        );
-        Some(Ok((Cow::Owned(key), change.expect("the smallest key has a source"))))
+    fn failed(&mut self, error: StoreError) -> Option<Entry<'a>> {
+        self.store.fail(error);
+        self.done = true;
+        None
     }
 }
 
+type Entry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
 impl<'a> Iterator for DiskRange<'a> {
-    type Item = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+    type Item = Entry<'a>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            match self.next_change()? {
-                Ok((key, Some(value))) => return Some((key, value)),
-                Ok((_, None)) => {}
-                Err(error) => {
-                    // Only a merge reads without a store, and it takes changes, never this.
-                    assert!(self.store.is_some(), "a merge does not iterate live entries");
-                    if let Some(store) = self.store {
-                        store.fail(error);
-                    }
+        while !self.done {
+            let run = match self.runs.peek(self.store) {
+                Ok(entry) => entry,
+                Err(error) => return self.failed(error),
+            };
+            // The memtable is newer than every run: it wins a key they share.
+            let from_memtable = match (self.memtable.peek(), run) {
+                (None, None) => {
+                    self.done = true;
                     return None;
                 }
+                (Some(_), None) => Some(false),
+                (None, Some(_)) => None,
+                (Some((m, _)), Some((r, _))) => match m.as_slice().cmp(r) {
+                    std::cmp::Ordering::Less => Some(false),
+                    std::cmp::Ordering::Equal => Some(true),
+                    std::cmp::Ordering::Greater => None,
+                },
+            };
+            let (key, value): (Cow<'a, [u8]>, Option<Cow<'a, [u8]>>) =
+                if let Some(shadows) = from_memtable {
+                    let (key, value) = self.memtable.next().expect("peeked");
+                    if shadows && let Err(error) = self.runs.advance(self.store) {
+                        return self.failed(error);
+                    }
+                    (Cow::Borrowed(key.as_slice()), value.as_deref().map(Cow::Borrowed))
+                } else {
+                    let (key, value) = run.expect("a run has the smallest key");
+                    let owned = (key.to_vec(), value.map(<[u8]>::to_vec));
+                    if let Err(error) = self.runs.advance(self.store) {
+                        return self.failed(error);
+                    }
+                    (Cow::Owned(owned.0), owned.1.map(Cow::Owned))
+                };
+            let beyond = match &self.high {
+                Bound::Included(high) => *key > **high,
+                Bound::Excluded(high) => *key >= **high,
+                Bound::Unbounded => false,
+            };
+            if beyond {
+                self.done = true;
+                return None;
+            }
+            if let Some(value) = value {
+                return Some((key, value));
             }
         }
+        None
     }
 }
 

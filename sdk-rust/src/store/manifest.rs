@@ -6,13 +6,17 @@
 use super::run::{self, RunMeta, verified};
 
 pub(super) const MANIFEST_MAGIC: &[u8; 4] = b"CHSM";
-pub(super) const MANIFEST_VERSION: u16 = 1;
+pub(super) const MANIFEST_VERSION: u16 = 2;
+/// Bytes of a run's record: id, level and 7 zero bytes, file length, entries, and (from
+/// version 2) the run's live-key change.
+const RUN_RECORD_BYTES: usize = 40;
 
 /// What the manifest records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Manifest {
     pub identity: String,
     pub offset: u64,
+    /// The store's keys at that offset, estimated (the sum of the runs' `live`).
     pub len: u64,
     pub next_id: u64,
     pub runs: Vec<RunMeta>,
@@ -27,7 +31,8 @@ impl Manifest {
             "levels never decrease from newest to oldest"
         );
         assert!(u32::try_from(self.identity.len()).is_ok(), "an identity's length fits u32");
-        let mut bytes = Vec::with_capacity(64 + self.identity.len() + self.runs.len() * 32);
+        let mut bytes =
+            Vec::with_capacity(64 + self.identity.len() + self.runs.len() * RUN_RECORD_BYTES);
         bytes.extend_from_slice(MANIFEST_MAGIC);
         bytes.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
         bytes.extend_from_slice(&[0, 0]);
@@ -41,11 +46,12 @@ impl Manifest {
             bytes.extend_from_slice(&[run.level, 0, 0, 0, 0, 0, 0, 0]);
             bytes.extend_from_slice(&run.bytes.to_le_bytes());
             bytes.extend_from_slice(&run.entries.to_le_bytes());
+            bytes.extend_from_slice(&run.live.to_le_bytes());
         }
         // Pair with `decode`, which reads exactly these fields and refuses bytes left over.
         assert_eq!(
             bytes.len(),
-            12 + self.identity.len() + 32 + self.runs.len() * 32,
+            12 + self.identity.len() + 32 + self.runs.len() * RUN_RECORD_BYTES,
             "a manifest is its header, identity, counts and runs"
         );
         let sum = run::checksum(&bytes);
@@ -63,7 +69,12 @@ impl Manifest {
             rest = tail;
             Some(head)
         };
-        if take(4)? != MANIFEST_MAGIC || take(2)? != MANIFEST_VERSION.to_le_bytes() {
+        if take(4)? != MANIFEST_MAGIC {
+            return None;
+        }
+        // Version 1 kept no run's live-key change: its exact count goes to the oldest run.
+        let version = u16::from_le_bytes(take(2)?.try_into().ok()?);
+        if version != 1 && version != MANIFEST_VERSION {
             return None;
         }
         take(2)?;
@@ -79,12 +90,21 @@ impl Manifest {
             let level = take(8)?[0];
             let bytes = u64::from_le_bytes(take(8)?.try_into().ok()?);
             let entries = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            let live = match version {
+                1 => 0,
+                _ => i64::from_le_bytes(take(8)?.try_into().ok()?),
+            };
             // Damage (or a manifest we would never write) is refused here, not asserted.
             let older = runs.last().is_some_and(|newer: &RunMeta| newer.level > level);
             if id >= next_id || older {
                 return None;
             }
-            runs.push(RunMeta { id, level, bytes, entries });
+            runs.push(RunMeta { id, level, bytes, entries, live });
+        }
+        if version == 1
+            && let Some(oldest) = runs.last_mut()
+        {
+            oldest.live = i64::try_from(len).ok()?;
         }
         rest.is_empty().then_some(Manifest { identity, offset, len, next_id, runs })
     }

@@ -11,6 +11,8 @@
 pub(crate) mod disk;
 mod files;
 mod manifest;
+mod merge;
+mod policy;
 pub(crate) mod run;
 mod typed;
 
@@ -22,7 +24,7 @@ use std::hash::BuildHasherDefault;
 use std::ops::{Bound, RangeBounds};
 
 pub(crate) use disk::DiskStore;
-pub use disk::check_directory;
+pub use disk::{DiskMerges, check_directory};
 pub use files::{Damage, DiskOptions, StoreError};
 pub(crate) use files::{Files, bounds_ordered, canary_trusts_damage, is_empty_range};
 pub use typed::Typed;
@@ -168,6 +170,11 @@ impl Store {
         self.disk.as_ref().map(|d| d.runs())
     }
 
+    /// What a disk store's merges did since it opened (`None` for a memory store).
+    pub fn disk_merges(&self) -> Option<DiskMerges> {
+        self.disk.as_ref().map(|d| d.merges())
+    }
+
     /// Bytes a disk store holds in memory: changes not yet in a run, cached blocks, run
     /// indexes and Bloom filters (`None` for a memory store).
     pub fn resident_bytes(&self) -> Option<usize> {
@@ -247,17 +254,19 @@ impl Store {
         );
     }
 
-    /// Remove `key`; returns whether it was there.
-    pub fn delete(&mut self, key: &[u8]) -> bool {
-        let was = match &mut self.disk {
+    /// Remove `key`, whether it was there or not. A blind write: a disk store reads nothing
+    /// to delete a key (ask [`Store::contains_key`] first to know).
+    pub fn delete(&mut self, key: &[u8]) {
+        match &mut self.disk {
             Some(disk) => disk.delete(key),
-            None => self.data.remove(key).is_some(),
-        };
+            None => {
+                self.data.remove(key);
+            }
+        }
         self.mark(key, None);
         // Per record, so debug only; a disk store's runs are not read again here.
         debug_assert!(self.disk.is_some() || !self.data.contains_key(key), "a deleted key is gone");
         debug_assert!(self.dirty.get(key).is_some_and(Vec::is_empty), "a delete is recorded");
-        was
     }
 
     /// Record the change of `key` for the next commit (the last change of a key wins).
@@ -365,16 +374,34 @@ impl Store {
         Entries { store: self, inner: Some(all) }
     }
 
-    pub fn len(&self) -> usize {
+    /// The number of keys, in O(1) and without reading: exact for a memory store; for a disk
+    /// store an estimate kept at flushes and merges (writes are blind, so no write knows
+    /// whether its key was new). It counts a key updated since its runs last merged more
+    /// than once, and misses about one new key in a hundred (Bloom filter false positives);
+    /// it is exact once the store's runs have merged into one. [`Store::count`] is exact.
+    pub fn len_estimate(&self) -> u64 {
         assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
-            Some(disk) => usize::try_from(disk.len()).unwrap_or(usize::MAX),
-            None => self.data.len(),
+            Some(disk) => disk.len_estimate(),
+            None => self.data.len() as u64,
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// The number of keys, exactly: O(1) for a memory store, a scan of every entry for a
+    /// disk store (a read that fails is its error, never a smaller count).
+    pub fn count(&self) -> Result<u64, StoreError> {
+        match &self.disk {
+            Some(_) => self.iter().try_fold(0, |count, entry| entry.map(|_| count + 1)),
+            None => Ok(self.data.len() as u64),
+        }
+    }
+
+    /// Whether the store holds no key (a disk store reads up to its first live entry).
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        match self.iter().next() {
+            None => Ok(true),
+            Some(entry) => entry.map(|_| false),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! The layout is in docs/format.md ("Disk store runs").
 
 use super::files::{Damage, Files, StoreError, canary_trusts_damage};
+use chronik_engine::canary::{self, Canary};
 use chronik_engine::io::{FileHandle, OpenMode, Operation};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -106,6 +107,11 @@ pub struct RunMeta {
     pub bytes: u64,
     /// Entries, deletions included.
     pub entries: u64,
+    /// The change in live keys this run makes over the runs older than it: for a flushed
+    /// run, its values of keys no older run's Bloom filter may hold less its deletions of
+    /// keys one may; for a merge, the sum of its inputs'; exact (its values) for a merge that
+    /// drops deletions. So the sum over a store's runs estimates its keys.
+    pub live: i64,
 }
 
 /// Builds a run file from entries given in strictly increasing key order.
@@ -142,7 +148,7 @@ impl RunWriter {
             files: Arc::clone(files),
             path,
             file,
-            meta: RunMeta { id, level, bytes: 0, entries: 0 },
+            meta: RunMeta { id, level, bytes: 0, entries: 0, live: 0 },
             position: 0,
             buffer: Vec::with_capacity(WRITE_BUFFER_BYTES),
             block: Vec::with_capacity(BLOCK_BYTES * 2),
@@ -156,6 +162,14 @@ impl RunWriter {
             "a run's Bloom filter has its bits per key"
         );
         Ok(writer)
+    }
+
+    /// Bytes the writer keeps in memory: its buffers, index and Bloom filter.
+    pub fn resident_bytes(&self) -> usize {
+        self.buffer.capacity()
+            + self.block.capacity()
+            + self.bloom.bits.len()
+            + self.index.iter().map(|e| e.last_key.len() + 40).sum::<usize>()
     }
 
     /// Add an entry: `None` records a deletion. Keys come in strictly increasing order; a
@@ -329,8 +343,14 @@ impl RunWriter {
             bloom_offset + bloom.len() as u64 + FOOTER_BYTES as u64,
             "the footer ends the file"
         );
-        chronik_engine::io::run_plain(&*self.files.io, Operation::Fdatasync { file: self.file })
+        // The bug under the canary: the run is named before its data are durable.
+        if !canary::active(Canary::StoreRunNamedBeforeDurable) {
+            chronik_engine::io::run_plain(
+                &*self.files.io,
+                Operation::Fdatasync { file: self.file },
+            )
             .map_err(|e| Files::error("fdatasync", &self.path, e))?;
+        }
         self.meta.bytes = self.position;
         Ok(self.meta)
     }
@@ -732,9 +752,24 @@ impl Block {
         }
     }
 
-    /// The entries in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.entries.iter().map(|e| self.entry(*e))
+    /// Entries in the block (at least one, as read).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Entry `i`: its key and value (`None`: deleted), borrowed from the block.
+    pub fn entry_at(&self, i: usize) -> (&[u8], Option<&[u8]>) {
+        assert!(i < self.entries.len(), "an entry read is one of its block's");
+        self.entry(self.entries[i])
+    }
+
+    /// The first entry whose key is at or above `key` (strictly above with `exclusive`).
+    pub fn seek(&self, key: &[u8], exclusive: bool) -> usize {
+        let i = self
+            .entries
+            .partition_point(|e| if exclusive { self.key(*e) <= key } else { self.key(*e) < key });
+        debug_assert!(i <= self.entries.len(), "a seek lands within or at the end of its block");
+        i
     }
 
     /// Bytes held.

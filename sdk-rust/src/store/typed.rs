@@ -52,16 +52,16 @@ where
         Ok(())
     }
 
-    /// Remove `key`; returns whether it was there.
-    pub fn delete(&mut self, key: &K) -> Result<bool, ProcessError> {
+    /// Remove `key`, blind (see [`Store::delete`]).
+    pub fn delete(&mut self, key: &K) -> Result<(), ProcessError> {
         let key = encode(key)?;
         debug_assert!(decode::<K>(&key).is_ok(), "a typed key decodes from its encoding");
-        let was = self.store.delete(&key);
+        self.store.delete(&key);
         debug_assert!(
             self.store.dirty.get(&key).is_some_and(Vec::is_empty),
             "a typed delete is the store's change under the encoded key"
         );
-        Ok(was)
+        Ok(())
     }
 
     /// Every entry, in the order of the encoded keys.
@@ -72,11 +72,18 @@ where
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.store.len()
+    /// See [`Store::len_estimate`].
+    pub fn len_estimate(&self) -> u64 {
+        self.store.len_estimate()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.store.is_empty()
+    /// See [`Store::count`].
+    pub fn count(&self) -> Result<u64, ProcessError> {
+        self.store.count().map_err(|e| ProcessError::new(e.to_string()))
+    }
+
+    /// See [`Store::is_empty`].
+    pub fn is_empty(&self) -> Result<bool, ProcessError> {
+        self.store.is_empty().map_err(|e| ProcessError::new(e.to_string()))
     }
 }

@@ -665,8 +665,12 @@ fn processor(dir: &Path, backend: Backend, records: u64) -> anyhow::Result<Vec<M
         let mut runner = Runner::new(chronik.engine(), config.clone(), |_| BenchCounter)?;
         let elapsed = started.elapsed();
         let stats = runner.run_until_caught_up()?;
-        let entries: u64 =
-            (0..partitions).map(|p| runner.store(p, "counts").map_or(0, |s| s.len() as u64)).sum();
+        let mut entries = 0;
+        for partition in 0..partitions {
+            if let Some(store) = runner.store(partition, "counts") {
+                entries += store.count()?;
+            }
+        }
         if entries != users {
             bail!("{scenario}: {entries} users restored, {users} expected");
         }
