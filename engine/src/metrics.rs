@@ -19,6 +19,7 @@ pub struct Histogram {
     buckets: [AtomicU64; HISTOGRAM_BUCKETS],
     count: AtomicU64,
     sum_us: AtomicU64,
+    max_us: AtomicU64,
 }
 
 impl Histogram {
@@ -27,6 +28,7 @@ impl Histogram {
         self.buckets[bucket.min(HISTOGRAM_BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.max_us.fetch_max(us, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> HistogramSnapshot {
@@ -34,6 +36,7 @@ impl Histogram {
             buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
             count: self.count.load(Ordering::Relaxed),
             sum_us: self.sum_us.load(Ordering::Relaxed),
+            max_us: self.max_us.load(Ordering::Relaxed),
         }
     }
 }
@@ -45,6 +48,8 @@ pub struct HistogramSnapshot {
     pub buckets: [u64; HISTOGRAM_BUCKETS],
     pub count: u64,
     pub sum_us: u64,
+    /// The largest value recorded, exactly.
+    pub max_us: u64,
 }
 
 impl HistogramSnapshot {
@@ -83,6 +88,9 @@ macro_rules! counters {
             pub append_latency: Histogram,
             /// Latency of each segment fdatasync.
             pub fsync_latency: Histogram,
+            /// Latency of a stream-processor task's commit: its transaction, then its disk
+            /// stores' flushes and merge slices (the chronik SDK).
+            pub task_commit_latency: Histogram,
         }
 
         /// Every counter and histogram at one moment.
@@ -91,6 +99,7 @@ macro_rules! counters {
             $(#[doc = $help] pub $name: u64,)*
             pub append_latency: HistogramSnapshot,
             pub fsync_latency: HistogramSnapshot,
+            pub task_commit_latency: HistogramSnapshot,
         }
 
         impl Metrics {
@@ -99,6 +108,7 @@ macro_rules! counters {
                     $($name: self.$name.load(Ordering::Relaxed),)*
                     append_latency: self.append_latency.snapshot(),
                     fsync_latency: self.fsync_latency.snapshot(),
+                    task_commit_latency: self.task_commit_latency.snapshot(),
                 }
             }
         }
@@ -129,6 +139,9 @@ counters! {
     compaction_records_kept: "Records kept by compaction passes.",
     restore_records: "Changelog records applied by processor restores (the chronik SDK).",
     restores_done: "Processor task restores finished (the chronik SDK).",
+    store_merges: "Disk-store merges installed (the chronik SDK's disk stores).",
+    store_unnamed_removed: "Disk-store files no manifest named, removed when the store opened (runs and merge outputs a crash left half built).",
+    store_stalls: "Disk-store flushes that waited for a merge to finish, a level having fallen behind (backpressure).",
     late_records: "Events windowed operators found too late for their windows (the chronik SDK's topologies; counted when seen, so a run that fails and reruns counts them again).",
 }
 
@@ -152,6 +165,11 @@ impl MetricsSnapshot {
         let histograms = [
             ("append_latency", "Append latency, call to acknowledgement.", &self.append_latency),
             ("fsync_latency", "Segment fdatasync latency.", &self.fsync_latency),
+            (
+                "task_commit_latency",
+                "Stream-processor task commit latency: transaction and disk-store flushes.",
+                &self.task_commit_latency,
+            ),
         ];
         for (name, help, h) in histograms {
             let _ = writeln!(out, "# HELP chronik_{name}_seconds {help}");
@@ -196,6 +214,7 @@ mod tests {
         assert_eq!(s.quantile_upper_us(0.5), Some(4));
         assert_eq!(s.quantile_upper_us(0.75), Some(1024));
         assert_eq!(HistogramSnapshot::default().quantile_upper_us(0.5), None);
+        assert_eq!(s.max_us, u64::MAX, "the largest value, exactly");
     }
 
     #[test]
@@ -212,6 +231,6 @@ mod tests {
         assert!(text.contains("chronik_fsync_latency_seconds_sum 0.001503\n"));
         assert!(text.contains("chronik_append_latency_seconds_count 0\n"));
         let lines = text.lines().filter(|l| !l.starts_with('#')).count();
-        assert_eq!(lines, 17 + 2 * (HISTOGRAM_BUCKETS + 2));
+        assert_eq!(lines, 20 + 3 * (HISTOGRAM_BUCKETS + 2));
     }
 }

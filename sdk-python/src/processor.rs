@@ -441,7 +441,7 @@ impl PyStore {
         key: &Bound<'py, PyAny>,
         default: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        match self.store.get(&self.key(key)?) {
+        match self.store.get(&self.key(key)?).map_err(store_error)? {
             Some(value) => self.format.decode(py, &value),
             None => Ok(default.unwrap_or_else(|| py.None().into_bound(py))),
         }
@@ -452,7 +452,7 @@ impl PyStore {
         py: Python<'py>,
         key: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        match self.store.get(&self.key(key)?) {
+        match self.store.get(&self.key(key)?).map_err(store_error)? {
             Some(value) => self.format.decode(py, &value),
             None => Err(PyKeyError::new_err(key.clone().unbind())),
         }
@@ -469,7 +469,7 @@ impl PyStore {
     /// `discard` deletes without reading).
     fn __delitem__(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let encoded = self.key(key)?;
-        if !self.store.contains_key(&encoded) {
+        if !self.store.contains_key(&encoded).map_err(store_error)? {
             return Err(PyKeyError::new_err(key.clone().unbind()));
         }
         self.store.delete(&encoded);
@@ -484,7 +484,7 @@ impl PyStore {
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self.store.contains_key(&self.key(key)?))
+        self.store.contains_key(&self.key(key)?).map_err(store_error)
     }
 
     /// The number of keys, exactly: a scan of every entry for a disk store
@@ -516,7 +516,7 @@ impl PyStore {
         default: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let encoded = self.key(key)?;
-        let value = match self.store.get(&encoded) {
+        let value = match self.store.get(&encoded).map_err(store_error)? {
             Some(value) => self.format.decode(py, &value)?,
             None => return default.ok_or_else(|| PyKeyError::new_err(key.clone().unbind())),
         };
@@ -570,7 +570,7 @@ impl PyStore {
         {
             return Ok(PyList::empty(py));
         }
-        self.pairs(py, self.store.range::<(B<&[u8]>, B<&[u8]>)>((lower, upper)).map(Ok))
+        self.pairs(py, self.store.range::<(B<&[u8]>, B<&[u8]>)>((lower, upper)))
     }
 
     #[getter]

@@ -715,7 +715,7 @@ impl PyTopology {
     /// Events too late for their windows, over every windowed operator, as of the last
     /// commit (exact across crashes).
     fn late_records(&self, py: Python<'_>) -> PyResult<u64> {
-        self.with_runner(py, |runner| Ok(runner.late_records()))
+        self.with_runner(py, |runner| runner.late_records())
     }
 
     fn __repr__(&self) -> String {

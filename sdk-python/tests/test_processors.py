@@ -90,6 +90,10 @@ def test_store_behaves_like_a_dict(path, kind):
                 del j["b"]
             with pytest.raises(TypeError):
                 j["bad"] = object()
+            j["d"] = 4
+            j.discard("d")
+            j.discard("never-there")
+            seen["after_discard"] = ("d" in j, len(j), j.len_estimate())
             b = ctx.store("b")
             b[b"k"] = b"\x00\xff"
             b[b"empty"] = b""
@@ -104,6 +108,9 @@ def test_store_behaves_like_a_dict(path, kind):
         assert [k for k, _ in seen["items"]] == ["a", "b", "c"]
         assert seen["range"] == [("b", 2), ("c", "three")]
         assert seen["pop"] == ("three", "gone")
+        # `discard` deletes without reading; `len` is exact, `len_estimate` (no read) too
+        # while everything is in memory.
+        assert seen["after_discard"] == (False, 1, 1)
         assert seen["bytes"] == (b"\x00\xff", b"", True)
         # A store kept past its call refuses to be used.
         with pytest.raises(chronik.ChronikError):

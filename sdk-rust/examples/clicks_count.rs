@@ -101,7 +101,7 @@ impl Processor for ClickCounter {
     ) -> Result<(), ProcessError> {
         let user = record.key().ok_or_else(|| ProcessError::new("a click without a user"))?;
         let counts = ctx.store("counts")?;
-        let count = counts.get(user).map_or(Ok(0), |v| decode(&v))? + 1;
+        let count = counts.get(user)?.map_or(Ok(0), |v| decode(&v))? + 1;
         counts.put(user, &count.to_le_bytes());
         ctx.emit("click-counts", Some(user), &count.to_le_bytes());
         Ok(())

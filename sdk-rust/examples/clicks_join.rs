@@ -45,7 +45,7 @@ impl Processor for Enricher {
             return Ok(());
         }
         let name =
-            ctx.store("users")?.get(user).map_or_else(|| b"(unknown)".to_vec(), |v| v.to_vec());
+            ctx.store("users")?.get(user)?.map_or_else(|| b"(unknown)".to_vec(), |v| v.to_vec());
         let mut enriched = name;
         enriched.push(b' ');
         enriched.extend_from_slice(record.value());

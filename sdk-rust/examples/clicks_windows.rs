@@ -304,7 +304,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         stats.records,
         stats.records as f64 / elapsed.as_secs_f64().max(1e-9),
         stats.emitted,
-        runner.late_records()
+        runner.late_records()?
     );
     let expected = expected(&name, clicks);
     let mut results = 0;
@@ -335,10 +335,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let late: u64 =
             (0..PARTITIONS).map(|p| log.record_count("late-clicks", p)).sum::<Result<u64, _>>()?;
         let wanted = expected.values().flatten().filter(|line| line.ends_with(" late")).count();
-        if late != runner.late_records() || late != wanted as u64 {
+        let counted = runner.late_records()?;
+        if late != counted || late != wanted as u64 {
             return Err(format!(
-                "MISMATCH: {late} late clicks written, {} counted, {wanted} expected",
-                runner.late_records()
+                "MISMATCH: {late} late clicks written, {counted} counted, {wanted} expected"
             )
             .into());
         }

@@ -14,7 +14,7 @@
 //!     fn process(&mut self, record: &RecordView<'_>, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
 //!         let key = record.key().unwrap_or_default();
 //!         let store = ctx.store("counts")?;
-//!         let n = store.get(key).map_or(0, |v| v[0]) + 1;
+//!         let n = store.get(key)?.map_or(0, |v| v[0]) + 1;
 //!         store.put(key, &[n]);
 //!         ctx.emit("totals", Some(key), &[n]);
 //!         Ok(())
@@ -117,6 +117,19 @@ pub struct SimulationReport {
     /// Input records compaction removed before the runs, over all seeds, when the input
     /// topics are compacted ([`Simulation::run_on_compacted_input`]): what the runs read past.
     pub input_records_compacted: u64,
+    /// Disk-store merges installed, and disk-store files a crash left half built (no
+    /// manifest named them) removed at a later open, over all attempts of all seeds: the
+    /// crashes reached merges under way.
+    pub store_merges: u64,
+    pub store_files_removed: u64,
+}
+
+impl SimulationReport {
+    /// Count what an attempt's engine saw its disk stores do.
+    fn add_store_work(&mut self, metrics: &chronik_engine::metrics::MetricsSnapshot) {
+        self.store_merges += metrics.store_merges;
+        self.store_files_removed += metrics.store_unnamed_removed;
+    }
 }
 
 /// A seed whose final state or outputs differ from the fault-free run, or that failed.
@@ -604,6 +617,7 @@ impl Simulation {
                 stats.map(|stats| (runner, stats))
             });
             disk.set_faults(crash_faults);
+            report.add_store_work(&live.metrics());
             if let Some(detail) = tail() {
                 return Err(tail_failure(detail));
             }

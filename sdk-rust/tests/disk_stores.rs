@@ -355,9 +355,9 @@ fn is_damaged(result: &Result<(), chronik::processor::StoreError>) -> bool {
     matches!(result, Err(chronik::processor::StoreError::Damaged(_)))
 }
 
-/// A data block in the middle of a run damaged under a key: `get` of that key answers no value
-/// (never the damaged one) and the store's check says `Damaged`, not "absent"; a key in an
-/// undamaged block still reads right.
+/// A data block in the middle of a run damaged under a key: `get` of that key is
+/// `Err(Damaged)` (never the damaged value, never "absent"), and the store's check says so too
+/// (for a caller that dropped the error); a key in an undamaged block still reads right.
 #[test]
 fn a_get_from_a_damaged_block_is_damaged_not_absent() {
     let (dir, reports) = setup();
@@ -371,18 +371,18 @@ fn a_get_from_a_damaged_block_is_damaged_not_absent() {
     let store = runner.store(0, "counts").unwrap();
     // A key in another block reads right, and nothing failed.
     let (other, count) = partition_zero(20_000)[0].clone();
-    let value = store.get(other.as_bytes()).expect("an undamaged key");
+    let value = store.get(other.as_bytes()).unwrap().expect("an undamaged key");
     assert_eq!(u64::from_le_bytes((*value).try_into().unwrap()), count);
     store.check().unwrap();
-    // The damaged key: no value, and the check reports the damage.
-    let value = store.get(key.as_bytes()).map(|v| v.to_vec());
-    assert_eq!(value, None, "a damaged block's value is never returned");
-    assert!(is_damaged(&store.check()), "a failed get is damage, not an absent key");
+    // The damaged key: an error, and the check reports the damage too.
+    let value = store.get(key.as_bytes()).map(|v| v.map(|v| v.to_vec()));
+    assert!(is_damaged(&value.map(|_| ())), "a failed get is damage, not an absent key");
+    assert!(is_damaged(&store.check()), "the failure is remembered for the task");
 }
 
 /// The same damage met by a range: it yields the entries before the damaged block, each
-/// right, and in order with none left out, then stops; the check says `Damaged`. The
-/// checked iteration ends with `Err(Damaged)` the same way.
+/// right, and in order with none left out, then `Err(Damaged)`; the check says `Damaged` too.
+/// The whole iteration ends with `Err(Damaged)` the same way.
 #[test]
 fn a_range_over_a_damaged_block_stops_with_damage_and_drops_nothing_before_it() {
     let (dir, reports) = setup();
@@ -399,7 +399,9 @@ fn a_range_over_a_damaged_block_stops_with_damage_and_drops_nothing_before_it() 
     };
     let high = key.clone() + "~";
     let range = (Bound::Unbounded, Bound::Excluded(high.as_bytes()));
-    let got: Vec<(String, u64)> = store.range::<(Bound<&[u8]>, _)>(range).map(decode).collect();
+    let mut entries = store.range::<(Bound<&[u8]>, _)>(range);
+    let got: Vec<(String, u64)> = entries.by_ref().map_while(Result::ok).map(decode).collect();
+    assert!(entries.next().is_none(), "nothing after the error");
     assert!(is_damaged(&store.check()), "the range met the damage: {} entries", got.len());
     assert!(got.len() < want.iter().position(|(k, _)| *k == key).unwrap() + 1);
     assert_eq!(got, want[..got.len()], "the entries before the damage, all of them, right");

@@ -89,7 +89,8 @@ impl Processor for Join {
             }
             return Ok(());
         }
-        let name = ctx.store("users")?.get(key).map_or_else(|| b"unknown".to_vec(), |v| v.to_vec());
+        let name =
+            ctx.store("users")?.get(key)?.map_or_else(|| b"unknown".to_vec(), |v| v.to_vec());
         let mut enriched = name;
         enriched.extend_from_slice(b" ");
         enriched.extend_from_slice(record.value());

@@ -42,7 +42,7 @@ impl Processor for Counting {
     ) -> Result<(), ProcessError> {
         let key = record.key().unwrap_or_default();
         let counts = ctx.store("counts")?;
-        let count = counts.get(key).map_or(0, |v| v.first().copied().unwrap_or(0)) + 1;
+        let count = counts.get(key)?.map_or(0, |v| v.first().copied().unwrap_or(0)) + 1;
         if count >= self.limit {
             counts.delete(key);
             ctx.emit("done", Some(key), record.value());
@@ -50,7 +50,7 @@ impl Processor for Counting {
             counts.put(key, &[count]);
         }
         let totals = ctx.store("totals")?;
-        let seen = totals.get(b"all").map_or(Ok(0), |v| (*v).try_into().map(u64::from_le_bytes));
+        let seen = totals.get(b"all")?.map_or(Ok(0), |v| (*v).try_into().map(u64::from_le_bytes));
         let seen = seen.map_err(|_| ProcessError::new("a total is not 8 bytes"))? + 1;
         totals.put(b"all", &seen.to_le_bytes());
         ctx.emit("audit", None, &seen.to_le_bytes());
@@ -79,7 +79,7 @@ impl Processor for Join {
             }
             return Ok(());
         }
-        let mut enriched = users.get(key).map_or_else(|| b"?".to_vec(), |v| v.to_vec());
+        let mut enriched = users.get(key)?.map_or_else(|| b"?".to_vec(), |v| v.to_vec());
         enriched.extend_from_slice(record.value());
         ctx.emit("enriched", Some(key), &enriched);
         Ok(())

@@ -21,7 +21,7 @@ impl Processor for Sessions {
     ) -> Result<(), ProcessError> {
         let key = record.key().unwrap_or_default();
         let store = ctx.store("open")?;
-        let count = store.get(key).map_or(0, |v| v[0]) + 1;
+        let count = store.get(key)?.map_or(0, |v| v[0]) + 1;
         if count == 3 {
             store.delete(key);
             ctx.emit("sessions", Some(key), b"closed");
@@ -30,7 +30,7 @@ impl Processor for Sessions {
         }
         let total = ctx.store("totals")?;
         let seen =
-            total.get(b"all").map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
+            total.get(b"all")?.map_or(0, |v| u64::from_le_bytes((*v).try_into().unwrap())) + 1;
         total.put(b"all", &seen.to_le_bytes());
         ctx.emit("audit", None, &seen.to_le_bytes());
         Ok(())

@@ -16,7 +16,9 @@
 
 use anyhow::bail;
 use chronik::processor::{Context, ProcessError, Processor, ProcessorConfig, Runner, StoreKind};
-use chronik::{Chronik, Durability, Offset, Options, Record, RecordView, TopicConfig};
+use chronik::{
+    Chronik, Durability, HistogramSnapshot, Offset, Options, Record, RecordView, TopicConfig,
+};
 use clap::{Parser, Subcommand};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -73,7 +75,7 @@ impl Processor for Counter {
         FIRST_RECORD.get_or_init(|| STARTED.get().map_or(Duration::ZERO, Instant::elapsed));
         let key = record.key().unwrap_or_default();
         let counts = ctx.store("counts")?;
-        let count = counts.get(key).map_or(Ok(0), |v| {
+        let count = counts.get(key)?.map_or(Ok(0), |v| {
             <[u8; 8]>::try_from(&*v)
                 .map(u64::from_le_bytes)
                 .map_err(|_| ProcessError::new("a count is not 8 bytes"))
@@ -146,13 +148,20 @@ fn count(
     let ends: Vec<u64> = (0..PARTITIONS)
         .map(|p| chronik.high_watermark("clicks", p).map(Offset::get))
         .collect::<Result<_, _>>()?;
+    // The commit-latency histogram each time another million records were committed, so
+    // the latency of commits can be told apart as the store grows.
+    let mut marks: Vec<(u64, HistogramSnapshot)> = Vec::new();
     let stats = std::thread::scope(|scope| -> anyhow::Result<_> {
         let worker = scope.spawn(|| runner.run_until(&stop));
         loop {
-            let done = (0..PARTITIONS).all(|p| {
-                chronik.committed_offset(application, "clicks", p).map_or(0, Offset::get)
-                    >= ends[p as usize]
-            });
+            let committed: Vec<u64> = (0..PARTITIONS)
+                .map(|p| chronik.committed_offset(application, "clicks", p).map_or(0, Offset::get))
+                .collect();
+            let done = committed.iter().zip(&ends).all(|(c, end)| c >= end);
+            let total: u64 = committed.iter().sum();
+            if total >= (marks.len() as u64 + 1) * MARK_RECORDS {
+                marks.push((total, chronik.metrics().task_commit_latency));
+            }
             if done || worker.is_finished() {
                 break;
             }
@@ -162,6 +171,8 @@ fn count(
         worker.join().map_err(|_| anyhow::anyhow!("the processor panicked"))?.map_err(Into::into)
     })?;
     let seconds = started.elapsed().as_secs_f64();
+    // The peak while counting, before the check below reads every store through its cache.
+    let peak_rss_kib = chronik_benches::proc_status_kib("VmHWM");
     let mut entries = 0;
     for partition in 0..PARTITIONS {
         if let Some(store) = runner.store(partition, "counts") {
@@ -171,20 +182,65 @@ fn count(
     if let Some(store) = runner.stores().find(|s| s.check().is_err()) {
         bail!("a {} store failed a read", store.kind());
     }
+    let metrics = chronik.metrics();
+    let latency = commit_latency(&marks, &metrics.task_commit_latency);
     println!(
         "{{\"records\": {}, \"entries\": {entries}, \"open_seconds\": {}, \"ready_seconds\": {}, \
          \"first_record_seconds\": {}, \"process_seconds\": {seconds}, \"peak_rss_kib\": {}, \
-         \"restored\": {}, \"stores_opened\": {}, \"stores_rebuilt\": {}}}",
+         \"restored\": {}, \"stores_opened\": {}, \"stores_rebuilt\": {}, \"merges\": {}, \
+         \"stalls\": {}, {latency}}}",
         stats.records,
         opened.as_secs_f64(),
         ready.as_secs_f64(),
         FIRST_RECORD.get().map_or(-1.0, Duration::as_secs_f64),
-        chronik_benches::proc_status_kib("VmHWM"),
+        peak_rss_kib,
         stats.restored,
         stats.stores_opened,
         stats.stores_rebuilt,
+        metrics.store_merges,
+        metrics.store_stalls,
     );
     Ok(())
+}
+
+/// Records committed between two marks of the commit-latency histogram.
+const MARK_RECORDS: u64 = 1_000_000;
+
+/// The commits' latency in the second million records committed (the store at 1-2 M keys,
+/// or the first million if that is all) and in the last one or two, as JSON fields: the p50 and
+/// p99 of each (upper bounds within a factor of two: the histogram's buckets are powers of
+/// two), and the largest of all, exactly.
+fn commit_latency(marks: &[(u64, HistogramSnapshot)], all: &HistogramSnapshot) -> String {
+    let between = |from: Option<&HistogramSnapshot>, to: &HistogramSnapshot| {
+        let mut part = *to;
+        if let Some(from) = from {
+            for (bucket, before) in part.buckets.iter_mut().zip(from.buckets) {
+                *bucket -= before;
+            }
+            part.count -= from.count;
+        }
+        part
+    };
+    let early = match marks {
+        [first, second, ..] => between(Some(&first.1), &second.1),
+        [first] => between(None, &first.1),
+        [] => *all,
+    };
+    let late = match marks {
+        [.., before, _] => between(Some(&before.1), all),
+        _ => *all,
+    };
+    let field = |h: &HistogramSnapshot, q| h.quantile_upper_us(q).unwrap_or(0);
+    format!(
+        "\"commit_early_p50_us\": {}, \"commit_early_p99_us\": {}, \"commit_late_p50_us\": {}, \
+         \"commit_late_p99_us\": {}, \"commit_max_us\": {}, \"commits\": {}",
+        field(&early, 0.5),
+        field(&early, 0.99),
+        field(&late, 0.5),
+        field(&late, 0.99),
+        all.max_us,
+        all.count
+    )
 }
 
 fn main() -> anyhow::Result<()> {

@@ -467,6 +467,11 @@ impl<I: Io> Engine<I> {
         self.inner.context.clock.now_ms()
     }
 
+    /// Microseconds on the engine's clock that never goes back ([`crate::Clock::monotonic_us`]).
+    pub fn monotonic_us(&self) -> u64 {
+        self.inner.context.clock.monotonic_us()
+    }
+
     pub fn options(&self) -> Options {
         self.inner.options
     }

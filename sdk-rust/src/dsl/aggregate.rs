@@ -23,7 +23,7 @@ pub(crate) fn fold_keyed(
     let mut key = vec![KEYED];
     key.extend_from_slice(event.key());
     let store = ctx.store(&op.store)?;
-    let aggregate = op.aggregator.fold(store.get(&key).as_deref(), &event);
+    let aggregate = op.aggregator.fold(store.get(&key)?.as_deref(), &event);
     store.put(&key, &aggregate);
     Ok(Event { key: event.key, value: aggregate, timestamp: event.timestamp, window: None })
 }
@@ -76,7 +76,7 @@ fn fold_time(
             continue;
         }
         let key = window_key(window.end, event.key());
-        let aggregate = op.aggregator.fold(store.get(&key).as_deref(), &event);
+        let aggregate = op.aggregator.fold(store.get(&key)?.as_deref(), &event);
         store.put(&key, &aggregate);
         state.due(node, window.end.saturating_add(grace));
         updates.push(result(event.key(), aggregate, window));
@@ -110,9 +110,10 @@ fn fold_session(
     // before it. A closed one still in the store (its close not yet run) is left alone:
     // what an event does must not depend on when closing last ran.
     let mut merged: Vec<(i64, i64, Vec<u8>)> = Vec::new();
-    for (key, value) in store
+    for entry in store
         .range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Included(&prefix), Bound::Included(&high)))
     {
+        let (key, value) = entry?;
         let start = unsortable(&key[prefix.len()..]).ok_or_else(|| damaged(&op.store))?;
         let end = unsortable(&value).ok_or_else(|| damaged(&op.store))?;
         let open = folded || !session_closed(end, gap, grace, observed);
@@ -209,7 +210,7 @@ fn fold_sliding(
         } else {
             // A later event's window takes it in, as it came: one fold, not a recount.
             // (A window missing was closed when its event came, and is closed now.)
-            let Some(stored) = store.get(&stored_key) else { continue };
+            let Some(stored) = store.get(&stored_key)? else { continue };
             op.aggregator.fold(Some(&stored), &event)
         };
         store.put(&stored_key, &aggregate);
@@ -242,10 +243,11 @@ pub(crate) fn close(
     let mut next: Option<i64> = None;
     match windows.kind {
         Kind::Time { size, .. } | Kind::Sliding { size } => {
-            for (key, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
+            for entry in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
                 Bound::Included(&[WINDOWS]),
                 Bound::Excluded(&[WINDOWS + 1]),
             )) {
+                let (key, value) = entry?;
                 let end = unsortable(&key[1..]).ok_or_else(|| damaged(&op.store))?;
                 if !closed(end, grace, observed) {
                     next = Some(end.saturating_add(grace));
@@ -261,10 +263,11 @@ pub(crate) fn close(
             }
         }
         Kind::Session { gap } => {
-            for (key, _) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
+            for entry in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
                 Bound::Included(&[SESSION_ENDS]),
                 Bound::Excluded(&[SESSION_ENDS + 1]),
             )) {
+                let (key, _) = entry?;
                 let end = unsortable(&key[1..]).ok_or_else(|| damaged(&op.store))?;
                 let due = end.saturating_add(gap).saturating_add(grace).saturating_add(1);
                 if due > observed {
@@ -280,7 +283,7 @@ pub(crate) fn close(
                 // `value` holds the session's end until its aggregate replaces it.
                 let end = unsortable(value).ok_or_else(|| damaged(&op.store))?;
                 let session = session_key(key, window.start);
-                let stored = store.get(&session).ok_or_else(|| damaged(&op.store))?;
+                let stored = store.get(&session)?.ok_or_else(|| damaged(&op.store))?;
                 *value = stored.get(8..).ok_or_else(|| damaged(&op.store))?.to_vec();
                 if expire {
                     store.delete(&session);

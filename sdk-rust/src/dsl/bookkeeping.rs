@@ -35,7 +35,7 @@ impl Bookkeeping {
         if let Some(meta) = self.metas.get(&node) {
             return Ok(*meta);
         }
-        let meta = match ctx.store(store)?.get(META) {
+        let meta = match ctx.store(store)?.get(META)? {
             None => Meta::NEW,
             Some(bytes) => Meta::decode(&bytes).ok_or_else(|| {
                 ProcessError::new(format!("store {store}: its bookkeeping entry is not 24 bytes"))

@@ -16,7 +16,7 @@ pub(crate) fn with_table(
     mut event: Event,
     ctx: &mut Context<'_>,
 ) -> Result<Option<Event>, ProcessError> {
-    let row = ctx.store(store)?.get(event.key()).map(std::borrow::Cow::into_owned);
+    let row = ctx.store(store)?.get(event.key())?.map(std::borrow::Cow::into_owned);
     let Some(value) = joiner(&event, row.as_deref()) else { return Ok(None) };
     event.value = value;
     Ok(Some(event))

@@ -161,7 +161,9 @@ pub(crate) fn kept_between(
     high.extend_from_slice(&[0xff; 8]);
     let range = (Bound::Included(low.as_slice()), Bound::Included(high.as_slice()));
     let mut kept = Vec::new();
-    for (stored, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>(range) {
+    for entry in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>(range) {
+        // A failed read fails the call; the runner reports the store's own error first.
+        let (stored, value) = entry.map_err(|_| ())?;
         let rest = stored.get(prefix.len()..).ok_or(())?;
         let time = unsortable(rest).ok_or(())?;
         let sequence = rest.get(8..16).ok_or(())?;
@@ -184,10 +186,11 @@ pub(crate) fn expire_kept(
 ) -> Result<Expired, ()> {
     let mut expired = Vec::new();
     let mut next = None;
-    for (key, value) in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
+    for entry in store.range::<(Bound<&[u8]>, Bound<&[u8]>)>((
         Bound::Included(&[KEPT_TIMES]),
         Bound::Excluded(&[KEPT_TIMES + 1]),
     )) {
+        let (key, value) = entry.map_err(|_| ())?;
         let time = unsortable(key.get(1..).ok_or(())?).ok_or(())?;
         if time > limit {
             next = Some(time);
@@ -207,7 +210,7 @@ pub(crate) fn expire_kept(
         by_key.extend_from_slice(&by_time[1..9]);
         by_key.extend_from_slice(rest);
         if !matched && join.is_some_and(|kind| kind.keeps_unmatched(side)) {
-            let value = store.get(&by_key).ok_or(())?.into_owned();
+            let value = store.get(&by_key).map_err(|_| ())?.ok_or(())?.into_owned();
             // Under the key it was joined by, as pairs are (an event without one: the empty key).
             unmatched.push((side, Event::new(Some(key.to_vec()), value, time)));
         }

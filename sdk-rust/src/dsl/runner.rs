@@ -150,7 +150,7 @@ impl<I: Io> TopologyRunner<I> {
     /// Run every stage on the calling thread until all have processed their input (a later
     /// stage's input grows as an earlier one runs), committing. Deterministic.
     pub fn run_until_caught_up(&mut self) -> Result<RunStats, ProcessorError> {
-        let late = self.late_records();
+        let late = self.late_records()?;
         let mut total = RunStats::default();
         loop {
             let mut pass = RunStats::default();
@@ -160,7 +160,7 @@ impl<I: Io> TopologyRunner<I> {
             }
             total.add(pass);
             if pass.records == 0 {
-                total.late_records = self.late_records().saturating_sub(late);
+                total.late_records = self.late_records()?.saturating_sub(late);
                 return Ok(total);
             }
         }
@@ -169,7 +169,7 @@ impl<I: Io> TopologyRunner<I> {
     /// Run every stage (each on its configuration's threads) until `stop` is set, or until a
     /// stage fails (the others then stop too); then close and commit.
     pub fn run_until(&mut self, stop: &AtomicBool) -> Result<RunStats, ProcessorError> {
-        let late = self.late_records();
+        let late = self.late_records()?;
         // Set when `stop` is, or when a stage fails.
         let halt = AtomicBool::new(false);
         let running = AtomicUsize::new(self.runners.len());
@@ -217,7 +217,7 @@ impl<I: Io> TopologyRunner<I> {
         }
         purged?;
         purge(&self.engine, &self.application, &self.repartitions)?;
-        total.late_records = self.late_records().saturating_sub(late);
+        total.late_records = self.late_records()?.saturating_sub(late);
         Ok(total)
     }
 
@@ -247,8 +247,9 @@ impl<I: Io> TopologyRunner<I> {
     }
 
     /// Late events (their windows closed, or too late for a join) over every windowed
-    /// operator and partition, as of the last commit: exact, whatever crashes came between.
-    pub fn late_records(&self) -> u64 {
+    /// operator and partition, as of the last commit: exact, whatever crashes came between
+    /// (a disk store's read that fails is its error).
+    pub fn late_records(&self) -> Result<u64, ProcessorError> {
         let mut late = 0;
         for node in &self.plan.nodes {
             let windowed = match &node.op {
@@ -257,15 +258,21 @@ impl<I: Io> TopologyRunner<I> {
                 _ => false,
             };
             let Some(name) = store_of(&node.op).filter(|_| windowed) else { continue };
-            for (store_name, _, store) in self.stores() {
-                if store_name == name
-                    && let Some(meta) = store.get(META).and_then(|bytes| Meta::decode(&bytes))
-                {
+            for (store_name, partition, store) in self.stores() {
+                if store_name != name {
+                    continue;
+                }
+                let stored = store.get(META).map_err(|source| ProcessorError::Store {
+                    store: store_name.to_owned(),
+                    partition,
+                    source,
+                })?;
+                if let Some(meta) = stored.and_then(|bytes| Meta::decode(&bytes)) {
                     late += meta.late;
                 }
             }
         }
-        late
+        Ok(late)
     }
 }
 

@@ -231,6 +231,9 @@ fn restore_disk<L: TaskLog + ?Sized>(
     let files = Files { io: Arc::clone(state_dir.io()), directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
     let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
+    if let Some(metrics) = engine.metrics() {
+        Metrics::add(&metrics.store_unnamed_removed, disk.unnamed_removed());
+    }
     if rebuilt.is_none() && !disk.manifest_found() && end > Offset::ZERO {
         // Not a first start: the changelog has records but the store has no files (its
         // directory was removed, or it was condemned after damage, or it never flushed).

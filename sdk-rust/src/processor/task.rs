@@ -16,6 +16,7 @@ use super::task_log::TaskLog;
 use crate::store::Store;
 use crate::{GroupCommit, Header, Offset, Record, RecordView, TopicError, TransactionWrite};
 use chronik_engine::canary::{self, Canary};
+use chronik_engine::metrics::Metrics;
 use std::collections::BTreeMap;
 
 /// Bytes of input one step reads.
@@ -140,11 +141,18 @@ impl<P: Processor> Task<P> {
                 continue;
             }
             let end = engine.high_watermark(&config.changelog(name), self.partition)?;
-            disk.flush(end).map_err(|source| ProcessorError::Store {
+            let before = disk.merges();
+            let flushed = disk.flush(end).map_err(|source| ProcessorError::Store {
                 store: name.clone(),
                 partition: self.partition,
                 source,
-            })?;
+            });
+            if let Some(metrics) = engine.metrics() {
+                let after = disk.merges();
+                Metrics::add(&metrics.store_merges, after.installed - before.installed);
+                Metrics::add(&metrics.store_stalls, after.stalls - before.stalls);
+            }
+            flushed?;
         }
         Ok(())
     }
@@ -373,6 +381,7 @@ impl<P: Processor> Task<P> {
         if self.pending_bytes() == 0 && self.positions == self.committed_positions {
             return Ok(());
         }
+        let started = engine.monotonic_us();
         if canary::active(Canary::SnapshotAheadOfChangelog) {
             self.snapshot(engine, config);
         }
@@ -458,6 +467,11 @@ impl<P: Processor> Task<P> {
         self.uncommitted_records = 0;
         self.last_commit_ms = engine.now_ms();
         self.flush_stores(engine, config, false)?;
+        if let (Some(started), Some(now), Some(metrics)) =
+            (started, engine.monotonic_us(), engine.metrics())
+        {
+            metrics.task_commit_latency.record(now.saturating_sub(started));
+        }
         self.commits_since_snapshot += 1;
         if config.snapshot_every_commits.is_some_and(|n| self.commits_since_snapshot >= n) {
             self.snapshot(engine, config);

@@ -42,6 +42,10 @@ pub(crate) trait TaskLog {
     fn metrics(&self) -> Option<&Metrics> {
         None
     }
+    /// Microseconds on a clock that never goes back, for latencies (`None`: none are kept).
+    fn monotonic_us(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<I: Io> TaskLog for Engine<I> {
@@ -83,5 +87,9 @@ impl<I: Io> TaskLog for Engine<I> {
 
     fn metrics(&self) -> Option<&Metrics> {
         Some(self.metrics_registry())
+    }
+
+    fn monotonic_us(&self) -> Option<u64> {
+        Some(Engine::monotonic_us(self))
     }
 }

@@ -125,6 +125,8 @@ pub struct DiskStore {
     /// flush, and is installed (named by the manifest in place of its inputs) at the flush
     /// that finishes it.
     jobs: Vec<MergeJob>,
+    /// Bytes of the last level-0 run written (the rate merges must keep up with).
+    flushed_bytes: u64,
     /// Merges installed, and flushes that waited for a merge to finish (backpressure).
     merges_installed: u64,
     stalls: u64,
@@ -139,6 +141,8 @@ pub struct DiskStore {
     /// Whether the open found a manifest: without one the store starts empty, which is a
     /// first start only if its changelog is empty too.
     manifest_found: bool,
+    /// Files the open removed because no manifest named them.
+    unnamed_removed: u64,
     /// The first error a read through `&self` met (a damaged block, a failed read): the
     /// task fails before its next commit, so nothing read wrong is ever committed.
     failure: Mutex<Option<StoreError>>,
@@ -180,6 +184,7 @@ impl DiskStore {
             memtable_bytes: 0,
             runs: Vec::new(),
             jobs: Vec::new(),
+            flushed_bytes: memtable_bytes(options) as u64,
             merges_installed: 0,
             stalls: 0,
             cache: Mutex::new(cache),
@@ -188,6 +193,7 @@ impl DiskStore {
             next_id: 0,
             condemned: std::sync::atomic::AtomicBool::new(false),
             manifest_found: false,
+            unnamed_removed: 0,
             failure: Mutex::new(None),
         };
         let reason = match store.load() {
@@ -198,7 +204,7 @@ impl DiskStore {
         if reason.is_some() {
             store.wipe()?;
         }
-        store.remove_unnamed()?;
+        store.unnamed_removed = store.remove_unnamed()?;
         // Pair with `write_manifest`: what the manifest named holds again once loaded.
         assert!(store.runs.iter().all(|r| r.meta.id < store.next_id), "run ids below next id");
         assert!(store.levels_ordered(), "levels never decrease from newest to oldest");
@@ -264,33 +270,45 @@ impl DiskStore {
     }
 
     /// Remove the files no manifest names: runs a crash left half built or merged away.
-    fn remove_unnamed(&self) -> Result<(), StoreError> {
+    fn remove_unnamed(&self) -> Result<u64, StoreError> {
         let named: Vec<u64> = self.runs.iter().map(|r| r.meta.id).collect();
         assert!(
             named.iter().enumerate().all(|(i, id)| !named[..i].contains(id)),
             "a run is named once"
         );
-        let mut removed = false;
+        let mut removed = 0;
         for name in self.files.list()? {
             let keep = name == MANIFEST
                 || run::parse_run_name(&name).is_some_and(|id| named.contains(&id));
             if !keep {
                 assert_ne!(name, MANIFEST, "the manifest is never removed as unnamed");
                 self.files.remove_if_present(&self.files.path(&name))?;
-                removed = true;
+                removed += 1;
             }
         }
-        if removed {
+        if removed > 0 {
             self.files.sync()?;
         }
-        Ok(())
+        Ok(removed)
     }
 
-    /// Make the next open rebuild this store (after damage was found).
+    /// Files the open removed because no manifest named them (a crash's half-built runs).
+    pub fn unnamed_removed(&self) -> u64 {
+        self.unnamed_removed
+    }
+
+    /// Make the next open rebuild this store (after damage was found): no flush writes a
+    /// manifest again, and the manifest is removed. If the removal fails (an I/O error, said
+    /// in the log), the next open trusts the store until a read meets the damage again, which
+    /// condemns it again: nothing wrong is ever read as right.
     pub fn condemn(&self) {
-        self.condemned.store(true, std::sync::atomic::Ordering::Relaxed);
-        let _ = self.files.remove_if_present(&self.files.path(MANIFEST));
-        let _ = self.files.sync();
+        if self.condemned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let removed = self.files.remove_if_present(&self.files.path(MANIFEST));
+        if let Err(error) = removed.and_then(|()| self.files.sync()) {
+            tracing::warn!(%error, "a damaged disk store's manifest could not be removed");
+        }
     }
 
     pub fn offset(&self) -> Offset {
@@ -352,12 +370,19 @@ impl DiskStore {
         self.failure.lock().ok()?.take()
     }
 
-    fn fail(&self, error: StoreError) {
+    /// A read met `error`: condemn the store if it is damage, remember the first such error
+    /// (so a task fails before its next commit even if the caller dropped it), and hand it
+    /// back to the caller.
+    fn fail(&self, error: StoreError) -> StoreError {
         // Only an open finds a store unavailable; a read fails with damage or I/O.
         assert!(!matches!(error, StoreError::Unavailable(_)), "a read fails by damage or I/O");
-        if let Ok(mut failure) = self.failure.lock() {
-            failure.get_or_insert(error);
+        if matches!(error, StoreError::Damaged(_)) {
+            self.condemn();
         }
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert_with(|| error.copy());
+        }
+        error
     }
 
     fn cached_block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
@@ -390,16 +415,13 @@ impl DiskStore {
         Ok(None)
     }
 
-    /// `key`'s value; a read that fails is remembered ([`DiskStore::take_failure`]) and
-    /// answers `None`.
-    pub fn get(&self, key: &[u8]) -> Found<'_> {
+    /// `key`'s value; a read that fails is its error, also remembered
+    /// ([`DiskStore::take_failure`]).
+    pub fn get(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
         if let Some(value) = self.memtable.get(key) {
-            return value.as_deref().map(Cow::Borrowed);
+            return Ok(value.as_deref().map(Cow::Borrowed));
         }
-        self.lookup_runs(key).unwrap_or_else(|error| {
-            self.fail(error);
-            None
-        })
+        self.lookup_runs(key).map_err(|error| self.fail(error))
     }
 
     /// Set `key`'s change in the memtable: a blind write, which reads no run.
@@ -504,9 +526,13 @@ impl DiskStore {
             let named: Vec<RunMeta> = self.runs.iter().map(|r| r.meta).collect();
             self.write_manifest(offset, &named)?;
         }
-        // Each merge under way takes a slice: twice the memtable's share of input bytes, so a
-        // merge of level k's runs ends well before the next one of level k is due.
-        let slice = 2 * memtable_bytes(self.options) as u64;
+        // Each merge under way takes a slice of twice the bytes a flush writes: a merge of
+        // level k's runs (FANOUT^(k+1) flushes' worth) then ends in half the flushes until
+        // the next one of level k is due.
+        if let Some(run) = &fresh {
+            self.flushed_bytes = run.meta.bytes;
+        }
+        let slice = 2 * self.flushed_bytes.max(run::BLOCK_BYTES as u64);
         let finished = self.step_jobs(slice)?;
         self.publish(offset, fresh, finished)?;
         self.memtable.clear();
@@ -700,7 +726,7 @@ impl Blocks for DiskStore {
 }
 
 /// A merged range over the memtable and runs; iterating yields live entries. A read that
-/// fails ends it, remembered in the store ([`DiskStore::take_failure`]).
+/// fails is its last item, also remembered in the store ([`DiskStore::take_failure`]).
 pub struct DiskRange<'a> {
     store: &'a DiskStore,
     memtable: std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
@@ -716,23 +742,22 @@ impl std::fmt::Debug for DiskRange<'_> {
 }
 
 impl<'a> DiskRange<'a> {
-    fn failed(&mut self, error: StoreError) -> Option<Entry<'a>> {
-        self.store.fail(error);
+    fn failed(&mut self, error: StoreError) -> Result<Entry<'a>, StoreError> {
         self.done = true;
-        None
+        Err(self.store.fail(error))
     }
 }
 
 type Entry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
 impl<'a> Iterator for DiskRange<'a> {
-    type Item = Entry<'a>;
+    type Item = Result<Entry<'a>, StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.done {
             let run = match self.runs.peek(self.store) {
                 Ok(entry) => entry,
-                Err(error) => return self.failed(error),
+                Err(error) => return Some(self.failed(error)),
             };
             // The memtable is newer than every run: it wins a key they share.
             let from_memtable = match (self.memtable.peek(), run) {
@@ -752,14 +777,14 @@ impl<'a> Iterator for DiskRange<'a> {
                 if let Some(shadows) = from_memtable {
                     let (key, value) = self.memtable.next().expect("peeked");
                     if shadows && let Err(error) = self.runs.advance(self.store) {
-                        return self.failed(error);
+                        return Some(self.failed(error));
                     }
                     (Cow::Borrowed(key.as_slice()), value.as_deref().map(Cow::Borrowed))
                 } else {
                     let (key, value) = run.expect("a run has the smallest key");
                     let owned = (key.to_vec(), value.map(<[u8]>::to_vec));
                     if let Err(error) = self.runs.advance(self.store) {
-                        return self.failed(error);
+                        return Some(self.failed(error));
                     }
                     (Cow::Owned(owned.0), owned.1.map(Cow::Owned))
                 };
@@ -773,7 +798,7 @@ impl<'a> Iterator for DiskRange<'a> {
                 return None;
             }
             if let Some(value) = value {
-                return Some((key, value));
+                return Some(Ok((key, value)));
             }
         }
         None

@@ -46,6 +46,7 @@ impl std::fmt::Display for Damage {
 
 /// A disk store's failure.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("{operation} {}: {source}", path.display())]
     Io { operation: &'static str, path: PathBuf, source: std::io::Error },
@@ -53,6 +54,22 @@ pub enum StoreError {
     Damaged(Damage),
     #[error("disk stores need the embedded engine's data directory: {0}")]
     Unavailable(String),
+}
+
+impl StoreError {
+    /// The same failure again (an I/O error's kind and message; `std::io::Error` is not
+    /// `Clone`): one for the caller, one remembered for the task.
+    pub(crate) fn copy(&self) -> StoreError {
+        match self {
+            StoreError::Io { operation, path, source } => StoreError::Io {
+                operation,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StoreError::Damaged(damage) => StoreError::Damaged(damage.clone()),
+            StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
+        }
+    }
 }
 
 impl From<chronik_engine::IoError> for StoreError {

@@ -29,6 +29,14 @@ pub use files::{Damage, DiskOptions, StoreError};
 pub(crate) use files::{Files, bounds_ordered, canary_trusts_damage, is_empty_range};
 pub use typed::Typed;
 
+/// A processor's `store.get(key)?`: the store's failure as the processor's error. (The runner
+/// reports the store's own, typed failure, remembered by the store, ahead of it.)
+impl From<StoreError> for crate::processor::ProcessError {
+    fn from(error: StoreError) -> crate::processor::ProcessError {
+        crate::processor::ProcessError::new(error.to_string())
+    }
+}
+
 /// The first byte of a changelog value that holds a stored value.
 pub(crate) const CHANGELOG_PUT: u8 = 1;
 
@@ -89,17 +97,17 @@ impl<'a> IntoIterator for &'a Store {
     }
 }
 
-/// A store's entries in key order, each read checked ([`Store::iter`]): a disk read that
-/// fails ends the iteration with its error, never quietly early.
+/// A store's entries in key order ([`Store::range`], [`Store::iter`]), each read checked:
+/// a disk read that fails is the last item, an `Err`, never a quiet early end.
 pub struct Entries<'a> {
-    store: &'a Store,
-    /// `None` once the error (or the end) was handed out.
-    inner: Option<Box<dyn Iterator<Item = Entry<'a>> + 'a>>,
+    kind: &'static str,
+    /// `None` once an error was handed out.
+    inner: Option<Box<dyn Iterator<Item = Result<Entry<'a>, StoreError>> + 'a>>,
 }
 
 impl std::fmt::Debug for Entries<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Entries").field("kind", &self.store.kind()).finish_non_exhaustive()
+        f.debug_struct("Entries").field("kind", &self.kind).finish_non_exhaustive()
     }
 }
 
@@ -107,18 +115,13 @@ impl<'a> Iterator for Entries<'a> {
     type Item = Result<Entry<'a>, StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let inner = self.inner.as_mut()?;
-        if let Some(entry) = inner.next() {
-            return Some(Ok(entry));
+        let item = self.inner.as_mut()?.next();
+        if matches!(item, Some(Err(_))) {
+            // A memory store's reads never fail; after a failure nothing more is read.
+            assert_eq!(self.kind, "disk", "only a disk store's read fails");
+            self.inner = None;
         }
-        // The merge ends early when a read fails; that failure is remembered, not lost.
-        self.inner = None;
-        let failure = self.store.check().err();
-        assert!(
-            failure.is_none() || self.store.disk.is_some(),
-            "a memory store's read never fails"
-        );
-        failure.map(Err)
+        item
     }
 }
 
@@ -182,22 +185,15 @@ impl Store {
     }
 
     /// Whether every read of this disk store since the last check went well. A read that
-    /// failed (a damaged block, a failed read) answered `None`, or ended an iteration early;
-    /// inside a task the runner checks after every call and fails the task, but a caller
-    /// reading a store outside a task ([`crate::processor::Runner::store`]) checks here. A
-    /// damaged store is condemned: the next runner rebuilds it from the changelog.
+    /// fails returns its error (from [`Store::get`], [`Store::contains_key`], or as the last
+    /// item of [`Store::range`] and [`Store::iter`]) and is also remembered here, so a caller
+    /// that dropped it is still told: inside a task the runner checks after every call and
+    /// fails the task, so nothing read wrong is committed. A damaged store is condemned at
+    /// once: the next runner rebuilds it from the changelog.
     pub fn check(&self) -> Result<(), StoreError> {
         let Some(disk) = &self.disk else { return Ok(()) };
         assert!(self.data.is_empty(), "a disk store keeps no map");
-        match disk.take_failure() {
-            None => Ok(()),
-            Some(error) => {
-                if matches!(error, StoreError::Damaged(_)) {
-                    disk.condemn();
-                }
-                Err(error)
-            }
-        }
+        disk.take_failure().map_or(Ok(()), Err)
     }
 
     /// Which kind of store this is.
@@ -205,14 +201,13 @@ impl Store {
         if self.disk.is_some() { "disk" } else { "memory" }
     }
 
-    /// `key`'s value: borrowed from memory, or read from disk. (A disk read that fails
-    /// answers `None` and fails the task before its next commit, so nothing is committed
-    /// from it.)
-    pub fn get(&self, key: &[u8]) -> Option<Cow<'_, [u8]>> {
+    /// `key`'s value: borrowed from memory, or read from disk. A disk read that fails is
+    /// an error, never `None` ([`StoreError::Damaged`] for damage; see [`Store::check`]).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
         debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
             Some(disk) => disk.get(key),
-            None => self.data.get(key).map(|v| Cow::Borrowed(v.as_slice())),
+            None => Ok(self.data.get(key).map(|v| Cow::Borrowed(v.as_slice()))),
         }
     }
 
@@ -221,11 +216,12 @@ impl Store {
         Typed::new(self)
     }
 
-    pub fn contains_key(&self, key: &[u8]) -> bool {
+    /// Whether `key` has a value (a disk read that fails is an error, as in [`Store::get`]).
+    pub fn contains_key(&self, key: &[u8]) -> Result<bool, StoreError> {
         debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {
-            Some(disk) => disk.get(key).is_some(),
-            None => self.data.contains_key(key),
+            Some(disk) => disk.get(key).map(|value| value.is_some()),
+            None => Ok(self.data.contains_key(key)),
         }
     }
 
@@ -247,7 +243,7 @@ impl Store {
         self.mark(key, Some(value));
         // Pair (per record, so debug only): a put reads back at once, from memory either way
         // (a disk store's memtable holds it), and is recorded for the commit.
-        debug_assert!(self.get(key).as_deref() == Some(value), "a put reads back");
+        debug_assert!(self.get(key).ok().flatten().as_deref() == Some(value), "a put reads back");
         debug_assert!(
             self.dirty.get(key).is_some_and(|v| v.first() == Some(&CHANGELOG_PUT)),
             "a put is recorded as a put"
@@ -329,49 +325,44 @@ impl Store {
         self.dirty_bytes = 0;
     }
 
-    /// Entries with keys in `range`, in key order. Unchecked, for a processor's calls (the
-    /// runner checks the store after each and fails the task on a failed read): outside a
-    /// task, call [`Store::check`] after, or use [`Store::iter`].
-    pub fn range<'a, R: RangeBounds<[u8]>>(
-        &'a self,
-        range: R,
-    ) -> Box<dyn Iterator<Item = Entry<'a>> + 'a> {
+    /// Entries with keys in `range`, in key order. A disk read that fails ends the entries
+    /// with its error ([`StoreError::Damaged`] for damage, which also condemns the store so
+    /// the next runner rebuilds it): never part of the range as if it were all of it.
+    pub fn range<'a, R: RangeBounds<[u8]>>(&'a self, range: R) -> Entries<'a> {
+        let kind = self.kind();
         if is_empty_range(range.start_bound(), range.end_bound()) {
             // BTreeMap::range panics on a range that ends before it starts.
-            return Box::new(std::iter::empty());
+            return Entries { kind, inner: Some(Box::new(std::iter::empty())) };
         }
         assert!(bounds_ordered(range.start_bound(), range.end_bound()), "range bounds in order");
-        match &self.disk {
+        let inner: Box<dyn Iterator<Item = Result<Entry<'a>, StoreError>> + 'a> = match &self.disk {
             Some(disk) if cfg!(debug_assertions) => {
                 // Pair with the run writer's order check: entries read back come in strictly
                 // increasing key order (debug only: it copies every key).
                 let mut last: Option<Vec<u8>> = None;
-                Box::new(disk.range(range.start_bound(), range.end_bound()).inspect(
-                    move |(key, _)| {
+                Box::new(disk.range(range.start_bound(), range.end_bound()).inspect(move |entry| {
+                    if let Ok((key, _)) = entry {
                         debug_assert!(
                             last.as_deref().is_none_or(|l| l < &**key) || canary_trusts_damage(),
                             "a range yields keys in strictly increasing order"
                         );
                         last = Some(key.to_vec());
-                    },
-                ))
+                    }
+                }))
             }
             Some(disk) => Box::new(disk.range(range.start_bound(), range.end_bound())),
             None => Box::new(
                 self.data
                     .range::<[u8], _>((range.start_bound(), range.end_bound()))
-                    .map(|(k, v)| (Cow::Borrowed(k.as_slice()), Cow::Borrowed(v.as_slice()))),
+                    .map(|(k, v)| Ok((Cow::Borrowed(k.as_slice()), Cow::Borrowed(v.as_slice())))),
             ),
-        }
+        };
+        Entries { kind, inner: Some(inner) }
     }
 
-    /// Every entry, in key order. A disk read that fails (a damaged block) ends the
-    /// iteration with `Err` ([`StoreError::Damaged`] for damage, which also condemns the store
-    /// so the next runner rebuilds it): a store read outside a task never returns part of
-    /// itself as if it were all of it.
+    /// Every entry, in key order; see [`Store::range`].
     pub fn iter(&self) -> Entries<'_> {
-        let all = self.range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Unbounded, Bound::Unbounded));
-        Entries { store: self, inner: Some(all) }
+        self.range::<(Bound<&[u8]>, Bound<&[u8]>)>((Bound::Unbounded, Bound::Unbounded))
     }
 
     /// The number of keys, in O(1) and without reading: exact for a memory store; for a disk

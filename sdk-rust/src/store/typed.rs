@@ -35,7 +35,7 @@ where
         // Per call, so debug only: JSON text is never empty, so no typed key is the empty key
         // (which untyped access may use).
         debug_assert!(!key.is_empty(), "a typed key encodes to JSON text");
-        self.store.get(&key).map(|v| decode(&v)).transpose()
+        self.store.get(&key)?.map(|v| decode(&v)).transpose()
     }
 
     pub fn put(&mut self, key: &K, value: &V) -> Result<(), ProcessError> {

@@ -40,7 +40,7 @@ pub enum CountEncoding {
 /// let mut runner = Runner::new(chronik.engine(), config, move |_| counter.clone()).unwrap();
 /// runner.run_until_caught_up().unwrap();
 ///
-/// let ann = runner.store(0, "counts").unwrap().get(b"ann").unwrap();
+/// let ann = runner.store(0, "counts").unwrap().get(b"ann").unwrap().unwrap();
 /// assert_eq!(u64::from_le_bytes((*ann).try_into().unwrap()), 2);
 /// let totals: Vec<_> = chronik.consumer("totals", 0).map(|r| r.unwrap().value).collect();
 /// assert_eq!(totals, [b"1".to_vec(), b"1".to_vec(), b"2".to_vec()]);
@@ -113,7 +113,7 @@ impl Processor for CountByKey {
         }
         let key = record.key().unwrap_or_default();
         let store = ctx.store(&self.store)?;
-        let count = match store.get(key) {
+        let count = match store.get(key)? {
             None => 0,
             Some(value) => <[u8; 8]>::try_from(&*value).map(u64::from_le_bytes).map_err(|_| {
                 ProcessError::new(format!("a count in store {:?} is not 8 bytes", self.store))

@@ -160,6 +160,9 @@ struct Measure {
     /// A scenario measured in time (a restart): its seconds, and those of its restore alone.
     seconds: Option<f64>,
     restore_seconds: Option<f64>,
+    /// A disk-store count: commit p99 early over late, and the largest commit over the p50.
+    commit_p99_flat: Option<f64>,
+    commit_max_over_p50: Option<f64>,
 }
 
 impl Measure {
@@ -174,6 +177,8 @@ impl Measure {
             note: None,
             seconds: None,
             restore_seconds: None,
+            commit_p99_flat: None,
+            commit_max_over_p50: None,
         }
     }
 
@@ -187,6 +192,8 @@ impl Measure {
             note: None,
             seconds: None,
             restore_seconds: None,
+            commit_p99_flat: None,
+            commit_max_over_p50: None,
         }
     }
 }
@@ -589,7 +596,7 @@ impl chronik::processor::Processor for BenchCounter {
     ) -> Result<(), chronik::processor::ProcessError> {
         let key = record.key().unwrap_or_default();
         let counts = ctx.store("counts")?;
-        let count = counts.get(key).map_or(0, |v| v.first().copied().unwrap_or(0)).wrapping_add(1);
+        let count = counts.get(key)?.map_or(0, |v| v.first().copied().unwrap_or(0)).wrapping_add(1);
         counts.put(key, &[count]);
         Ok(())
     }

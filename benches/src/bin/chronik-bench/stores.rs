@@ -33,6 +33,15 @@ struct Counted {
     process_seconds: f64,
     peak_rss_mib: f64,
     restored: u64,
+    /// Commit latency (us): p99 with the store at 1-2 M keys and at its last 1-2 M, the
+    /// whole run's p50 and max; merges installed and flushes that waited for one.
+    commit_early_p99: u64,
+    commit_late_p50: u64,
+    commit_late_p99: u64,
+    commit_max: u64,
+    commits: u64,
+    merges: u64,
+    stalls: u64,
 }
 
 fn work(args: &[&str]) -> anyhow::Result<Option<Counted>> {
@@ -63,6 +72,13 @@ fn work(args: &[&str]) -> anyhow::Result<Option<Counted>> {
         process_seconds: number("process_seconds"),
         peak_rss_mib: number("peak_rss_kib") / 1024.0,
         restored: whole("restored"),
+        commit_early_p99: whole("commit_early_p99_us"),
+        commit_late_p50: whole("commit_late_p50_us"),
+        commit_late_p99: whole("commit_late_p99_us"),
+        commit_max: whole("commit_max_us"),
+        commits: whole("commits"),
+        merges: whole("merges"),
+        stalls: whole("stalls"),
     }))
 }
 
@@ -90,7 +106,27 @@ pub fn stores(dir: &Path, keys: u64) -> anyhow::Result<Vec<Measure>> {
         let elapsed = Duration::from_secs_f64(counted.process_seconds);
         let mut measure =
             Measure::new(&count_scenario(kind, keys), SYSTEM, keys, keys * 100, elapsed);
-        measure.note = Some(format!("peak RSS {:.0} MiB", counted.peak_rss_mib));
+        let ms = |us: u64| us as f64 / 1000.0;
+        measure.note = Some(format!(
+            "peak RSS {:.0} MiB; {} commits, p99 at 1-2 M keys <= {:.1} ms, at the last 1-2 M \
+             p50 <= {:.1} ms, p99 <= {:.1} ms (histogram bounds, within 2x), max {:.1} ms; {} \
+             merges, {} stalls",
+            counted.peak_rss_mib,
+            counted.commits,
+            ms(counted.commit_early_p99),
+            ms(counted.commit_late_p50),
+            ms(counted.commit_late_p99),
+            ms(counted.commit_max),
+            counted.merges,
+            counted.stalls
+        ));
+        if kind == "disk" {
+            let latency = |us: u64| Some(us as f64).filter(|&us| us > 0.0);
+            measure.commit_p99_flat =
+                divide(latency(counted.commit_early_p99), latency(counted.commit_late_p99));
+            measure.commit_max_over_p50 =
+                divide(latency(counted.commit_max), latency(counted.commit_late_p50));
+        }
         out.push(measure);
         super::settle();
     }
@@ -143,7 +179,7 @@ pub fn store_ratios(measures: &[Measure]) -> Vec<Ratio> {
     let rate = |kind| counted(kind).and_then(|m| m.records_per_second);
     let rss = counted("disk")
         .and_then(|m| m.note.as_deref())
-        .and_then(|n| n.strip_prefix("peak RSS ")?.strip_suffix(" MiB")?.parse::<f64>().ok());
+        .and_then(|n| n.strip_prefix("peak RSS ")?.split(" MiB").next()?.parse::<f64>().ok());
     let restart = |kind, whole: bool| {
         find(measures, &restart_scenario(kind), SYSTEM)
             .and_then(|m| if whole { m.seconds } else { m.restore_seconds })
@@ -152,7 +188,20 @@ pub fn store_ratios(measures: &[Measure]) -> Vec<Ratio> {
         Ratio {
             what: "disk store over memory store, counting distinct keys".into(),
             value: divide(rate("disk"), rate("memory")),
+            target: Some(0.9),
+            unit: "x",
+        },
+        Ratio {
+            what: "disk store commit p99 with 1-2 M keys over p99 with the last 1-2 M (flat: 1)"
+                .into(),
+            value: counted("disk").and_then(|m| m.commit_p99_flat),
             target: Some(0.5),
+            unit: "x",
+        },
+        Ratio {
+            what: "disk store largest commit over the p50 at the last 1-2 M keys".into(),
+            value: counted("disk").and_then(|m| m.commit_max_over_p50),
+            target: None,
             unit: "x",
         },
         Ratio {
