@@ -1,8 +1,9 @@
-//! Disk stores merge in slices of later flushes, so the simulator's power cuts land inside
-//! merges under way: over a few hundred seeds of a counting processor on disk stores with
-//! tiny caches, merges are installed and half-built merge outputs (files no manifest named)
-//! are found and removed at a later open, while every seed's state and outputs still equal
-//! the fault-free run's.
+//! Disk stores merge in slices of later flushes, so the simulator's power cuts land while
+//! merges are under way: over a few hundred seeds of a counting processor on disk stores with
+//! tiny caches, merges are installed and half-built runs (flushed runs and merge outputs no
+//! manifest named yet) are found and removed at a later open, while every seed's state and
+//! outputs still equal the fault-free run's. (`store::tests` shows, on the store alone, cuts
+//! that land in flushes with merges under way.)
 
 use chronik::processor::{ProcessorConfig, StoreKind};
 use chronik::testing::{CountByKey, InputRecord, Simulation};
@@ -28,5 +29,5 @@ fn crashes_land_inside_disk_store_merges_and_the_state_stays_exact() {
     eprintln!("{report:?}");
     assert!(report.crashes > 100, "{report:?}");
     assert!(report.store_merges > 1000, "merges ran: {report:?}");
-    assert!(report.store_files_removed > 10, "crashes cut merges short: {report:?}");
+    assert!(report.store_files_removed > 10, "crashes cut runs short: {report:?}");
 }

@@ -107,8 +107,8 @@ impl BlockCache {
 pub struct DiskMerges {
     /// Merges finished and named by the manifest in place of their inputs.
     pub installed: u64,
-    /// Flushes that waited for a merge to finish, because a level held
-    /// `LEVEL_RUNS_MAX` runs (the merges fell behind the flushes).
+    /// Merges a flush finished before it returned, because their level held
+    /// `LEVEL_RUNS_MAX` runs (the merges fell behind the flushes): the commit waited.
     pub stalls: u64,
 }
 
@@ -529,15 +529,14 @@ impl DiskStore {
         // Each merge under way takes a slice of twice the bytes a flush writes: a merge of
         // level k's runs (FANOUT^(k+1) flushes' worth) then ends in half the flushes until
         // the next one of level k is due.
+        // The last run's size, or half the one before (a small flush, one forced at a close
+        // say, does not starve the merges at once).
         if let Some(run) = &fresh {
-            self.flushed_bytes = run.meta.bytes;
+            self.flushed_bytes = run.meta.bytes.max(self.flushed_bytes / 2);
         }
         let slice = 2 * self.flushed_bytes.max(run::BLOCK_BYTES as u64);
         let finished = self.step_jobs(slice)?;
         self.publish(offset, fresh, finished)?;
-        self.memtable.clear();
-        self.memtable_bytes = 0;
-        self.memtable_values = 0;
         self.start_jobs()?;
         // Backpressure: a level behind has its merge finished now, and the flush waits.
         while let Some(level) = policy::overfull(&self.levels()) {
@@ -630,6 +629,7 @@ impl DiskStore {
         fresh: Option<Arc<Run>>,
         finished: Vec<(MergeJob, Arc<Run>)>,
     ) -> Result<(), StoreError> {
+        assert!(fresh.is_some() || self.memtable.is_empty(), "a flushed memtable is a run");
         let named_first = canary::active(Canary::StoreRunNamedBeforeDurable);
         if (fresh.is_some() || !finished.is_empty()) && !named_first {
             self.files.sync()?;
@@ -656,9 +656,13 @@ impl DiskStore {
         let named: Vec<RunMeta> = runs.iter().map(|r| r.meta).collect();
         assert!(named.windows(2).all(|p| p[0].level <= p[1].level), "levels never decrease");
         self.write_manifest(offset, &named)?;
-        // The manifest is the store's commit point: memory follows it.
+        // The manifest is the store's commit point: memory follows it at once, whatever the
+        // removals below meet.
         self.runs = runs;
         self.offset = offset;
+        self.memtable.clear();
+        self.memtable_bytes = 0;
+        self.memtable_values = 0;
         self.merges_installed += installed;
         if old.is_empty() {
             return Ok(());
@@ -695,17 +699,24 @@ impl DiskStore {
             runs.iter().enumerate().all(|(i, r)| runs[..i].iter().all(|o| o.id != r.id)),
             "a manifest names a run once"
         );
+        let live: i64 = runs.iter().map(|r| r.live).sum();
         let manifest = Manifest {
             identity: self.identity.clone(),
             offset: offset.get(),
-            len: self.len_estimate(),
+            len: u64::try_from(live).unwrap_or(0),
             next_id: self.next_id,
             runs: runs.to_vec(),
         };
         self.files.write_durably(MANIFEST, manifest.encode())
     }
 
-    /// Merges installed, and flushes that waited for a merge to finish.
+    /// Merges under way (each takes a slice of every flush).
+    #[cfg(test)]
+    pub fn merges_under_way(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Merges installed, and merges a flush finished before going on.
     pub fn merges(&self) -> DiskMerges {
         DiskMerges { installed: self.merges_installed, stalls: self.stalls }
     }
@@ -750,6 +761,15 @@ impl<'a> DiskRange<'a> {
 
 type Entry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
+/// Whether `key` lies past a range's `high` bound.
+fn beyond(high: &Bound<Vec<u8>>, key: &[u8]) -> bool {
+    match high {
+        Bound::Included(high) => key > high.as_slice(),
+        Bound::Excluded(high) => key >= high.as_slice(),
+        Bound::Unbounded => false,
+    }
+}
+
 impl<'a> Iterator for DiskRange<'a> {
     type Item = Result<Entry<'a>, StoreError>;
 
@@ -782,21 +802,19 @@ impl<'a> Iterator for DiskRange<'a> {
                     (Cow::Borrowed(key.as_slice()), value.as_deref().map(Cow::Borrowed))
                 } else {
                     let (key, value) = run.expect("a run has the smallest key");
+                    // Checked before the runs move on, which may read (a block past the range).
+                    if beyond(&self.high, key) {
+                        self.done = true;
+                        return None;
+                    }
                     let owned = (key.to_vec(), value.map(<[u8]>::to_vec));
                     if let Err(error) = self.runs.advance(self.store) {
                         return Some(self.failed(error));
                     }
                     (Cow::Owned(owned.0), owned.1.map(Cow::Owned))
                 };
-            let beyond = match &self.high {
-                Bound::Included(high) => *key > **high,
-                Bound::Excluded(high) => *key >= **high,
-                Bound::Unbounded => false,
-            };
-            if beyond {
-                self.done = true;
-                return None;
-            }
+            // The memtable's range has the bound already, and a run's key was checked above.
+            debug_assert!(!beyond(&self.high, &key), "a range yields keys within its bound");
             if let Some(value) = value {
                 return Some(Ok((key, value)));
             }

@@ -368,8 +368,10 @@ impl Store {
     /// The number of keys, in O(1) and without reading: exact for a memory store; for a disk
     /// store an estimate kept at flushes and merges (writes are blind, so no write knows
     /// whether its key was new). It counts a key updated since its runs last merged more
-    /// than once, and misses about one new key in a hundred (Bloom filter false positives);
-    /// it is exact once the store's runs have merged into one. [`Store::count`] is exact.
+    /// than once, misses about one new key in a hundred (Bloom filter false positives), and
+    /// goes under for keys deleted again or written again after a delete, until their runs
+    /// merge into the oldest; it is exact once the store's runs have merged into one.
+    /// [`Store::count`] is exact.
     pub fn len_estimate(&self) -> u64 {
         assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
         match &self.disk {

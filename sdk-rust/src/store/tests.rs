@@ -161,6 +161,7 @@ fn every_flipped_byte_of_a_run_is_found_or_harmless() {
 /// that offset, and no file beside what the manifest names.
 #[test]
 fn a_power_cut_anywhere_in_flushes_and_merges_reopens_at_a_flushed_state() {
+    let mut cuts_during_merges = 0;
     for seed in 0..60 {
         let (disk, io) = disk();
         let mut rng = Rng::new(seed);
@@ -171,6 +172,7 @@ fn a_power_cut_anywhere_in_flushes_and_merges_reopens_at_a_flushed_state() {
         flushed.insert(0, BTreeMap::new());
         let cut_at = rng.between(200, 3000);
         let mut offset = 0;
+        let mut merging_when_cut = false;
         for step in 0.. {
             let key = format!("k{:03}", rng.below(300)).into_bytes();
             if rng.chance(150_000) {
@@ -188,8 +190,10 @@ fn a_power_cut_anywhere_in_flushes_and_merges_reopens_at_a_flushed_state() {
             }
             if store.wants_flush() {
                 flushed.insert(offset, model.clone());
+                let under_way = store.merges_under_way() > 0;
                 if store.flush(Offset::new(offset)).is_err() {
                     assert!(disk.power_is_cut(), "seed {seed}: only the cut fails a flush");
+                    merging_when_cut |= under_way;
                     break;
                 }
             }
@@ -202,9 +206,14 @@ fn a_power_cut_anywhere_in_flushes_and_merges_reopens_at_a_flushed_state() {
         let expected = flushed.get(&at).unwrap_or_else(|| panic!("seed {seed}: offset {at}"));
         let expected: Entries = expected.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         assert_eq!(entries(&store), expected, "seed {seed}: the state of offset {at}");
+        assert!(store.take_failure().is_none(), "seed {seed}: every read went well");
         let files = disk.snapshot().into_keys().filter(|p| p.starts_with(DIRECTORY)).count();
         assert_eq!(files, store.runs() + 1, "seed {seed}: only the manifest and its runs");
+        cuts_during_merges += u32::from(merging_when_cut);
     }
+    // The cut lands in a flush that had merges under way (their slices, or their install).
+    eprintln!("{cuts_during_merges} of 60 cuts during merges");
+    assert!(cuts_during_merges >= 20, "{cuts_during_merges} of 60 cuts during merges");
 }
 
 /// The key estimate, kept without reading at writes: near the distinct keys written, still
@@ -244,6 +253,7 @@ fn the_key_estimate_follows_puts_updates_and_deletes_without_reads() {
     let estimate = store.len_estimate();
     assert!(estimate * 20 <= keys, "{estimate} after every key was deleted");
     assert!(entries(&store).is_empty());
+    assert!(store.take_failure().is_none(), "every read went well");
     assert!(store.merges().installed > 10, "{:?}", store.merges());
     eprintln!("{:?}, {} runs", store.merges(), store.runs());
 }
