@@ -23,84 +23,20 @@
 
 use super::files::{Damage, DiskOptions, Files, StoreError, bounds_ordered, is_empty_range};
 use super::manifest::Manifest;
+use super::memory::{self, StoreMemory};
 use super::merge::{Blocks, MergeHeap, MergeJob};
 use super::policy;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use crate::Offset;
 use chronik_engine::canary::{self, Canary};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 const MANIFEST: &str = "MANIFEST";
 /// Bytes a memtable entry costs beyond its key and value (tree node share, vectors).
 const ENTRY_OVERHEAD: usize = 64;
-
-/// The memtable's share of the cache: an eighth. It bounds the changelog a restart reads
-/// after a crash (what the store had not yet taken), so it is kept small; the rest caches
-/// blocks.
-fn memtable_bytes(options: DiskOptions) -> usize {
-    options.cache_bytes / 8
-}
-
-fn block_cache_bytes(options: DiskOptions) -> usize {
-    options.cache_bytes - memtable_bytes(options)
-}
-
-/// Decoded blocks kept in memory, first in, first out, within a byte budget.
-#[derive(Debug, Default)]
-struct BlockCache {
-    blocks: HashMap<(u64, usize), Arc<Block>>,
-    order: VecDeque<(u64, usize)>,
-    bytes: usize,
-    capacity: usize,
-}
-
-impl BlockCache {
-    fn get(&self, key: (u64, usize)) -> Option<Arc<Block>> {
-        debug_assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
-        self.blocks.get(&key).cloned()
-    }
-
-    fn insert(&mut self, key: (u64, usize), block: Arc<Block>) {
-        assert!(block.bytes() > 0, "a cached block holds bytes");
-        self.bytes += block.bytes();
-        match self.blocks.insert(key, block) {
-            None => self.order.push_back(key),
-            // Replaced (two readers of one block): its bytes were counted once already.
-            Some(old) => self.bytes -= old.bytes(),
-        }
-        while self.bytes > self.capacity {
-            let Some(old) = self.order.pop_front() else { break };
-            if let Some(block) = self.blocks.remove(&old) {
-                assert!(self.bytes >= block.bytes(), "the cache counts each block it holds");
-                self.bytes -= block.bytes();
-            }
-        }
-        assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
-        debug_assert_eq!(
-            self.bytes,
-            self.blocks.values().map(|b| b.bytes()).sum::<usize>(),
-            "the cache's bytes are the sum of its blocks'"
-        );
-    }
-
-    fn forget_run(&mut self, id: u64) {
-        self.order.retain(|key| key.0 != id);
-        let bytes = &mut self.bytes;
-        self.blocks.retain(|key, block| {
-            let keep = key.0 != id;
-            if !keep {
-                assert!(*bytes >= block.bytes(), "the cache counts each block it holds");
-                *bytes -= block.bytes();
-            }
-            keep
-        });
-        assert_eq!(self.blocks.len(), self.order.len(), "each cached block is in the order");
-        assert!(self.blocks.keys().all(|key| key.0 != id), "a forgotten run has no block");
-    }
-}
 
 /// What a disk store's merges did since it opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,7 +52,6 @@ pub struct DiskMerges {
 pub struct DiskStore {
     files: Arc<Files>,
     identity: String,
-    options: DiskOptions,
     memtable: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     memtable_bytes: usize,
     /// Newest first; levels never decrease from newest to oldest.
@@ -130,7 +65,10 @@ pub struct DiskStore {
     /// Merges installed, and flushes that waited for a merge to finish (backpressure).
     merges_installed: u64,
     stalls: u64,
-    cache: Mutex<BlockCache>,
+    /// The cache and memtable budget this store shares (its own, for now: the cache bytes
+    /// of its options), and the id its blocks are cached under (new at open and wipe).
+    memory: StoreMemory,
+    store_id: u64,
     /// The changelog offset the runs reflect (what the manifest says).
     offset: Offset,
     /// Memtable entries holding a value (the rest are deletions).
@@ -175,19 +113,19 @@ impl DiskStore {
     ) -> Result<(DiskStore, Option<String>), StoreError> {
         let files = Arc::new(files);
         files.create_directory()?;
-        let cache = BlockCache { capacity: block_cache_bytes(options), ..BlockCache::default() };
+        let memory = StoreMemory::new(options.cache_bytes);
         let mut store = DiskStore {
             files: Arc::clone(&files),
             identity,
-            options,
             memtable: BTreeMap::new(),
             memtable_bytes: 0,
             runs: Vec::new(),
             jobs: Vec::new(),
-            flushed_bytes: memtable_bytes(options) as u64,
+            flushed_bytes: memory.write_budget() as u64,
             merges_installed: 0,
             stalls: 0,
-            cache: Mutex::new(cache),
+            memory,
+            store_id: memory::store_id(),
             offset: Offset::ZERO,
             memtable_values: 0,
             next_id: 0,
@@ -254,9 +192,10 @@ impl DiskStore {
         self.jobs.clear();
         self.condemned.store(false, std::sync::atomic::Ordering::Relaxed);
         self.runs.clear();
-        *self.cache.lock().expect("cache lock") =
-            BlockCache { capacity: block_cache_bytes(self.options), ..BlockCache::default() };
+        // The blocks cached under the old id are never asked for again: they age out.
+        self.store_id = memory::store_id();
         self.memtable.clear();
+        self.memory.charge_writes(self.memtable_bytes, 0);
         self.memtable_bytes = 0;
         self.memtable_values = 0;
         self.offset = Offset::ZERO;
@@ -335,7 +274,7 @@ impl DiskStore {
     /// Whether the memtable has grown to its share of the cache: flush after the commit.
     pub fn wants_flush(&self) -> bool {
         debug_assert!(!self.memtable.is_empty() || self.memtable_bytes == 0, "empty: no bytes");
-        self.memtable_bytes >= memtable_bytes(self.options)
+        self.memtable_bytes >= self.memory.write_budget()
     }
 
     /// Whether the memtable has grown to twice its share: a restore flushes only then (and
@@ -345,7 +284,7 @@ impl DiskStore {
             self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
             "memtable bytes count each entry's overhead"
         );
-        self.memtable_bytes >= 2 * memtable_bytes(self.options)
+        self.memtable_bytes >= 2 * self.memory.write_budget()
     }
 
     pub fn runs(&self) -> usize {
@@ -360,7 +299,7 @@ impl DiskStore {
             "memtable bytes count each entry's overhead"
         );
         self.memtable_bytes
-            + self.cache.lock().map_or(0, |c| c.bytes)
+            + self.memory.cached_bytes()
             + self.runs.iter().map(|r| r.resident_bytes()).sum::<usize>()
             + self.jobs.iter().map(MergeJob::resident_bytes).sum::<usize>()
     }
@@ -387,12 +326,12 @@ impl DiskStore {
 
     fn cached_block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
         assert!(i < run.blocks(), "a block read is one of its run's");
-        let key = (run.meta.id, i);
-        if let Some(block) = self.cache.lock().expect("cache lock").get(key) {
+        let key = (self.store_id, run.meta.id, u32::try_from(i).expect("a run's blocks fit u32"));
+        if let Some(block) = self.memory.get(key) {
             return Ok(block);
         }
         let block = Arc::new(run.read_block(i)?);
-        self.cache.lock().expect("cache lock").insert(key, Arc::clone(&block));
+        self.memory.insert(key, Arc::clone(&block));
         Ok(block)
     }
 
@@ -428,6 +367,7 @@ impl DiskStore {
     fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
         let size =
             |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
+        let before = self.memtable_bytes;
         if let Some(slot) = self.memtable.get_mut(key) {
             debug_assert!(self.memtable_bytes >= size(slot), "memtable bytes count each entry");
             self.memtable_bytes -= size(slot);
@@ -441,6 +381,7 @@ impl DiskStore {
             }
             self.memtable_values += usize::from(slot.is_some());
             self.memtable_bytes += size(slot);
+            self.memory.charge_writes(before, self.memtable_bytes);
             return;
         }
         let slot = value.map(<[u8]>::to_vec);
@@ -448,6 +389,7 @@ impl DiskStore {
         self.memtable_values += usize::from(slot.is_some());
         let previous = self.memtable.insert(key.to_vec(), slot);
         debug_assert!(previous.is_none(), "a key the memtable lacked is added once");
+        self.memory.charge_writes(before, self.memtable_bytes);
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
@@ -464,6 +406,7 @@ impl DiskStore {
         } else if let Some(slot) = self.memtable.remove(key) {
             let size = key.len() + slot.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
             debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
+            self.memory.charge_writes(self.memtable_bytes, self.memtable_bytes - size);
             self.memtable_bytes -= size;
             self.memtable_values -= usize::from(slot.is_some());
         }
@@ -661,17 +604,13 @@ impl DiskStore {
         self.runs = runs;
         self.offset = offset;
         self.memtable.clear();
+        self.memory.charge_writes(self.memtable_bytes, 0);
         self.memtable_bytes = 0;
         self.memtable_values = 0;
         self.merges_installed += installed;
         if old.is_empty() {
             return Ok(());
         }
-        let mut cache = self.cache.lock().expect("cache lock");
-        for run in &old {
-            cache.forget_run(run.meta.id);
-        }
-        drop(cache);
         for run in old {
             let path = self.files.path(&run::run_name(run.meta.id));
             // No manifest, range or merge holds it now: its file closes here.
@@ -727,6 +666,13 @@ impl DiskStore {
             Some(value) => self.put(key, value),
             None => self.delete(key),
         }
+    }
+}
+
+impl Drop for DiskStore {
+    fn drop(&mut self) {
+        // Its memtable leaves the budget it shares.
+        self.memory.charge_writes(self.memtable_bytes, 0);
     }
 }
 

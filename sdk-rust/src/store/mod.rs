@@ -11,6 +11,7 @@
 pub(crate) mod disk;
 mod files;
 mod manifest;
+mod memory;
 mod merge;
 mod policy;
 pub(crate) mod run;
@@ -27,6 +28,7 @@ pub(crate) use disk::DiskStore;
 pub use disk::{DiskMerges, check_directory};
 pub use files::{Damage, DiskOptions, StoreError};
 pub(crate) use files::{Files, bounds_ordered, canary_trusts_damage, is_empty_range};
+pub use memory::StoreMemory;
 pub use typed::Typed;
 
 /// A processor's `store.get(key)?`: the store's failure as the processor's error. (The runner

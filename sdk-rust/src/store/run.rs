@@ -772,6 +772,12 @@ impl Block {
         i
     }
 
+    /// A block of `bytes` bytes and no entry, for the cache's tests.
+    #[cfg(test)]
+    pub fn for_test(bytes: usize) -> Block {
+        Block { bytes: vec![0; bytes], entries: Vec::new() }
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         assert!(self.bytes.len() >= self.entries.len() * 8, "each entry holds its lengths");

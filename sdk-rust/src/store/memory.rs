@@ -1,0 +1,220 @@
+//! Memory that disk stores share ([`StoreMemory`]): one block cache and one budget for
+//! memtables, over every store and partition that uses it, so memory is bounded by one
+//! setting whatever the number of partitions and stores.
+//!
+//! - **Cache**: 16 shards, each a map from (store, run, block) to a decoded block and a ring
+//!   for CLOCK eviction: a block enters unreferenced, a hit marks it, and eviction passes over
+//!   marked blocks once (clearing the mark) before it takes them. A scan's blocks, read once,
+//!   so go first. Store ids are new at every open and wipe and run ids are never reused, so
+//!   the blocks of runs merged away are never hit again and age out: nothing is forgotten
+//!   by hand.
+//! - **Writes**: the memtables' bytes, charged as they change; an eighth of the budget.
+//! - **Pinned**: open runs' indexes and Bloom filters, which stay in memory; they lower the
+//!   cache's share, so the budget covers them.
+//!
+//! Invariant: each shard's bytes are the sum of its blocks', and its ring holds each of its
+//! keys once.
+
+use super::run::Block;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+const SHARDS: usize = 16;
+
+/// A cached block: the store's id ([`store_id`]), the run's id, the block's index.
+pub(crate) type BlockKey = (u64, u64, u32);
+
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A new id for a store's blocks in the cache (at every open and wipe).
+pub(crate) fn store_id() -> u64 {
+    NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Memory disk stores share: a block cache and a budget for memtables (an eighth), within
+/// `bytes` together with the open runs' indexes and Bloom filters. Cloning shares it.
+#[derive(Clone)]
+pub struct StoreMemory {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    bytes: usize,
+    shards: Vec<Mutex<Shard>>,
+    writes: AtomicUsize,
+    pinned: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<BlockKey, Slot>,
+    ring: VecDeque<BlockKey>,
+    bytes: usize,
+}
+
+struct Slot {
+    block: Arc<Block>,
+    referenced: bool,
+}
+
+impl std::fmt::Debug for StoreMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreMemory")
+            .field("bytes", &self.shared.bytes)
+            .field("cached", &self.cached_bytes())
+            .field("writes", &self.write_bytes())
+            .field("pinned", &self.shared.pinned.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl StoreMemory {
+    /// The process's budget unless told otherwise: 256 MiB.
+    pub const DEFAULT_BYTES: usize = 256 << 20;
+
+    /// A budget of `bytes` (more than 0).
+    pub fn new(bytes: usize) -> StoreMemory {
+        assert!(bytes > 0, "a store memory budget has bytes");
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let shared =
+            Shared { bytes, shards, writes: AtomicUsize::new(0), pinned: AtomicUsize::new(0) };
+        StoreMemory { shared: Arc::new(shared) }
+    }
+
+    /// The one budget of the process that disk stores use when given none:
+    /// [`StoreMemory::DEFAULT_BYTES`].
+    pub fn process() -> StoreMemory {
+        static PROCESS: OnceLock<StoreMemory> = OnceLock::new();
+        PROCESS.get_or_init(|| StoreMemory::new(StoreMemory::DEFAULT_BYTES)).clone()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.shared.bytes
+    }
+
+    /// Bytes held now: cached blocks, memtables and pinned run metadata.
+    pub fn resident_bytes(&self) -> usize {
+        self.cached_bytes() + self.write_bytes() + self.shared.pinned.load(Ordering::Relaxed)
+    }
+
+    /// The memtables' budget: an eighth.
+    pub(crate) fn write_budget(&self) -> usize {
+        self.shared.bytes / 8
+    }
+
+    pub(crate) fn write_bytes(&self) -> usize {
+        self.shared.writes.load(Ordering::Relaxed)
+    }
+
+    /// A memtable grew (or shrank) from `before` to `after` bytes.
+    pub(crate) fn charge_writes(&self, before: usize, after: usize) {
+        if after >= before {
+            self.shared.writes.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            let previous = self.shared.writes.fetch_sub(before - after, Ordering::Relaxed);
+            assert!(previous >= before - after, "the memtables' bytes are each charged once");
+        }
+    }
+
+    fn cache_capacity(&self) -> usize {
+        let budget = self.shared.bytes - self.write_budget();
+        budget.saturating_sub(self.shared.pinned.load(Ordering::Relaxed))
+    }
+
+    pub fn cached_bytes(&self) -> usize {
+        self.shared.shards.iter().map(|s| s.lock().map_or(0, |s| s.bytes)).sum()
+    }
+
+    fn shard(&self, key: BlockKey) -> &Mutex<Shard> {
+        // The block index spreads one run's blocks over the shards.
+        let mixed = key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ key.1.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+            ^ u64::from(key.2);
+        &self.shared.shards[(mixed % SHARDS as u64) as usize]
+    }
+
+    /// The cached block `key`, marked as used.
+    pub(crate) fn get(&self, key: BlockKey) -> Option<Arc<Block>> {
+        let mut shard = self.shard(key).lock().expect("cache shard lock");
+        let slot = shard.slots.get_mut(&key)?;
+        slot.referenced = true;
+        Some(Arc::clone(&slot.block))
+    }
+
+    /// Cache `block` as `key` (unmarked), evicting within the shard's share of the capacity.
+    pub(crate) fn insert(&self, key: BlockKey, block: Arc<Block>) {
+        let capacity = self.cache_capacity() / SHARDS;
+        let mut shard = self.shard(key).lock().expect("cache shard lock");
+        if shard.slots.contains_key(&key) {
+            return; // Two readers of one block: the first one's is kept.
+        }
+        assert!(block.bytes() > 0, "a cached block holds bytes");
+        shard.bytes += block.bytes();
+        shard.slots.insert(key, Slot { block, referenced: false });
+        shard.ring.push_back(key);
+        // Each pass clears a mark or evicts, and a cleared block is evicted when next met:
+        // within twice the ring's length the shard is back within its share.
+        let mut passes = 2 * shard.ring.len();
+        while shard.bytes > capacity && passes > 0 {
+            passes -= 1;
+            let Some(next) = shard.ring.pop_front() else { break };
+            let slot = shard.slots.get_mut(&next).expect("the ring names cached blocks");
+            if slot.referenced {
+                slot.referenced = false;
+                shard.ring.push_back(next);
+            } else {
+                let slot = shard.slots.remove(&next).expect("the ring names cached blocks");
+                assert!(shard.bytes >= slot.block.bytes(), "a shard counts each block it holds");
+                shard.bytes -= slot.block.bytes();
+            }
+        }
+        assert_eq!(shard.slots.len(), shard.ring.len(), "the ring holds each cached key once");
+        debug_assert_eq!(
+            shard.bytes,
+            shard.slots.values().map(|s| s.block.bytes()).sum::<usize>(),
+            "a shard's bytes are the sum of its blocks'"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(bytes: usize) -> Arc<Block> {
+        Arc::new(Block::for_test(bytes))
+    }
+
+    #[test]
+    fn a_shard_stays_within_its_share_and_evicts_unused_blocks_before_used_ones() {
+        // 16 shards of 8 KiB each: a shard holds two 4 KiB blocks.
+        let memory = StoreMemory::new(16 * 8192 * 8 / 7 + 8);
+        let store = store_id();
+        // Keys of one shard: find them by trying.
+        let same: Vec<BlockKey> = (0..10_000_u32)
+            .map(|i| (store, 1, i))
+            .filter(|k| std::ptr::eq(memory.shard(*k), memory.shard((store, 1, 0))))
+            .take(3)
+            .collect();
+        memory.insert(same[0], block(4000));
+        memory.insert(same[1], block(4000));
+        assert!(memory.get(same[0]).is_some(), "both fit");
+        // A third: the one not used since it came goes, the used one stays.
+        memory.insert(same[2], block(4000));
+        assert!(memory.get(same[1]).is_none(), "the unused block was evicted");
+        assert!(memory.get(same[0]).is_some() && memory.get(same[2]).is_some());
+        assert!(memory.cached_bytes() <= memory.cache_capacity());
+    }
+
+    #[test]
+    fn memtables_are_charged_and_released() {
+        let memory = StoreMemory::new(1 << 20);
+        memory.charge_writes(0, 500);
+        memory.charge_writes(500, 200);
+        assert_eq!(memory.write_bytes(), 200);
+        memory.charge_writes(200, 0);
+        assert_eq!((memory.write_bytes(), memory.resident_bytes()), (0, 0));
+        assert_eq!(memory.write_budget(), (1 << 20) / 8);
+    }
+}
