@@ -173,6 +173,11 @@ impl<I: Io, P: Processor> Runner<I, P> {
                 "an earlier run failed: open a new runner to restore the state".into(),
             ));
         }
+        // Only a run's own reads count: a failed read between runs (through `Runner::store`)
+        // was returned to its caller, and damage condemned its store already.
+        for store in self.tasks.iter().flat_map(|task| task.stores.values()) {
+            let _outside = store.check();
+        }
         Ok(())
     }
 

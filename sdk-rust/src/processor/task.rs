@@ -95,11 +95,6 @@ impl<P: Processor> Task<P> {
         input: &str,
         f: impl FnOnce(&mut P, &mut Context<'_>) -> Result<(), ProcessError>,
     ) -> Result<(), ProcessorError> {
-        // Only this call's reads count: a failed read from outside the task (through
-        // `Runner::store`) was returned to its caller, and damage condemned its store already.
-        for store in self.stores.values() {
-            let _outside = store.check();
-        }
         let mut ctx = Context {
             stores: &mut self.stores,
             outputs: &mut self.outputs,
