@@ -675,6 +675,13 @@ pub(crate) fn apply_options(
                 let text: String = value.extract()?;
                 config.store_kind = text.parse().map_err(InvalidArgumentError::new_err)?;
             }
+            "store_memory_mib" => {
+                let mib: usize = value.extract()?;
+                let bytes = mib.checked_mul(1 << 20).filter(|&b| b > 0).ok_or_else(|| {
+                    InvalidArgumentError::new_err(format!("store_memory_mib {mib}: 1 or more"))
+                })?;
+                config.store_memory = Some(chronik::processor::StoreMemory::new(bytes));
+            }
             "punctuate_stream_ms" => config.punctuate_stream_ms = Some(value.extract()?),
             "punctuate_wall_ms" => config.punctuate_wall_ms = Some(value.extract()?),
             "on_decode_error" => policy = Some(value.extract::<String>()?),
@@ -736,7 +743,7 @@ pub(crate) fn record_check(
 }
 
 /// A store's format and kind from its spec: `+`-separated words, each a format (`json`, the
-/// default; `str`; `bytes`) or a kind (`memory`; `disk`; `disk:<cache MiB>`), e.g. `"disk"`,
+/// default; `str`; `bytes`) or a kind (`memory`; `disk`; `disk:<MiB>`), e.g. `"disk"`,
 /// `"str+disk:256"`.
 fn store_spec(name: &str, spec: &str) -> PyResult<(Codec, Option<StoreKind>)> {
     let (mut codec, mut kind) = (Codec::Json, None);
@@ -747,7 +754,7 @@ fn store_spec(name: &str, spec: &str) -> PyResult<(Codec, Option<StoreKind>)> {
             codec = Codec::parse(word).map_err(|_| {
                 InvalidArgumentError::new_err(format!(
                     "store {name:?}: {word:?} is neither a format (\"json\", \"str\", \"bytes\") \
-                     nor a kind (\"memory\", \"disk\", \"disk:<cache MiB>\")"
+                     nor a kind (\"memory\", \"disk\", \"disk:<MiB>\")"
                 ))
             })?;
         }

@@ -448,7 +448,7 @@ impl PyGrouped {
         }
     }
 
-    /// The aggregation's store kind: "memory", "disk" or "disk:<cache MiB>".
+    /// The aggregation's store kind: "memory", "disk" or "disk:<MiB>".
     fn store_kind(&self, kind: &str) -> PyResult<PyGrouped> {
         let kind: StoreKind = kind.parse().map_err(InvalidArgumentError::new_err)?;
         Ok(PyGrouped {
@@ -558,7 +558,7 @@ impl PyWindowed {
 /// `db` may be `None` for a topology only simulated (`chronik.testing.simulate`). Keys are in
 /// `key_format`, values (and aggregates) in `value_format`: "bytes", "str" or "json".
 /// Settings: commit_interval_ms, commit_every_records, snapshot_every_commits, threads,
-/// store_kind, on_decode_error and dead_letter_topic (the records of its streams, not its
+/// store_kind, store_memory_mib, on_decode_error and dead_letter_topic (the records of its streams, not its
 /// tables, are checked against the formats before any operator sees them: as `App`'s).
 #[pyclass(name = "Topology", module = "chronik._chronik", frozen)]
 pub(crate) struct PyTopology {

@@ -38,6 +38,33 @@ def test_a_disk_store_counts_and_restarts_from_itself(tmp_path):
         assert app.store("counts") == expected
 
 
+def test_stores_and_partitions_share_one_small_memory_budget(tmp_path):
+    # 2 stores x 4 partitions in a 1 MiB budget: memtables flush early and often, the shared
+    # cache evicts, and every count still comes out exact after a restart.
+    def both(record, ctx):
+        for name in ("counts", "lengths"):
+            store = ctx.store(name)
+            store[record.key] = store.get(record.key, 0) + (1 if name == "counts" else 2)
+
+    path = str(tmp_path / "data")
+    records = [(f"user-{i % 3000}", b"/") for i in range(30_000)]
+    settings = dict(input="clicks", stores={"counts": "disk", "lengths": "disk"},
+                    key_format="str", store_memory_mib=1)
+    with chronik.open(path) as db:
+        db.create_topic("clicks", partitions=4)
+        db.producer("clicks").send_batch(records)
+        app = chronik.App(db, "m", **settings)
+        app.processor(both)
+        assert app.run_until_caught_up()["records"] == 30_000
+    with chronik.open(path) as db:
+        app = chronik.App(db, "m", **settings)
+        app.processor(both)
+        stats = app.run_until_caught_up()
+        assert stats["stores_opened"] == 8 and stats["stores_rebuilt"] == 0
+        assert app.store("counts") == {f"user-{u}": 10 for u in range(3000)}
+        assert app.store("lengths") == {f"user-{u}": 20 for u in range(3000)}
+
+
 def test_disk_stores_restore_exactly_under_simulated_crashes():
     words = [f"w{i % 37}" for i in range(600)]
     report = simulate(
@@ -57,7 +84,8 @@ def test_a_bad_store_spec_is_a_typed_error(tmp_path):
     with chronik.open(str(tmp_path / "data")) as db:
         db.create_topic("in")
         for stores, settings in [({"s": "json+flash"}, {}), ({"s": "disk:0"}, {}),
-                                 (["s"], {"store_kind": "tape"})]:
+                                 (["s"], {"store_kind": "tape"}),
+                                 (["s"], {"store_kind": "disk", "store_memory_mib": 0})]:
             # Refused by the constructor, not at the first run.
             with pytest.raises(chronik.InvalidArgumentError):
                 chronik.App(db, "x", input="in", stores=stores, **settings)

@@ -300,8 +300,9 @@ impl Settings {
         let commit_every_records = rng.between(1, 64);
         // Half the seeds restore from snapshots plus the changelog after them.
         let snapshots = Snapshots::Every(rng.chance(500_000).then(|| rng.between(1, 6)));
-        // Memory stores on disk in half the seeds, and every disk store with a small cache.
-        let cache_bytes = rng.between(64, 4096) as usize;
+        // Memory stores on disk in half the seeds, and every disk store in a small budget of
+        // its own (shared by its partitions): a memtable flushes at 8 to 512 bytes.
+        let cache_bytes = rng.between(256, 16_384) as usize;
         let to_disk = memory && rng.chance(500_000);
         Settings {
             commit_every_records,
@@ -317,7 +318,7 @@ impl Settings {
             config.snapshot_every_commits = every;
         }
         if let Some((cache_bytes, to_disk)) = self.disk {
-            let small = StoreKind::Disk(DiskOptions { cache_bytes });
+            let small = StoreKind::Disk(DiskOptions { budget_bytes: Some(cache_bytes) });
             if to_disk && config.store_kind == StoreKind::Memory {
                 config.store_kind = small;
             }

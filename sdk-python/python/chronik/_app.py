@@ -48,11 +48,14 @@ class Spec:
 
     `stores`: store names (JSON keys and values, kept in memory), or a mapping of name to a
     spec: `+`-separated words, each a format (`"json"`, the default; `"str"`; `"bytes"`) or a
-    kind (`"memory"`; `"disk"`; `"disk:<cache MiB>"`), e.g. `{"counts": "disk"}` or
+    kind (`"memory"`; `"disk"`; `"disk:<MiB>"`), e.g. `{"counts": "disk"}` or
     `{"raw": "bytes+disk:256"}`. A disk store keeps its entries in sorted files beside the
-    topics with a bounded cache (64 MiB per store and partition by default) and restarts by
-    reading only the changelog it had not yet taken. `store_kind` sets the kind of every store
-    whose spec names none.
+    topics and restarts by reading only the changelog it had not yet taken. Its cache, its
+    changes not yet written and its files' indexes live in one memory budget that every disk
+    store and partition of the application shares: `store_memory_mib` MiB, or by default the
+    process's (256 MiB, shared by every application of the process); `"disk:<MiB>"` gives a
+    store a budget of its own, shared by its partitions. `store_kind` sets the kind of every
+    store whose spec names none.
 
     `on_decode_error`: what an input record whose key or value is not in `key_format` /
     `value_format` does, checked before the handler sees it. `"fail"` (the default): the
@@ -76,6 +79,7 @@ class Spec:
         commit_every_records: Optional[int] = None,
         snapshot_every_commits: Optional[int] = None,
         store_kind: Optional[str] = None,
+        store_memory_mib: Optional[int] = None,
         threads: int = 1,
         punctuate_stream_ms: Optional[int] = None,
         punctuate_wall_ms: Optional[int] = None,
@@ -92,6 +96,7 @@ class Spec:
             "commit_every_records": commit_every_records,
             "snapshot_every_commits": snapshot_every_commits,
             "store_kind": store_kind,
+            "store_memory_mib": store_memory_mib,
             "threads": threads,
             "punctuate_stream_ms": punctuate_stream_ms,
             "punctuate_wall_ms": punctuate_wall_ms,

@@ -341,9 +341,9 @@ class Windowed:
 class Topology:
     """Streams, tables and their operators, run exactly once on a data directory (or `None`
     to only simulate it). Settings: commit_interval_ms, commit_every_records,
-    snapshot_every_commits, threads, store_kind, on_decode_error ("fail", "skip" or
-    "dead_letter": for the records of its streams not in its formats, as `App`'s) and
-    dead_letter_topic."""
+    snapshot_every_commits, threads, store_kind, store_memory_mib (the budget its disk
+    stores share, as `App`'s), on_decode_error ("fail", "skip" or "dead_letter": for the
+    records of its streams not in its formats, as `App`'s) and dead_letter_topic."""
 
     key_format: str
     value_format: str

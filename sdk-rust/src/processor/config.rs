@@ -4,7 +4,7 @@
 //! here (changelog topics, disk store directories, snapshot files) are spelled nowhere else,
 //! so a restarted application finds what an earlier run wrote.
 
-use crate::store::StoreKind;
+use crate::store::{DiskOptions, StoreKind, StoreMemory};
 use crate::{Offset, RecordView};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,6 +77,12 @@ pub struct ProcessorConfig {
     pub store_kinds: BTreeMap<String, StoreKind>,
     /// The kind of the stores not in `store_kinds` (default: memory).
     pub store_kind: StoreKind,
+    /// The memory budget the application's disk stores share (block cache, memtables, run
+    /// indexes and Bloom filters), all partitions and stores together, except those given a
+    /// budget of their own ([`DiskOptions::budget_bytes`]). `None` (the default): the
+    /// process's, [`StoreMemory::process`], shared with every other application of the
+    /// process. A clone of one `StoreMemory` given to several applications shares it.
+    pub store_memory: Option<StoreMemory>,
     /// Commit at least this often while there is work (engine clock).
     pub commit_interval_ms: u64,
     /// Also commit after this many records since the last commit.
@@ -110,6 +116,7 @@ impl std::fmt::Debug for ProcessorConfig {
             .field("stores", &self.stores)
             .field("store_kind", &self.store_kind)
             .field("store_kinds", &self.store_kinds)
+            .field("store_memory", &self.store_memory)
             .field("commit_interval_ms", &self.commit_interval_ms)
             .field("threads", &self.threads)
             .field("on_decode_error", &self.on_decode_error)
@@ -125,6 +132,7 @@ impl ProcessorConfig {
             stores: Vec::new(),
             store_kinds: BTreeMap::new(),
             store_kind: StoreKind::default(),
+            store_memory: None,
             commit_interval_ms: 100,
             commit_every_records: None,
             snapshot_every_commits: None,
@@ -161,6 +169,32 @@ impl ProcessorConfig {
     /// The kind of `store`.
     pub fn kind_of(&self, store: &str) -> StoreKind {
         self.store_kinds.get(store).copied().unwrap_or(self.store_kind)
+    }
+
+    /// The memory budget the application's disk stores share (see
+    /// [`ProcessorConfig::store_memory`]).
+    ///
+    /// ```
+    /// use chronik::processor::{ProcessorConfig, StoreKind, StoreMemory};
+    /// let memory = StoreMemory::new(512 << 20);
+    /// let config = ProcessorConfig::new("app", "clicks")
+    ///     .store_with("counts", StoreKind::disk())
+    ///     .store_memory(memory.clone());
+    /// assert_eq!(config.store_memory.map(|m| m.bytes()), Some(512 << 20));
+    /// ```
+    #[must_use]
+    pub fn store_memory(mut self, memory: StoreMemory) -> ProcessorConfig {
+        self.store_memory = Some(memory);
+        self
+    }
+
+    /// The budget `store`'s partitions share in a runner: a new one if its kind gives it
+    /// its own (made once per runner), else the application's, else the process's.
+    pub(crate) fn memory_of(&self, store: &str) -> StoreMemory {
+        match self.kind_of(store) {
+            StoreKind::Disk(DiskOptions { budget_bytes: Some(bytes) }) => StoreMemory::new(bytes),
+            _ => self.store_memory.clone().unwrap_or_else(StoreMemory::process),
+        }
     }
 
     #[must_use]

@@ -8,7 +8,7 @@ use super::api::{ProcessorError, RunStats};
 use super::config::{ProcessorConfig, RestoreProgress};
 use super::snapshot;
 use super::task_log::TaskLog;
-use crate::store::{CHANGELOG_PUT, DiskStore, Files, Store, StoreError, StoreKind};
+use crate::store::{CHANGELOG_PUT, DiskStore, Files, Store, StoreError, StoreKind, StoreMemory};
 use crate::{Io, Offset};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
@@ -28,11 +28,19 @@ pub(super) fn restore_all<I: Io>(
     config: &ProcessorConfig,
     partitions: u32,
 ) -> Result<Vec<Restored>, ProcessorError> {
+    // Each disk store's budget, shared by its partitions (and, unless the store has its own,
+    // by the application's other stores).
+    let budgets: BTreeMap<&str, StoreMemory> = (config.stores.iter())
+        .filter(|name| matches!(config.kind_of(name), StoreKind::Disk(_)))
+        .map(|name| (name.as_str(), config.memory_of(name)))
+        .collect();
     let one = |partition: u32| -> Result<Restored, ProcessorError> {
         let mut stats = RunStats::default();
         let mut stores = BTreeMap::new();
         for name in &config.stores {
-            stores.insert(name.clone(), restore(engine, config, name, partition, &mut stats)?);
+            let budget = budgets.get(name.as_str()).cloned();
+            let store = restore(engine, config, name, partition, budget, &mut stats)?;
+            stores.insert(name.clone(), store);
         }
         Ok((stores, stats))
     };
@@ -71,6 +79,7 @@ fn restore<L: TaskLog + ?Sized>(
     config: &ProcessorConfig,
     name: &str,
     partition: u32,
+    budget: Option<StoreMemory>,
     stats: &mut RunStats,
 ) -> Result<Store, ProcessorError> {
     let topic = config.changelog(name);
@@ -78,8 +87,9 @@ fn restore<L: TaskLog + ?Sized>(
     let _span = tracing::info_span!("restore", store = name, partition, end = end.get()).entered();
     let store = match config.kind_of(name) {
         StoreKind::Memory => restore_memory(engine, config, name, partition, end, stats)?,
-        StoreKind::Disk(options) => {
-            restore_disk(engine, config, name, partition, end, options, stats)?
+        StoreKind::Disk(_) => {
+            let budget = budget.expect("restore_all gives every disk store its budget");
+            restore_disk(engine, config, name, partition, end, budget, stats)?
         }
     };
     if let Some(metrics) = engine.metrics() {
@@ -219,7 +229,7 @@ fn restore_disk<L: TaskLog + ?Sized>(
     name: &str,
     partition: u32,
     end: Offset,
-    options: crate::store::DiskOptions,
+    budget: StoreMemory,
     stats: &mut RunStats,
 ) -> Result<Store, ProcessorError> {
     let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
@@ -230,7 +240,7 @@ fn restore_disk<L: TaskLog + ?Sized>(
     let directory = state_dir.path().join(config.store_directory(name, partition));
     let files = Files { io: Arc::clone(state_dir.io()), directory };
     let identity = format!("{} partition {partition}", config.changelog(name));
-    let (mut disk, mut rebuilt) = DiskStore::open(files, identity, options).map_err(failed)?;
+    let (mut disk, mut rebuilt) = DiskStore::open(files, identity, budget).map_err(failed)?;
     if let Some(metrics) = engine.metrics() {
         Metrics::add(&metrics.store_unnamed_removed, disk.unnamed_removed());
     }

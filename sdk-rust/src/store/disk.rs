@@ -21,7 +21,7 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
-use super::files::{Damage, DiskOptions, Files, StoreError, bounds_ordered, is_empty_range};
+use super::files::{Damage, Files, StoreError, bounds_ordered, is_empty_range};
 use super::manifest::Manifest;
 use super::memory::{self, StoreMemory};
 use super::merge::{Blocks, MergeHeap, MergeJob};
@@ -65,10 +65,12 @@ pub struct DiskStore {
     /// Merges installed, and flushes that waited for a merge to finish (backpressure).
     merges_installed: u64,
     stalls: u64,
-    /// The cache and memtable budget this store shares (its own, for now: the cache bytes
-    /// of its options), and the id its blocks are cached under (new at open and wipe).
+    /// The budget this store shares with others (cache, memtables, pinned bytes), the id
+    /// its blocks are cached under (new at open and wipe), and the bytes of run indexes,
+    /// filters and merge buffers it charged there.
     memory: StoreMemory,
     store_id: u64,
+    pinned_bytes: usize,
     /// The changelog offset the runs reflect (what the manifest says).
     offset: Offset,
     /// Memtable entries holding a value (the rest are deletions).
@@ -103,17 +105,17 @@ impl std::fmt::Debug for DiskStore {
 type Found<'a> = Option<Cow<'a, [u8]>>;
 
 impl DiskStore {
-    /// Open the store in `files` (its own directory), or start it empty; the second value
-    /// says why an existing store was not usable (then it was wiped: the caller rebuilds it
-    /// from the changelog).
+    /// Open the store in `files` (its own directory) within the budget `memory`, or start it
+    /// empty; the second value says why an existing store was not usable (then it was
+    /// wiped: the caller rebuilds it from the changelog).
     pub fn open(
         files: Files,
         identity: String,
-        options: DiskOptions,
+        memory: StoreMemory,
     ) -> Result<(DiskStore, Option<String>), StoreError> {
         let files = Arc::new(files);
         files.create_directory()?;
-        let memory = StoreMemory::new(options.cache_bytes);
+        memory.join();
         let mut store = DiskStore {
             files: Arc::clone(&files),
             identity,
@@ -126,6 +128,7 @@ impl DiskStore {
             stalls: 0,
             memory,
             store_id: memory::store_id(),
+            pinned_bytes: 0,
             offset: Offset::ZERO,
             memtable_values: 0,
             next_id: 0,
@@ -143,6 +146,7 @@ impl DiskStore {
             store.wipe()?;
         }
         store.unnamed_removed = store.remove_unnamed()?;
+        store.repin();
         // Pair with `write_manifest`: what the manifest named holds again once loaded.
         assert!(store.runs.iter().all(|r| r.meta.id < store.next_id), "run ids below next id");
         assert!(store.levels_ordered(), "levels never decrease from newest to oldest");
@@ -169,6 +173,14 @@ impl DiskStore {
         self.offset = Offset::new(manifest.offset);
         self.next_id = manifest.next_id;
         Ok(())
+    }
+
+    /// Charge the budget for what the runs and merges now keep in memory.
+    fn repin(&mut self) {
+        let pinned = self.runs.iter().map(|r| r.resident_bytes()).sum::<usize>()
+            + self.jobs.iter().map(MergeJob::resident_bytes).sum::<usize>();
+        self.memory.charge_pinned(self.pinned_bytes, pinned);
+        self.pinned_bytes = pinned;
     }
 
     /// Whether the runs' levels never decrease from newest to oldest.
@@ -199,6 +211,7 @@ impl DiskStore {
         self.memtable_bytes = 0;
         self.memtable_values = 0;
         self.offset = Offset::ZERO;
+        self.repin();
         // The manifest first: without it, no run file is believed.
         self.files.remove_if_present(&self.files.path(MANIFEST))?;
         self.files.sync()?;
@@ -271,20 +284,21 @@ impl DiskStore {
         u64::try_from(runs + values - deletions).unwrap_or(0)
     }
 
-    /// Whether the memtable has grown to its share of the cache: flush after the commit.
+    /// Whether the memtable is due a flush within the budget it shares
+    /// ([`StoreMemory`]'s write budget): flush after the commit.
     pub fn wants_flush(&self) -> bool {
         debug_assert!(!self.memtable.is_empty() || self.memtable_bytes == 0, "empty: no bytes");
-        self.memtable_bytes >= self.memory.write_budget()
+        self.memory.flush_due(self.memtable_bytes, 1)
     }
 
-    /// Whether the memtable has grown to twice its share: a restore flushes only then (and
-    /// leaves the flush, and the merges it may start, to the first commit otherwise).
+    /// Whether the memtable is twice due: a restore flushes only then (and leaves the flush,
+    /// and the merges it may start, to the first commit otherwise).
     pub fn must_flush(&self) -> bool {
         assert!(
             self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
             "memtable bytes count each entry's overhead"
         );
-        self.memtable_bytes >= 2 * self.memory.write_budget()
+        self.memory.flush_due(self.memtable_bytes, 2)
     }
 
     pub fn runs(&self) -> usize {
@@ -292,14 +306,14 @@ impl DiskStore {
         self.runs.len()
     }
 
-    /// Bytes held in memory: memtable, cached blocks, run indexes and filters.
+    /// Bytes held in memory of its own: memtable, run indexes and filters, merge buffers
+    /// (its cached blocks are the shared budget's).
     pub fn resident_bytes(&self) -> usize {
         assert!(
             self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
             "memtable bytes count each entry's overhead"
         );
         self.memtable_bytes
-            + self.memory.cached_bytes()
             + self.runs.iter().map(|r| r.resident_bytes()).sum::<usize>()
             + self.jobs.iter().map(MergeJob::resident_bytes).sum::<usize>()
     }
@@ -463,6 +477,13 @@ impl DiskStore {
         if self.memtable.is_empty() && offset == self.offset && self.jobs.is_empty() {
             return Ok(());
         }
+        let result = self.write_and_merge(offset);
+        // Whatever the result: the runs and merges now open are what it holds.
+        self.repin();
+        result
+    }
+
+    fn write_and_merge(&mut self, offset: Offset) -> Result<(), StoreError> {
         let fresh = if self.memtable.is_empty() { None } else { Some(self.write_run()?) };
         if fresh.is_some() && canary::active(Canary::StoreOffsetAheadOfData) {
             // The bug: the new offset is recorded before the run holding its data.
@@ -671,8 +692,10 @@ impl DiskStore {
 
 impl Drop for DiskStore {
     fn drop(&mut self) {
-        // Its memtable leaves the budget it shares.
+        // Its memtable and pinned bytes leave the budget it shares, and so does it.
         self.memory.charge_writes(self.memtable_bytes, 0);
+        self.memory.charge_pinned(self.pinned_bytes, 0);
+        self.memory.leave();
     }
 }
 

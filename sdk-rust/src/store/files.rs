@@ -8,19 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A disk store's settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskOptions {
-    /// Memory the store may hold: an eighth for changes not yet written to a run (the
-    /// memtable, flushed after the commit that fills it; it also bounds the changelog a
-    /// restart after a crash reads), the rest for cached blocks. Run indexes and Bloom
-    /// filters (about 1.5 bytes per entry) come on top. Per store and partition.
-    pub cache_bytes: usize,
-}
-
-impl Default for DiskOptions {
-    fn default() -> DiskOptions {
-        DiskOptions { cache_bytes: 64 << 20 }
-    }
+    /// The memory budget (a [`super::StoreMemory`]) the store's block cache, memtables, run
+    /// indexes and Bloom filters live in. `None` (the default): the one every disk store of
+    /// the application shares, `ProcessorConfig::store_memory` (by default the process's,
+    /// [`super::StoreMemory::DEFAULT_BYTES`]). `Some(bytes)`: a budget of its own, shared
+    /// by the store's partitions.
+    pub budget_bytes: Option<usize>,
 }
 
 /// A damaged store file: which, and what was wrong.

@@ -8,9 +8,12 @@
 //!   so go first. Store ids are new at every open and wipe and run ids are never reused, so
 //!   the blocks of runs merged away are never hit again and age out: nothing is forgotten
 //!   by hand.
-//! - **Writes**: the memtables' bytes, charged as they change; an eighth of the budget.
-//! - **Pinned**: open runs' indexes and Bloom filters, which stay in memory; they lower the
-//!   cache's share, so the budget covers them.
+//! - **Writes**: the memtables' bytes, charged as they change; an eighth of the budget. A
+//!   memtable is flushed (after its task's next commit) at a quarter of that, or when the
+//!   memtables together hold all of it and it is one of the larger ones (at least their
+//!   average): however many stores share the budget, the largest always flushes first.
+//! - **Pinned**: open runs' indexes and Bloom filters and merges' buffers, which stay in
+//!   memory; they lower the cache's share, so the budget covers them.
 //!
 //! Invariant: each shard's bytes are the sum of its blocks', and its ring holds each of its
 //! keys once.
@@ -44,6 +47,8 @@ struct Shared {
     shards: Vec<Mutex<Shard>>,
     writes: AtomicUsize,
     pinned: AtomicUsize,
+    /// Disk stores open on this budget.
+    stores: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -64,7 +69,8 @@ impl std::fmt::Debug for StoreMemory {
             .field("bytes", &self.shared.bytes)
             .field("cached", &self.cached_bytes())
             .field("writes", &self.write_bytes())
-            .field("pinned", &self.shared.pinned.load(Ordering::Relaxed))
+            .field("pinned", &self.pinned_bytes())
+            .field("stores", &self.shared.stores.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -77,8 +83,13 @@ impl StoreMemory {
     pub fn new(bytes: usize) -> StoreMemory {
         assert!(bytes > 0, "a store memory budget has bytes");
         let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
-        let shared =
-            Shared { bytes, shards, writes: AtomicUsize::new(0), pinned: AtomicUsize::new(0) };
+        let shared = Shared {
+            bytes,
+            shards,
+            writes: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
+            stores: AtomicUsize::new(0),
+        };
         StoreMemory { shared: Arc::new(shared) }
     }
 
@@ -95,7 +106,33 @@ impl StoreMemory {
 
     /// Bytes held now: cached blocks, memtables and pinned run metadata.
     pub fn resident_bytes(&self) -> usize {
-        self.cached_bytes() + self.write_bytes() + self.shared.pinned.load(Ordering::Relaxed)
+        self.cached_bytes() + self.write_bytes() + self.pinned_bytes()
+    }
+
+    /// Bytes of open runs' indexes and Bloom filters and of merges' buffers.
+    pub fn pinned_bytes(&self) -> usize {
+        self.shared.pinned.load(Ordering::Relaxed)
+    }
+
+    /// A disk store opened on this budget (its memtable counts toward the average).
+    pub(crate) fn join(&self) {
+        self.shared.stores.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A disk store closed; it released its charges first.
+    pub(crate) fn leave(&self) {
+        let previous = self.shared.stores.fetch_sub(1, Ordering::Relaxed);
+        assert!(previous > 0, "a store leaves a budget it joined");
+    }
+
+    /// Whether a memtable of `bytes` is due a flush: at a quarter of the write budget, or
+    /// when the memtables hold it all and this one is at least their average. `factor` 2
+    /// doubles both (a restore flushes only then).
+    pub(crate) fn flush_due(&self, bytes: usize, factor: usize) -> bool {
+        let budget = factor * self.write_budget();
+        let (writes, stores) = (self.write_bytes(), self.shared.stores.load(Ordering::Relaxed));
+        assert!(stores > 0 || writes == 0, "memtables belong to stores that joined");
+        bytes > 0 && (bytes >= budget / 4 || (writes >= budget && bytes * stores >= writes))
     }
 
     /// The memtables' budget: an eighth.
@@ -109,17 +146,21 @@ impl StoreMemory {
 
     /// A memtable grew (or shrank) from `before` to `after` bytes.
     pub(crate) fn charge_writes(&self, before: usize, after: usize) {
-        if after >= before {
-            self.shared.writes.fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            let previous = self.shared.writes.fetch_sub(before - after, Ordering::Relaxed);
-            assert!(previous >= before - after, "the memtables' bytes are each charged once");
+        charge(&self.shared.writes, before, after);
+    }
+
+    /// A store's pinned bytes (run indexes, filters, merge buffers) went from `before` to
+    /// `after`.
+    pub(crate) fn charge_pinned(&self, before: usize, after: usize) {
+        charge(&self.shared.pinned, before, after);
+        if after > before {
+            self.trim();
         }
     }
 
     fn cache_capacity(&self) -> usize {
         let budget = self.shared.bytes - self.write_budget();
-        budget.saturating_sub(self.shared.pinned.load(Ordering::Relaxed))
+        budget.saturating_sub(self.pinned_bytes())
     }
 
     pub fn cached_bytes(&self) -> usize {
@@ -153,28 +194,54 @@ impl StoreMemory {
         shard.bytes += block.bytes();
         shard.slots.insert(key, Slot { block, referenced: false });
         shard.ring.push_back(key);
+        shard.evict_to(capacity);
+    }
+
+    /// Evict until every shard is within its share of the capacity (pinned bytes grew).
+    fn trim(&self) {
+        let capacity = self.cache_capacity() / SHARDS;
+        for shard in &self.shared.shards {
+            shard.lock().expect("cache shard lock").evict_to(capacity);
+        }
+    }
+}
+
+impl Shard {
+    /// Evict blocks, unmarked first, until the shard holds at most `capacity` bytes.
+    fn evict_to(&mut self, capacity: usize) {
         // Each pass clears a mark or evicts, and a cleared block is evicted when next met:
         // within twice the ring's length the shard is back within its share.
-        let mut passes = 2 * shard.ring.len();
-        while shard.bytes > capacity && passes > 0 {
+        let mut passes = 2 * self.ring.len();
+        while self.bytes > capacity && passes > 0 {
             passes -= 1;
-            let Some(next) = shard.ring.pop_front() else { break };
-            let slot = shard.slots.get_mut(&next).expect("the ring names cached blocks");
+            let Some(next) = self.ring.pop_front() else { break };
+            let slot = self.slots.get_mut(&next).expect("the ring names cached blocks");
             if slot.referenced {
                 slot.referenced = false;
-                shard.ring.push_back(next);
+                self.ring.push_back(next);
             } else {
-                let slot = shard.slots.remove(&next).expect("the ring names cached blocks");
-                assert!(shard.bytes >= slot.block.bytes(), "a shard counts each block it holds");
-                shard.bytes -= slot.block.bytes();
+                let slot = self.slots.remove(&next).expect("the ring names cached blocks");
+                assert!(self.bytes >= slot.block.bytes(), "a shard counts each block it holds");
+                self.bytes -= slot.block.bytes();
             }
         }
-        assert_eq!(shard.slots.len(), shard.ring.len(), "the ring holds each cached key once");
+        assert!(self.bytes <= capacity, "a shard is within its share after eviction");
+        assert_eq!(self.slots.len(), self.ring.len(), "the ring holds each cached key once");
         debug_assert_eq!(
-            shard.bytes,
-            shard.slots.values().map(|s| s.block.bytes()).sum::<usize>(),
+            self.bytes,
+            self.slots.values().map(|s| s.block.bytes()).sum::<usize>(),
             "a shard's bytes are the sum of its blocks'"
         );
+    }
+}
+
+/// Move `counter` by a charge's change from `before` to `after`.
+fn charge(counter: &AtomicUsize, before: usize, after: usize) {
+    if after >= before {
+        counter.fetch_add(after - before, Ordering::Relaxed);
+    } else {
+        let previous = counter.fetch_sub(before - after, Ordering::Relaxed);
+        assert!(previous >= before - after, "a charge is released once, by its holder");
     }
 }
 

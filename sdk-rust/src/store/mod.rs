@@ -49,7 +49,8 @@ pub enum StoreKind {
     /// the fastest, bounded by memory, and a start costs time proportional to the state.
     #[default]
     Memory,
-    /// Sorted runs on disk with a cache of `cache_bytes`: bounded memory, and a start reads
+    /// Sorted runs on disk, in a memory budget shared with the application's other disk
+    /// stores ([`DiskOptions::budget_bytes`]): bounded memory, and a start reads
     /// only the changelog the store had not yet taken (the tail).
     Disk(DiskOptions),
 }
@@ -64,7 +65,8 @@ impl StoreKind {
 impl std::str::FromStr for StoreKind {
     type Err = String;
 
-    /// `memory`, `disk`, or `disk:<cache MiB>`.
+    /// `memory`, `disk` (in the application's shared budget), or `disk:<MiB>` (a budget of
+    /// its own, shared by its partitions).
     fn from_str(text: &str) -> Result<StoreKind, String> {
         let kind = match text {
             "memory" => Ok(StoreKind::Memory),
@@ -75,16 +77,16 @@ impl std::str::FromStr for StoreKind {
                 .filter(|&mib| mib > 0)
                 // Checked: `mib << 20` drops the high bits, so a huge size would become 0.
                 .and_then(|mib| mib.checked_mul(1 << 20))
-                .map(|cache_bytes| StoreKind::Disk(DiskOptions { cache_bytes }))
+                .map(|bytes| StoreKind::Disk(DiskOptions { budget_bytes: Some(bytes) }))
                 .ok_or_else(|| {
-                    format!("unknown store kind {other:?}: memory, disk, or disk:<cache MiB>")
+                    format!("unknown store kind {other:?}: memory, disk, or disk:<MiB>")
                 }),
         };
-        // The cache is split in eighths (the memtable's share): a store parsed has at least
+        // The budget is split in eighths (the memtables' share): a store parsed has at least
         // a MiB, never a memtable of no bytes.
         assert!(
-            !matches!(kind, Ok(StoreKind::Disk(DiskOptions { cache_bytes })) if cache_bytes < 1 << 20),
-            "a disk store parsed has a cache of a MiB or more"
+            !matches!(kind, Ok(StoreKind::Disk(DiskOptions { budget_bytes: Some(b) })) if b < 1 << 20),
+            "a disk store parsed has a budget of a MiB or more"
         );
         kind
     }
@@ -180,8 +182,9 @@ impl Store {
         self.disk.as_ref().map(|d| d.merges())
     }
 
-    /// Bytes a disk store holds in memory: changes not yet in a run, cached blocks, run
-    /// indexes and Bloom filters (`None` for a memory store).
+    /// Bytes a disk store holds in memory of its own: changes not yet in a run, run indexes
+    /// and Bloom filters, merge buffers (`None` for a memory store). Its cached blocks are
+    /// counted in the budget it shares ([`StoreMemory::resident_bytes`]).
     pub fn resident_bytes(&self) -> Option<usize> {
         self.disk.as_ref().map(|d| d.resident_bytes())
     }

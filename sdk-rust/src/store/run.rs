@@ -15,8 +15,9 @@ const FOOTER_BYTES: usize = 64;
 pub const BLOCK_BYTES: usize = 4096;
 /// Length field of a deletion.
 const TOMBSTONE: u32 = u32::MAX;
-/// Bytes written out at once while a run is built.
-const WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Bytes written out at once while a run is built: every merge under way holds one, so with
+/// many stores in one budget it stays small.
+const WRITE_BUFFER_BYTES: usize = 128 << 10;
 const BLOOM_BITS_PER_KEY: u64 = 10;
 const BLOOM_PROBES: u32 = 7;
 

@@ -2,7 +2,7 @@
 //! runs build up and merge), reopens, ranges; and damage found, never believed.
 
 use super::disk::DiskStore;
-use super::{DiskOptions, Files, StoreError};
+use super::{Files, StoreError, StoreMemory};
 use crate::Offset;
 use chronik_engine::io::{Io, Namespace};
 use chronik_simdisk::{Rng, SimDisk};
@@ -21,9 +21,9 @@ fn disk() -> (SimDisk, Arc<dyn Io>) {
     (disk, io)
 }
 
-fn open(io: &Arc<dyn Io>, identity: &str, cache_bytes: usize) -> (DiskStore, Option<String>) {
+fn open(io: &Arc<dyn Io>, identity: &str, budget: usize) -> (DiskStore, Option<String>) {
     let files = Files { io: Arc::clone(io), directory: DIRECTORY.into() };
-    DiskStore::open(files, identity.to_owned(), DiskOptions { cache_bytes }).unwrap()
+    DiskStore::open(files, identity.to_owned(), StoreMemory::new(budget)).unwrap()
 }
 
 fn entries(store: &DiskStore) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -256,4 +256,62 @@ fn the_key_estimate_follows_puts_updates_and_deletes_without_reads() {
     assert!(store.take_failure().is_none(), "every read went well");
     assert!(store.merges().installed > 10, "{:?}", store.merges());
     eprintln!("{:?}, {} runs", store.merges(), store.runs());
+}
+
+#[test]
+fn stores_sharing_one_budget_stay_within_it_and_each_agrees_with_its_map() {
+    // 2 stores x 4 partitions on one budget: the memtables together stay within its write
+    // share after every flush round, the cache within the rest, each store exact.
+    let (_disk, io) = disk();
+    let memory = StoreMemory::new(4 << 20);
+    let mut rng = Rng::new(9);
+    let open_at = |i: usize| {
+        let files = Files { io: Arc::clone(&io), directory: format!("/state/s{i}.store").into() };
+        let identity = format!("app-s{}-changelog partition {}", i / 4, i % 4);
+        let (store, rebuilt) = DiskStore::open(files, identity, memory.clone()).unwrap();
+        assert_eq!(rebuilt, None);
+        store
+    };
+    let mut stores: Vec<DiskStore> = (0..8).map(open_at).collect();
+    let mut models: Vec<BTreeMap<Vec<u8>, Vec<u8>>> = vec![BTreeMap::new(); 8];
+    let (mut flushes, mut most_writes) = (0, 0);
+    for round in 1..=6_000_u64 {
+        // One commit's worth: a few puts into stores written at different rates.
+        for _ in 0..32 {
+            let i = (rng.below(8) * rng.below(8) / 7) as usize;
+            let key = format!("k{:05}", rng.below(20_000)).into_bytes();
+            let length = rng.below(60) as usize;
+            let value = rng.bytes(length);
+            stores[i].put(&key, &value);
+            models[i].insert(key, value);
+        }
+        for store in stores.iter_mut().filter(|s| s.wants_flush()) {
+            store.flush(Offset::new(round)).unwrap();
+            flushes += 1;
+        }
+        most_writes = most_writes.max(memory.write_bytes());
+        assert!(memory.write_bytes() < memory.write_budget(), "round {round}: {memory:?}");
+        let own: usize = stores.iter().map(DiskStore::resident_bytes).sum();
+        assert!(own >= memory.pinned_bytes() + memory.write_bytes(), "pinned and writes are theirs");
+        assert!(memory.resident_bytes() <= memory.bytes(), "round {round}: {memory:?}");
+        if round % 1_000 == 0 {
+            let (i, key) = (rng.below(8) as usize, format!("k{:05}", rng.below(20_000)));
+            let found = stores[i].get(key.as_bytes()).unwrap().map(|v| v.to_vec());
+            assert_eq!(found.as_ref(), models[i].get(key.as_bytes()));
+            for (store, model) in stores.iter().zip(&models) {
+                let expected: Vec<_> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                assert_eq!(entries(store), expected, "round {round}");
+            }
+        }
+    }
+    let merges: u64 = stores.iter().map(|s| s.merges().installed).sum();
+    eprintln!(
+        "{flushes} flushes, {merges} merges, memtables at most {most_writes} of {}: {memory:?}",
+        memory.write_budget()
+    );
+    assert!(flushes > 100 && merges > 10, "flushes and merges ran: {flushes}, {merges}");
+    assert!(most_writes > memory.write_budget() / 2, "the write budget was reached");
+    assert!(memory.cached_bytes() > 0, "reads went through the shared cache");
+    drop(stores);
+    assert_eq!((memory.write_bytes(), memory.pinned_bytes()), (0, 0), "closed stores left it");
 }
