@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-/// The memory our disk store gets by default is 256 MiB, an eighth of it for memtables: the
+/// The memory our disk stores get by default is 256 MiB, an eighth of it for memtables: the
 /// rest is the block cache.
 const CACHE_BYTES_DEFAULT: u64 = (256 << 20) - WRITE_BUFFER_BYTES;
 
@@ -81,16 +81,22 @@ fn open(dir: &str, cache_bytes: u64, partitions: u64) -> anyhow::Result<(Databas
     // fjall 3.1's database-wide memtable limit (`max_write_buffer_size`) is deprecated and
     // read nowhere, so the write buffers are bounded per keyspace: each memtable is sealed at
     // 32 MiB / P, 32 MiB in all, as our disk store's are. Sealed memtables stay in memory until
-    // a background worker has flushed them, so this bounds the active ones only; the same holds
-    // on our side. Everything else is fjall's default: the journal is written to the OS on
-    // every insert (`PersistMode::Buffer`, as our `Durability::Os`), its total size is capped
-    // at 512 MiB, and there are min(cores, 4) background workers.
-    let database = Database::builder(Path::new(dir)).cache_size(cache_bytes).open()?;
+    // a background worker has flushed them, so this bounds the active ones only. The journal
+    // is persisted by hand (`manual_journal_persist`): written to the OS when its buffer fills
+    // and once at the end, as our changelog is written at commits under `Durability::Os`
+    // (fjall's default writes to the OS at every insert, a syscall each). Everything else is
+    // fjall's default: the journal is capped at 512 MiB, min(cores, 4) background workers.
+    let database = Database::builder(Path::new(dir))
+        .cache_size(cache_bytes)
+        .manual_journal_persist(true)
+        .open()?;
     let memtable_bytes = WRITE_BUFFER_BYTES / partitions;
     let keyspaces = (0..partitions)
         .map(|p| {
             database.keyspace(&format!("counts-{p}"), || {
-                KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes)
+                KeyspaceCreateOptions::default()
+                    .max_memtable_size(memtable_bytes)
+                    .manual_journal_persist(true)
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -129,7 +135,11 @@ fn scan(keyspaces: &[Keyspace]) -> anyhow::Result<(u64, u64)> {
         for guard in counts.iter() {
             let (key, value) = guard.into_inner()?;
             let count = <[u8; 8]>::try_from(&*value).map_err(|_| {
-                anyhow::anyhow!("{}: a count of {} bytes", String::from_utf8_lossy(&key), value.len())
+                anyhow::anyhow!(
+                    "{}: a count of {} bytes",
+                    String::from_utf8_lossy(&key),
+                    value.len()
+                )
             })?;
             entries += 1;
             total += u64::from_le_bytes(count);

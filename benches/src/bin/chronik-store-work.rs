@@ -166,7 +166,8 @@ fn count(dir: &str, work: &Counting<'_>) -> anyhow::Result<()> {
     for name in &names {
         config = config.store_with(name, work.store);
         for p in (0..partitions).filter(|_| work.full_restore) {
-            let snapshot = std::path::Path::new(dir).join("state").join(config.snapshot_file(name, p));
+            let snapshot =
+                std::path::Path::new(dir).join("state").join(config.snapshot_file(name, p));
             match std::fs::remove_file(&snapshot) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
                 _ => {}
@@ -174,10 +175,8 @@ fn count(dir: &str, work: &Counting<'_>) -> anyhow::Result<()> {
         }
     }
     let (kill_after, written) = (work.kill_after, if work.idle { Vec::new() } else { names });
-    let mut runner = Runner::new(chronik.engine(), config, |_| Counter {
-        kill_after,
-        stores: written.clone(),
-    })?;
+    let mut runner =
+        Runner::new(chronik.engine(), config, |_| Counter { kill_after, stores: written.clone() })?;
     let ready = STARTED.get().map_or(Duration::ZERO, Instant::elapsed);
     let stop = AtomicBool::new(false);
     let started = Instant::now();
@@ -197,7 +196,13 @@ fn count(dir: &str, work: &Counting<'_>) -> anyhow::Result<()> {
                 .collect();
             let done = committed.iter().zip(&ends).all(|(c, end)| c >= end);
             let total: u64 = committed.iter().sum();
-            budget_peak = budget_peak.max(StoreMemory::process().resident_bytes());
+            let memory = StoreMemory::process();
+            if memory.resident_bytes() > budget_peak {
+                budget_peak = memory.resident_bytes();
+                if std::env::var_os("STORE_WORK_DEBUG").is_some() {
+                    eprintln!("{memory:?}");
+                }
+            }
             if total >= (marks.len() as u64 + 1) * MARK_RECORDS {
                 marks.push((total, chronik.metrics().task_commit_latency));
             }

@@ -29,9 +29,7 @@ mod snapshot;
 mod task;
 mod task_log;
 
-pub use crate::store::{
-    DiskMerges, DiskOptions, Store, StoreError, StoreKind, StoreMemory, Typed,
-};
+pub use crate::store::{DiskMerges, DiskOptions, Store, StoreError, StoreKind, StoreMemory, Typed};
 pub use api::{
     BATCH_RECORDS_MAX, Context, Guarantee, Processor, ProcessorError, Punctuation, RunStats,
     UnknownGuarantee, Until,

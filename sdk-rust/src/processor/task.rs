@@ -13,7 +13,7 @@ use super::config::{DEAD_LETTER_HEADERS, OnDecodeError, ProcessorConfig};
 use super::error::ProcessError;
 use super::snapshot;
 use super::task_log::TaskLog;
-use crate::store::Store;
+use crate::store::{DiskStore, Store};
 use crate::{GroupCommit, Header, Offset, Record, RecordView, TopicError, TransactionWrite};
 use chronik_engine::canary::{self, Canary};
 use chronik_engine::metrics::Metrics;
@@ -252,6 +252,7 @@ impl<P: Processor> Task<P> {
             self.uncommitted_records += (end - start) as u64;
             if config.commit_every_records.is_some_and(|n| self.uncommitted_records >= n)
                 || self.pending_bytes() > PENDING_BYTES_MAX
+                || self.flush_due()
             {
                 self.commit(engine, config)?;
             }
@@ -343,6 +344,12 @@ impl<P: Processor> Task<P> {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether a disk store of this task is due a flush, which only a commit brings: the
+    /// memtables' share of the memory budget is spent (or this store's part of it).
+    fn flush_due(&self) -> bool {
+        self.stores.values().any(|store| store.disk().is_some_and(DiskStore::wants_flush))
     }
 
     fn pending_bytes(&self) -> usize {

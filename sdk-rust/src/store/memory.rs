@@ -135,7 +135,7 @@ impl StoreMemory {
         bytes > 0 && (bytes >= budget / 4 || (writes >= budget && bytes * stores >= writes))
     }
 
-    /// The memtables' budget: an eighth.
+    /// The memtables' budget: an eighth (it also bounds the changelog a restart reads).
     pub(crate) fn write_budget(&self) -> usize {
         self.shared.bytes / 8
     }
@@ -264,11 +264,11 @@ mod tests {
             .filter(|k| std::ptr::eq(memory.shard(*k), memory.shard((store, 1, 0))))
             .take(3)
             .collect();
-        memory.insert(same[0], block(4000));
-        memory.insert(same[1], block(4000));
+        memory.insert(same[0], block(3900));
+        memory.insert(same[1], block(3900));
         assert!(memory.get(same[0]).is_some(), "both fit");
         // A third: the one not used since it came goes, the used one stays.
-        memory.insert(same[2], block(4000));
+        memory.insert(same[2], block(3900));
         assert!(memory.get(same[1]).is_none(), "the unused block was evicted");
         assert!(memory.get(same[0]).is_some() && memory.get(same[2]).is_some());
         assert!(memory.cached_bytes() <= memory.cache_capacity());

@@ -617,6 +617,8 @@ impl Run {
         // Verified and checked above, so (but under the canary that trusts damage) the block
         // holds entries, within its bytes, ending at its index key.
         assert!(!entries.is_empty() || canary_trusts_damage(), "a block read holds entries");
+        // A cached block is counted by what it holds: no spare capacity beside it.
+        entries.shrink_to_fit();
         let key_at = |e: &EntryAt| &bytes[e.at as usize + 8..][..e.key_length as usize];
         assert!(
             entries.first().is_none_or(|e| below.is_none_or(|b| b < key_at(e)))
@@ -779,9 +781,10 @@ impl Block {
         Block { bytes: vec![0; bytes], entries: Vec::new() }
     }
 
-    /// Bytes held.
+    /// Bytes the block takes in memory: its buffers' capacities and a share for the two
+    /// heap allocations, the `Arc` and the cache slot it sits in.
     pub fn bytes(&self) -> usize {
         assert!(self.bytes.len() >= self.entries.len() * 8, "each entry holds its lengths");
-        self.bytes.len() + self.entries.len() * std::mem::size_of::<EntryAt>()
+        self.bytes.capacity() + self.entries.capacity() * std::mem::size_of::<EntryAt>() + 128
     }
 }

@@ -292,7 +292,10 @@ fn stores_sharing_one_budget_stay_within_it_and_each_agrees_with_its_map() {
         most_writes = most_writes.max(memory.write_bytes());
         assert!(memory.write_bytes() < memory.write_budget(), "round {round}: {memory:?}");
         let own: usize = stores.iter().map(DiskStore::resident_bytes).sum();
-        assert!(own >= memory.pinned_bytes() + memory.write_bytes(), "pinned and writes are theirs");
+        assert!(
+            own >= memory.pinned_bytes() + memory.write_bytes(),
+            "pinned and writes are theirs"
+        );
         assert!(memory.resident_bytes() <= memory.bytes(), "round {round}: {memory:?}");
         if round % 1_000 == 0 {
             let (i, key) = (rng.below(8) as usize, format!("k{:05}", rng.below(20_000)));
