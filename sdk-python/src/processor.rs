@@ -676,10 +676,14 @@ pub(crate) fn apply_options(
                 config.store_kind = text.parse().map_err(InvalidArgumentError::new_err)?;
             }
             "store_memory_mib" => {
-                let mib: usize = value.extract()?;
-                let bytes = mib.checked_mul(1 << 20).filter(|&b| b > 0).ok_or_else(|| {
-                    InvalidArgumentError::new_err(format!("store_memory_mib {mib}: 1 or more"))
-                })?;
+                let mib: i64 = value.extract()?;
+                let bytes = usize::try_from(mib)
+                    .ok()
+                    .and_then(|mib| mib.checked_mul(1 << 20))
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| {
+                        InvalidArgumentError::new_err(format!("store_memory_mib {mib}: 1 or more"))
+                    })?;
                 config.store_memory = Some(chronik::processor::StoreMemory::new(bytes));
             }
             "punctuate_stream_ms" => config.punctuate_stream_ms = Some(value.extract()?),

@@ -85,7 +85,8 @@ def test_a_bad_store_spec_is_a_typed_error(tmp_path):
         db.create_topic("in")
         for stores, settings in [({"s": "json+flash"}, {}), ({"s": "disk:0"}, {}),
                                  (["s"], {"store_kind": "tape"}),
-                                 (["s"], {"store_kind": "disk", "store_memory_mib": 0})]:
+                                 (["s"], {"store_kind": "disk", "store_memory_mib": 0}),
+                                 (["s"], {"store_kind": "disk", "store_memory_mib": -1})]:
             # Refused by the constructor, not at the first run.
             with pytest.raises(chronik.InvalidArgumentError):
                 chronik.App(db, "x", input="in", stores=stores, **settings)

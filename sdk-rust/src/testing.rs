@@ -47,7 +47,7 @@ use crate::dsl::{Topology, TopologyRunner};
 use crate::processor::{
     Processor, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Runner,
 };
-use crate::store::{DiskOptions, Store, StoreError, StoreKind};
+use crate::store::{DiskOptions, Store, StoreError, StoreKind, StoreMemory};
 use crate::{Cleanup, Durability, Offset, Options, Record, TopicConfig};
 use chronik_engine::Engine;
 use chronik_simdisk::{Faults, Rng, SimClock, SimDisk};
@@ -93,8 +93,8 @@ pub struct Simulation {
     /// The application: its name, input topic and stores (threads are ignored: the simulation
     /// runs on one thread; each seed commits every 1 to 64 records, and half of them write
     /// store snapshots every 1 to 6 commits). Memory stores become disk stores in half the
-    /// seeds, and every disk store gets a cache of a few KiB, so that it writes runs and
-    /// merges them many times in a run; store files have bits rotted between attempts.
+    /// seeds, and every disk store gets a memory budget of a few KiB of its own, so that it
+    /// writes runs and merges them many times in a run; store files have bits rotted between attempts.
     pub config: ProcessorConfig,
     pub input_partitions: u32,
     /// Every topic the processor emits to, with its partition count.
@@ -314,6 +314,14 @@ impl Settings {
 
     fn apply(&self, mut config: ProcessorConfig) -> ProcessorConfig {
         config.commit_every_records = Some(self.commit_every_records);
+        // A budget of this run's own: simulations running side by side in one process never
+        // share the process's, whose flush decisions would then depend on one another.
+        if config.store_memory.is_none() {
+            config.store_memory = Some(StoreMemory::new(StoreMemory::DEFAULT_BYTES));
+        }
+        // One thread, as documented: partitions restored side by side would share a budget in
+        // an order no seed decides.
+        config.threads = 1;
         if let Snapshots::Every(every) = self.snapshots {
             config.snapshot_every_commits = every;
         }

@@ -461,3 +461,30 @@ fn a_restore_writes_blind_and_the_first_read_of_the_damage_fails_and_rebuilds() 
     assert_eq!(rebuilt, expected(20_000 + KEYS), "rebuilt exactly");
     assert_eq!(stats.stores_rebuilt, 1, "{stats:?}");
 }
+
+/// A disk store given a budget of no bytes is refused by name when the runner starts, not a
+/// panic; a budget shared by the application works like the process's.
+#[test]
+fn a_budget_of_no_bytes_is_a_config_error_and_a_shared_one_counts_exactly() {
+    use chronik::processor::{DiskOptions, ProcessorError, StoreKind, StoreMemory};
+    let (dir, _reports) = setup();
+    let chronik = open(dir.path());
+    let empty = StoreKind::Disk(DiskOptions { budget_bytes: Some(0) });
+    let config = ProcessorConfig::new("zero", "clicks").store_with("counts", empty);
+    match Runner::new(chronik.engine(), config, |_| counter()) {
+        Err(ProcessorError::Config(message)) => {
+            assert!(message.contains("\"counts\""), "{message}");
+        }
+        other => panic!("expected a config error, got {:?}", other.map(|_| ())),
+    }
+    let memory = StoreMemory::new(1 << 20);
+    let config = ProcessorConfig::new("shared", "clicks")
+        .store_with("counts", StoreKind::disk())
+        .store_memory(memory.clone());
+    let mut runner = Runner::new(chronik.engine(), config, |_| counter()).unwrap();
+    runner.run_until_caught_up().unwrap();
+    assert_eq!(counts(&runner), expected(20_000));
+    assert!(memory.resident_bytes() > 0 && memory.resident_bytes() <= memory.bytes(), "{memory:?}");
+    drop(runner);
+    assert_eq!(memory.resident_bytes(), memory.cached_bytes(), "closed stores left their charges");
+}

@@ -8,7 +8,9 @@ use super::api::{ProcessorError, RunStats};
 use super::config::{ProcessorConfig, RestoreProgress};
 use super::snapshot;
 use super::task_log::TaskLog;
-use crate::store::{CHANGELOG_PUT, DiskStore, Files, Store, StoreError, StoreKind, StoreMemory};
+use crate::store::{
+    CHANGELOG_PUT, DiskOptions, DiskStore, Files, Store, StoreError, StoreKind, StoreMemory,
+};
 use crate::{Io, Offset};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
@@ -30,6 +32,12 @@ pub(super) fn restore_all<I: Io>(
 ) -> Result<Vec<Restored>, ProcessorError> {
     // Each disk store's budget, shared by its partitions (and, unless the store has its own,
     // by the application's other stores).
+    let empty = config.stores.iter().find(|name| {
+        matches!(config.kind_of(name), StoreKind::Disk(DiskOptions { budget_bytes: Some(0) }))
+    });
+    if let Some(name) = empty {
+        return Err(ProcessorError::Config(format!("store {name:?}: a memory budget of 0 bytes")));
+    }
     let budgets: BTreeMap<&str, StoreMemory> = (config.stores.iter())
         .filter(|name| matches!(config.kind_of(name), StoreKind::Disk(_)))
         .map(|name| (name.as_str(), config.memory_of(name)))

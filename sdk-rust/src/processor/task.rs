@@ -374,6 +374,11 @@ impl<P: Processor> Task<P> {
         let pending = self.pending_bytes() > 0 || self.positions != self.committed_positions;
         if pending && (idle || now.saturating_sub(self.last_commit_ms) >= interval) {
             self.commit(engine, config)?;
+        } else if idle && !pending && self.flush_due() {
+            // Nothing uncommitted: the memtables hold committed state, so a store due a flush
+            // (the budget it shares is spent by others, or a restore left it large) flushes
+            // without a commit; an idle task would otherwise hold its share for good.
+            self.flush_stores(engine, config, false)?;
         }
         Ok(())
     }

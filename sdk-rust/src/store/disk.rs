@@ -125,7 +125,8 @@ impl DiskStore {
             memtable_bytes: 0,
             runs: Vec::new(),
             jobs: Vec::new(),
-            flushed_bytes: memory.write_budget() as u64,
+            // A flush writes at most a quarter of the write budget (`StoreMemory::flush_due`).
+            flushed_bytes: (memory.write_budget() / 4) as u64,
             merges_installed: 0,
             stalls: 0,
             memory,
