@@ -196,13 +196,7 @@ fn count(dir: &str, work: &Counting<'_>) -> anyhow::Result<()> {
                 .collect();
             let done = committed.iter().zip(&ends).all(|(c, end)| c >= end);
             let total: u64 = committed.iter().sum();
-            let memory = StoreMemory::process();
-            if memory.resident_bytes() > budget_peak {
-                budget_peak = memory.resident_bytes();
-                if std::env::var_os("STORE_WORK_DEBUG").is_some() {
-                    eprintln!("{memory:?}");
-                }
-            }
+            budget_peak = budget_peak.max(StoreMemory::process().resident_bytes());
             if total >= (marks.len() as u64 + 1) * MARK_RECORDS {
                 marks.push((total, chronik.metrics().task_commit_latency));
             }
