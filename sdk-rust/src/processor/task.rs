@@ -383,6 +383,19 @@ impl<P: Processor> Task<P> {
         Ok(())
     }
 
+    /// The bug of [`Canary::StoreAppliedBeforeCommit`]: disk stores take the changes before
+    /// their transaction commits.
+    fn canary_apply_before_commit<L: TaskLog + ?Sized>(
+        &mut self,
+        engine: &L,
+        config: &ProcessorConfig,
+    ) -> Result<(), ProcessorError> {
+        for disk in self.stores.values_mut().filter_map(Store::disk_mut) {
+            disk.canary_take_uncommitted();
+        }
+        self.flush_stores(engine, config, true)
+    }
+
     /// One transaction: every store's changes to its changelog partition, the outputs, and
     /// the input position.
     pub(crate) fn commit<L: TaskLog + ?Sized>(
@@ -398,8 +411,7 @@ impl<P: Processor> Task<P> {
             self.snapshot(engine, config);
         }
         if canary::active(Canary::StoreAppliedBeforeCommit) {
-            // The bug: disk stores take the changes before their transaction commits.
-            self.flush_stores(engine, config, true)?;
+            self.canary_apply_before_commit(engine, config)?;
         }
         let changelogs: Vec<(String, Vec<Record<'_>>)> = self
             .stores

@@ -1,9 +1,11 @@
 //! The disk store: a log-structured merge tree of our own, small and explicit.
 //!
-//! - **Memtable**: the changes since the last flush, in key order (a deletion is kept as
-//!   `None` while older runs may hold the key). Holds committed and uncommitted changes alike
-//!   while the task works; it is flushed only right after a commit, when it holds exactly the
-//!   committed state.
+//! - **Pending changes**: the changes since the last commit, in key order, each tagged as
+//!   the changelog carries it ([`CHANGELOG_PUT`] then the value, or empty for a deletion): the
+//!   commit writes them to the changelog as they are, then moves them into the memtable.
+//! - **Memtable**: the committed changes since the last flush, in key order, tagged the same
+//!   way (a deletion is kept while older runs may hold the key). It is flushed only right
+//!   after a commit, so it holds exactly the committed state.
 //! - **Runs**: immutable sorted files ([`super::run`]), newest first, each of a level: a flush
 //!   writes a level-0 run; [`super::policy`] chooses merges of a level's oldest
 //!   [`super::policy::FANOUT`] runs into one of the next level, and [`super::merge`] runs
@@ -21,6 +23,7 @@
 //! (data and directory entry) before a manifest names it, and removed only after a durable
 //! manifest stopped naming it.
 
+use super::CHANGELOG_PUT;
 use super::files::{Damage, Files, StoreError, bounds_ordered, is_empty_range};
 use super::manifest::Manifest;
 use super::memory::{self, StoreMemory};
@@ -31,14 +34,46 @@ use crate::Offset;
 use chronik_engine::canary::{self, Canary};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry as Slot;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 const MANIFEST: &str = "MANIFEST";
-/// Bytes a memtable entry costs beyond its key and value: its share of a tree node and two
-/// heap allocations (measured with heaptrack: 64 undercounted a memtable of small entries by
-/// half).
+/// Bytes a memtable or pending entry costs beyond its key and tagged value: its share of a
+/// tree node and two heap allocations (measured with heaptrack: 64 undercounted a memtable of
+/// small entries by half).
 const ENTRY_OVERHEAD: usize = 112;
+
+/// A tagged value's value: `None` for a deletion (empty), else what follows the tag.
+fn untag(tagged: &[u8]) -> Option<&[u8]> {
+    let (&tag, value) = tagged.split_first()?;
+    debug_assert_eq!(tag, CHANGELOG_PUT, "a stored change is a tagged put or a deletion");
+    Some(value)
+}
+
+/// `value` tagged as the changelog carries it (empty for a deletion), in one allocation.
+fn tag(value: Option<&[u8]>) -> Vec<u8> {
+    let Some(value) = value else { return Vec::new() };
+    let mut tagged = Vec::with_capacity(value.len() + 1);
+    tagged.push(CHANGELOG_PUT);
+    tagged.extend_from_slice(value);
+    tagged
+}
+
+/// What a memtable entry adds to the key estimate: a value one, a deletion minus one (it
+/// shadows a copy in a run), or nothing when there is no run (then it is not kept).
+fn live(tagged: &[u8], runs_empty: bool) -> i64 {
+    match (tagged.is_empty(), runs_empty) {
+        (false, _) => 1,
+        (true, true) => 0,
+        (true, false) => -1,
+    }
+}
+
+/// The bytes an entry is charged to the budget.
+fn entry_bytes(key: &[u8], tagged: &[u8]) -> usize {
+    key.len() + tagged.len() + ENTRY_OVERHEAD
+}
 
 /// What a disk store's merges did since it opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,7 +89,16 @@ pub struct DiskMerges {
 pub struct DiskStore {
     files: Arc<Files>,
     identity: String,
-    memtable: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Changes since the last commit, tagged; newer than the memtable.
+    pending: BTreeMap<Vec<u8>, Vec<u8>>,
+    pending_bytes: usize,
+    /// Pending entries holding a value (the rest are deletions).
+    pending_values: usize,
+    /// What the pending changes add to the key estimate over the memtable's entries
+    /// ([`live`]), so that a task's own changes count at once.
+    pending_live: i64,
+    /// Committed changes since the last flush, tagged; newer than every run.
+    memtable: BTreeMap<Vec<u8>, Vec<u8>>,
     memtable_bytes: usize,
     /// Newest first; levels never decrease from newest to oldest.
     runs: Vec<Arc<Run>>,
@@ -96,6 +140,7 @@ impl std::fmt::Debug for DiskStore {
             .field("identity", &self.identity)
             .field("offset", &self.offset)
             .field("len_estimate", &self.len_estimate())
+            .field("pending", &self.pending.len())
             .field("memtable", &self.memtable.len())
             .field("runs", &self.runs)
             .field("jobs", &self.jobs)
@@ -121,6 +166,10 @@ impl DiskStore {
         let mut store = DiskStore {
             files: Arc::clone(&files),
             identity,
+            pending: BTreeMap::new(),
+            pending_bytes: 0,
+            pending_values: 0,
+            pending_live: 0,
             memtable: BTreeMap::new(),
             memtable_bytes: 0,
             runs: Vec::new(),
@@ -159,7 +208,10 @@ impl DiskStore {
     fn load(&mut self) -> Result<(), StoreError> {
         // No manifest: a new store, one whose first flush a crash cut short, or one condemned
         // after damage (reported then). It starts empty; files left beside it are removed.
-        assert!(self.runs.is_empty() && self.memtable.is_empty(), "a store loads once, empty");
+        assert!(
+            self.runs.is_empty() && self.memtable.is_empty() && self.pending.is_empty(),
+            "a store loads once, empty"
+        );
         let Some(bytes) = self.files.read_small(MANIFEST)? else { return Ok(()) };
         self.manifest_found = true;
         let manifest = Manifest::decode(&bytes)
@@ -191,14 +243,12 @@ impl DiskStore {
         self.runs.windows(2).all(|pair| pair[0].meta.level <= pair[1].meta.level)
     }
 
-    /// Whether `memtable_bytes` is the sum of the memtable's entries' sizes.
+    /// Whether `memtable_bytes` and `pending_bytes` are the sums of their entries' sizes.
     fn memtable_accounted(&self) -> bool {
-        let sum: usize = self
-            .memtable
-            .iter()
-            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD)
-            .sum();
-        sum == self.memtable_bytes
+        let sum = |map: &BTreeMap<Vec<u8>, Vec<u8>>| -> usize {
+            map.iter().map(|(k, v)| entry_bytes(k, v)).sum()
+        };
+        sum(&self.memtable) == self.memtable_bytes && sum(&self.pending) == self.pending_bytes
     }
 
     /// Forget everything: the store is empty at offset 0, its directory without files.
@@ -210,8 +260,12 @@ impl DiskStore {
         // The blocks cached under the old id are never asked for again: they age out.
         self.store_id = memory::store_id();
         self.memtable.clear();
-        self.memory.charge_writes(self.memtable_bytes, 0);
+        self.pending.clear();
+        self.memory.charge_writes(self.memtable_bytes + self.pending_bytes, 0);
         self.memtable_bytes = 0;
+        self.pending_bytes = 0;
+        self.pending_values = 0;
+        self.pending_live = 0;
         self.memtable_values = 0;
         self.offset = Offset::ZERO;
         self.repin();
@@ -276,22 +330,23 @@ impl DiskStore {
     }
 
     /// The store's keys, estimated without reading: the runs' live-key changes
-    /// ([`RunMeta::live`]) and the memtable's values less its deletions. Over by keys updated
-    /// since their runs last merged, under by Bloom false positives and keys deleted and
-    /// written again; exact for a store of one run that merges dropped deletions from.
+    /// ([`RunMeta::live`]), the memtable's values less its deletions, and what the pending
+    /// changes change over the memtable. Over by keys updated since their runs last merged,
+    /// under by Bloom false positives and keys deleted and written again; exact for a store
+    /// of one run that merges dropped deletions from, or of no run.
     pub fn len_estimate(&self) -> u64 {
         let runs: i64 = self.runs.iter().map(|r| r.meta.live).sum();
         let deletions = self.memtable.len() - self.memtable_values;
         let values = i64::try_from(self.memtable_values).expect("a memtable's entries fit i64");
         let deletions = i64::try_from(deletions).expect("a memtable's entries fit i64");
-        u64::try_from(runs + values - deletions).unwrap_or(0)
+        u64::try_from(runs + values - deletions + self.pending_live).unwrap_or(0)
     }
 
-    /// Whether the memtable is due a flush within the budget it shares
-    /// ([`StoreMemory`]'s write budget): flush after the commit.
+    /// Whether the memtable (with the changes it takes at the commit) is due a flush within
+    /// the budget it shares ([`StoreMemory`]'s write budget): flush after the commit.
     pub fn wants_flush(&self) -> bool {
         debug_assert!(!self.memtable.is_empty() || self.memtable_bytes == 0, "empty: no bytes");
-        self.memory.flush_due(self.memtable_bytes, 1)
+        self.memory.flush_due(self.memtable_bytes + self.pending_bytes, 1)
     }
 
     /// Whether the memtable is twice due: a restore flushes only then (and leaves the flush,
@@ -301,7 +356,7 @@ impl DiskStore {
             self.memtable_bytes >= self.memtable.len() * ENTRY_OVERHEAD,
             "memtable bytes count each entry's overhead"
         );
-        self.memory.flush_due(self.memtable_bytes, 2)
+        self.memory.flush_due(self.memtable_bytes + self.pending_bytes, 2)
     }
 
     pub fn runs(&self) -> usize {
@@ -317,6 +372,7 @@ impl DiskStore {
             "memtable bytes count each entry's overhead"
         );
         self.memtable_bytes
+            + self.pending_bytes
             + self.runs.iter().map(|r| r.resident_bytes()).sum::<usize>()
             + self.jobs.iter().map(MergeJob::resident_bytes).sum::<usize>()
     }
@@ -374,64 +430,160 @@ impl DiskStore {
     /// `key`'s value; a read that fails is its error, also remembered
     /// ([`DiskStore::take_failure`]).
     pub fn get(&self, key: &[u8]) -> Result<Found<'_>, StoreError> {
-        if let Some(value) = self.memtable.get(key) {
-            return Ok(value.as_deref().map(Cow::Borrowed));
+        if let Some(tagged) = self.pending.get(key).or_else(|| self.memtable.get(key)) {
+            return Ok(untag(tagged).map(Cow::Borrowed));
         }
         self.lookup_runs(key).map_err(|error| self.fail(error))
     }
 
-    /// Set `key`'s change in the memtable: a blind write, which reads no run.
-    fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
-        let size =
-            |v: &Option<Vec<u8>>| key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
-        let before = self.memtable_bytes;
-        if let Some(slot) = self.memtable.get_mut(key) {
-            debug_assert!(self.memtable_bytes >= size(slot), "memtable bytes count each entry");
-            self.memtable_bytes -= size(slot);
-            self.memtable_values -= usize::from(slot.is_some());
-            match (slot.as_mut(), value) {
-                (Some(stored), Some(value)) => {
-                    stored.clear();
-                    stored.extend_from_slice(value);
+    /// Record a change for the next commit: a blind write, which reads no run.
+    fn change(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let (before, runs_empty) = (self.pending_bytes, self.runs.is_empty());
+        let new_live = match value {
+            Some(_) => 1,
+            None => live(&[], runs_empty),
+        };
+        // One search (a key changed again before the commit frees the copy made here).
+        match self.pending.entry(key.to_vec()) {
+            Slot::Occupied(mut slot) => {
+                let tagged = slot.get_mut();
+                self.pending_live += new_live - live(tagged, runs_empty);
+                debug_assert!(before >= entry_bytes(key, tagged), "pending bytes count each");
+                self.pending_bytes -= entry_bytes(key, tagged);
+                self.pending_values -= usize::from(!tagged.is_empty());
+                tagged.clear();
+                if let Some(value) = value {
+                    tagged.reserve(value.len() + 1);
+                    tagged.push(CHANGELOG_PUT);
+                    tagged.extend_from_slice(value);
                 }
-                (_, value) => *slot = value.map(<[u8]>::to_vec),
+                self.pending_bytes += entry_bytes(key, tagged);
             }
-            self.memtable_values += usize::from(slot.is_some());
-            self.memtable_bytes += size(slot);
-            self.memory.charge_writes(before, self.memtable_bytes);
-            return;
+            Slot::Vacant(slot) => {
+                // Over the memtable's entry of the key, if any (a lookup in memory).
+                let shadowed = self.memtable.get(key).map_or(0, |t| live(t, runs_empty));
+                self.pending_live += new_live - shadowed;
+                self.pending_bytes += entry_bytes(key, slot.insert(tag(value)));
+            }
         }
-        let slot = value.map(<[u8]>::to_vec);
-        self.memtable_bytes += size(&slot);
-        self.memtable_values += usize::from(slot.is_some());
-        let previous = self.memtable.insert(key.to_vec(), slot);
-        debug_assert!(previous.is_none(), "a key the memtable lacked is added once");
-        self.memory.charge_writes(before, self.memtable_bytes);
+        self.pending_values += usize::from(value.is_some());
+        self.memory.charge_writes(before, self.pending_bytes);
+        // Per record: debug only. The change reads back, tagged as the changelog carries it.
+        debug_assert_eq!(self.get(key).ok().flatten().as_deref(), value, "a change reads back");
     }
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
-        self.set(key, Some(value));
-        // Per record: debug only. The key is live now, in memory.
-        debug_assert!(self.memtable.get(key).is_some_and(Option::is_some), "a put is in memory");
+        self.change(key, Some(value));
     }
 
-    /// Delete `key`, blind: a deletion shadows the runs' copies, or, when there is no run,
-    /// the key just leaves the memtable.
+    /// Delete `key`, blind: the deletion is recorded for the changelog, and shadows the
+    /// memtable's and runs' copies.
     pub fn delete(&mut self, key: &[u8]) {
-        if !self.runs.is_empty() {
-            self.set(key, None);
-        } else if let Some(slot) = self.memtable.remove(key) {
-            let size = key.len() + slot.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD;
-            debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
-            self.memory.charge_writes(self.memtable_bytes, self.memtable_bytes - size);
-            self.memtable_bytes -= size;
-            self.memtable_values -= usize::from(slot.is_some());
-        }
-        // Per record: debug only. A deleted key is shadowed or gone from memory.
-        debug_assert!(
-            self.memtable.get(key).is_none_or(Option::is_none),
-            "a deleted key has no value in memory"
+        self.change(key, None);
+    }
+
+    /// The changes since the last commit, in key order, tagged as the changelog carries them.
+    pub fn pending(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.pending.iter().map(|(key, tagged)| (key.as_slice(), tagged.as_slice()))
+    }
+
+    pub fn has_pending(&self) -> bool {
+        assert_eq!(self.pending.is_empty(), self.pending_bytes == 0, "pending bytes iff changes");
+        !self.pending.is_empty()
+    }
+
+    /// Bytes the changes since the last commit take.
+    pub fn pending_bytes(&self) -> usize {
+        assert!(
+            self.pending_bytes >= self.pending.len() * ENTRY_OVERHEAD,
+            "pending bytes count each entry's overhead"
         );
+        self.pending_bytes
+    }
+
+    /// The pending changes are committed: they join the memtable, keys and values moved, not
+    /// copied; the smaller of the two maps goes into the larger (after a flush the pending
+    /// changes simply become the memtable), and of a key both hold the pending change stays.
+    pub fn committed(&mut self) {
+        let before = self.memtable_bytes + self.pending_bytes;
+        let (newer, older) =
+            (std::mem::take(&mut self.pending), std::mem::take(&mut self.memtable));
+        self.memtable_bytes += std::mem::take(&mut self.pending_bytes);
+        self.memtable_values += std::mem::take(&mut self.pending_values);
+        self.pending_live = 0;
+        let newer_smaller = newer.len() < older.len();
+        let (mut into, from) = if newer_smaller { (older, newer) } else { (newer, older) };
+        for (key, tagged) in from {
+            match into.entry(key) {
+                Slot::Vacant(slot) => {
+                    slot.insert(tagged);
+                }
+                Slot::Occupied(mut slot) => {
+                    // The older of the two changes of the key leaves.
+                    let old = if newer_smaller {
+                        std::mem::replace(slot.get_mut(), tagged)
+                    } else {
+                        tagged
+                    };
+                    let size = entry_bytes(slot.key(), &old);
+                    debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
+                    self.memtable_bytes -= size;
+                    self.memtable_values -= usize::from(!old.is_empty());
+                }
+            }
+        }
+        if self.runs.is_empty() && self.memtable_values < into.len() {
+            // No run holds a deleted key: its deletion need not be kept.
+            into.retain(|key, tagged| {
+                let keep = !tagged.is_empty();
+                if !keep {
+                    self.memtable_bytes -= entry_bytes(key, tagged);
+                }
+                keep
+            });
+        }
+        self.memtable = into;
+        self.memory.charge_writes(before, self.memtable_bytes);
+        assert!(self.pending.is_empty() && self.pending_values == 0, "committed: none pending");
+        assert!(self.memtable_values <= self.memtable.len(), "memtable values are entries");
+        debug_assert!(self.memtable_accounted(), "memtable bytes are the sum of its entries'");
+    }
+
+    /// The pending changes, copied into the memtable while they stay pending: the bug of
+    /// [`Canary::StoreAppliedBeforeCommit`], a store taking changes before their commit.
+    pub fn canary_take_uncommitted(&mut self) {
+        let pending: Vec<(Vec<u8>, Vec<u8>)> =
+            self.pending.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (key, tagged) in pending {
+            self.commit_change(key, tagged);
+        }
+    }
+
+    /// Put one committed change into the memtable, charged to the budget.
+    fn commit_change(&mut self, key: Vec<u8>, tagged: Vec<u8>) {
+        let (before, key_len, is_value) = (self.memtable_bytes, key.len(), !tagged.is_empty());
+        let old = if !is_value && self.runs.is_empty() {
+            // No run holds the key: its deletion need not be kept.
+            self.memtable.remove(&key)
+        } else {
+            self.memtable_bytes += entry_bytes(&key, &tagged);
+            self.memtable_values += usize::from(is_value);
+            self.memtable.insert(key, tagged)
+        };
+        if let Some(old) = old {
+            let size = key_len + old.len() + ENTRY_OVERHEAD;
+            debug_assert!(self.memtable_bytes >= size, "memtable bytes count each entry");
+            self.memtable_bytes -= size;
+            self.memtable_values -= usize::from(!old.is_empty());
+        }
+        self.memory.charge_writes(before, self.memtable_bytes);
+        debug_assert!(self.memtable_values <= self.memtable.len(), "values are entries");
+    }
+
+    /// Apply one restored changelog change (committed: straight into the memtable).
+    pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
+        assert!(self.pending.is_empty(), "a restore applies committed changes only");
+        self.commit_change(key.to_vec(), tag(value));
     }
 
     /// Entries with keys within the bounds, in key order.
@@ -439,10 +591,10 @@ impl DiskStore {
         let empty = is_empty_range(low, high);
         assert!(empty || bounds_ordered(low, high), "a range's bounds are in order");
         // BTreeMap::range panics on bounds out of order: an empty range reads nothing.
-        let memtable = if empty {
-            self.memtable.range::<[u8], _>((Bound::Unbounded, Bound::Unbounded))
-        } else {
-            self.memtable.range::<[u8], _>((low, high))
+        let bounds = if empty { (Bound::Unbounded, Bound::Unbounded) } else { (low, high) };
+        let memtable = Newest {
+            pending: self.pending.range::<[u8], _>(bounds).peekable(),
+            memtable: self.memtable.range::<[u8], _>(bounds).peekable(),
         };
         let runs = if empty { &[][..] } else { &self.runs[..] };
         DiskRange {
@@ -458,6 +610,10 @@ impl DiskStore {
     /// made the memtable's state, in a new manifest; then merge runs as the levels fill.
     /// Called only right after a commit (or a restore), so the memtable holds committed state.
     pub fn flush(&mut self, offset: Offset) -> Result<(), StoreError> {
+        assert!(
+            self.pending.is_empty() || canary::active(Canary::StoreAppliedBeforeCommit),
+            "a flush follows a commit: nothing is pending"
+        );
         if self.condemned.load(std::sync::atomic::Ordering::Relaxed) {
             // A new manifest would name the damaged runs again.
             return Err(StoreError::Damaged(Damage::new(MANIFEST, "condemned after damage")));
@@ -533,13 +689,14 @@ impl DiskStore {
             // Whether an older run may hold the key: Bloom filters only, no block read.
             let hash = key_hash(key);
             let older = self.runs.iter().any(|r| r.may_contain(hash));
+            let value = untag(value);
             live += match (value, older) {
                 (Some(_), false) => 1,
                 (None, true) => -1,
                 _ => 0,
             };
             if value.is_some() || keep_deletions {
-                writer.add(key, value.as_deref())?;
+                writer.add(key, value)?;
                 written += 1;
             }
         }
@@ -683,20 +840,12 @@ impl DiskStore {
     pub fn merges(&self) -> DiskMerges {
         DiskMerges { installed: self.merges_installed, stalls: self.stalls }
     }
-
-    /// Apply one restored changelog change.
-    pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
-        match value {
-            Some(value) => self.put(key, value),
-            None => self.delete(key),
-        }
-    }
 }
 
 impl Drop for DiskStore {
     fn drop(&mut self) {
-        // Its memtable and pinned bytes leave the budget it shares, and so does it.
-        self.memory.charge_writes(self.memtable_bytes, 0);
+        // Its memtable, pending and pinned bytes leave the budget it shares, and so does it.
+        self.memory.charge_writes(self.memtable_bytes + self.pending_bytes, 0);
         self.memory.charge_pinned(self.pinned_bytes, 0);
         self.memory.leave();
     }
@@ -708,11 +857,41 @@ impl Blocks for DiskStore {
     }
 }
 
-/// A merged range over the memtable and runs; iterating yields live entries. A read that
-/// fails is its last item, also remembered in the store ([`DiskStore::take_failure`]).
+type Tagged<'a> = std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, Vec<u8>>>;
+
+/// The pending changes over the memtable, in key order: a pending change wins a key both
+/// hold. Yields tagged values (empty for a deletion).
+struct Newest<'a> {
+    pending: Tagged<'a>,
+    memtable: Tagged<'a>,
+}
+
+impl<'a> Iterator for Newest<'a> {
+    type Item = (&'a Vec<u8>, &'a Vec<u8>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let order = match (self.pending.peek(), self.memtable.peek()) {
+            (Some((p, _)), Some((m, _))) => p.cmp(m),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, _) => return self.memtable.next(),
+        };
+        match order {
+            std::cmp::Ordering::Less => self.pending.next(),
+            std::cmp::Ordering::Equal => {
+                self.memtable.next();
+                self.pending.next()
+            }
+            std::cmp::Ordering::Greater => self.memtable.next(),
+        }
+    }
+}
+
+/// A merged range over the pending changes, the memtable and runs; iterating yields live
+/// entries. A read that fails is its last item, also remembered in the store
+/// ([`DiskStore::take_failure`]).
 pub struct DiskRange<'a> {
     store: &'a DiskStore,
-    memtable: std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+    memtable: std::iter::Peekable<Newest<'a>>,
     runs: MergeHeap,
     high: Bound<Vec<u8>>,
     done: bool,
@@ -771,7 +950,7 @@ impl<'a> Iterator for DiskRange<'a> {
                     if shadows && let Err(error) = self.runs.advance(self.store) {
                         return Some(self.failed(error));
                     }
-                    (Cow::Borrowed(key.as_slice()), value.as_deref().map(Cow::Borrowed))
+                    (Cow::Borrowed(key.as_slice()), untag(value).map(Cow::Borrowed))
                 } else {
                     let (key, value) = run.expect("a run has the smallest key");
                     // Checked before the runs move on, which may read (a block past the range).

@@ -161,9 +161,10 @@ pub struct Store {
     data: BTreeMap<Vec<u8>, Vec<u8>>,
     /// A disk store (then `data` stays empty).
     disk: Option<Box<DiskStore>>,
-    /// Changes since the last commit, one per key (the last write wins), as changelog values:
-    /// [`CHANGELOG_PUT`] then the value, or empty for a delete. A hash map with a fixed hasher
-    /// (an update costs one hash, not a tree walk); sorted by key when committed.
+    /// A memory store's changes since the last commit, one per key (the last write wins), as
+    /// changelog values: [`CHANGELOG_PUT`] then the value, or empty for a delete. A hash map
+    /// with a fixed hasher (an update costs one hash, not a tree walk); sorted by key when
+    /// committed. (A disk store keeps its own, in key order: [`DiskStore::pending`].)
     dirty: HashMap<Vec<u8>, Vec<u8>, BuildHasherDefault<KeyHasher>>,
     dirty_bytes: usize,
 }
@@ -256,22 +257,24 @@ impl Store {
 
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         debug_assert!(self.disk.is_none() || self.data.is_empty(), "a disk store keeps no map");
-        match &mut self.disk {
-            Some(disk) => disk.put(key, value),
-            // An update of a present key reuses its allocations: no new key, no tree insert.
-            None => match self.data.get_mut(key) {
-                Some(stored) => {
-                    stored.clear();
-                    stored.extend_from_slice(value);
-                }
-                None => {
-                    self.data.insert(key.to_vec(), value.to_vec());
-                }
-            },
+        if let Some(disk) = &mut self.disk {
+            // Recorded for the commit by the disk store itself (it reads back from there).
+            disk.put(key, value);
+            return;
+        }
+        // An update of a present key reuses its allocations: no new key, no tree insert.
+        match self.data.get_mut(key) {
+            Some(stored) => {
+                stored.clear();
+                stored.extend_from_slice(value);
+            }
+            None => {
+                self.data.insert(key.to_vec(), value.to_vec());
+            }
         }
         self.mark(key, Some(value));
-        // Pair (per record, so debug only): a put reads back at once, from memory either way
-        // (a disk store's memtable holds it), and is recorded for the commit.
+        // Pair (per record, so debug only): a put reads back at once, and is recorded for the
+        // commit.
         debug_assert!(self.get(key).ok().flatten().as_deref() == Some(value), "a put reads back");
         debug_assert!(
             self.dirty.get(key).is_some_and(|v| v.first() == Some(&CHANGELOG_PUT)),
@@ -282,20 +285,21 @@ impl Store {
     /// Remove `key`, whether it was there or not. A blind write: a disk store reads nothing
     /// to delete a key (ask [`Store::contains_key`] first to know).
     pub fn delete(&mut self, key: &[u8]) {
-        match &mut self.disk {
-            Some(disk) => disk.delete(key),
-            None => {
-                self.data.remove(key);
-            }
+        if let Some(disk) = &mut self.disk {
+            disk.delete(key);
+            return;
         }
+        self.data.remove(key);
         self.mark(key, None);
-        // Per record, so debug only; a disk store's runs are not read again here.
-        debug_assert!(self.disk.is_some() || !self.data.contains_key(key), "a deleted key is gone");
+        // Per record, so debug only.
+        debug_assert!(!self.data.contains_key(key), "a deleted key is gone");
         debug_assert!(self.dirty.get(key).is_some_and(Vec::is_empty), "a delete is recorded");
     }
 
-    /// Record the change of `key` for the next commit (the last change of a key wins).
+    /// Record the change of `key` for the next commit (the last change of a key wins): a
+    /// memory store's.
     fn mark(&mut self, key: &[u8], value: Option<&[u8]>) {
+        debug_assert!(self.disk.is_none(), "a disk store records its own changes");
         let size = |tagged: usize| key.len() + tagged + CHANGE_OVERHEAD;
         let tagged = match self.dirty.get_mut(key) {
             Some(tagged) => {
@@ -322,9 +326,14 @@ impl Store {
 
     /// The changes since the last commit as changelog records, in key order.
     pub(crate) fn changes(&self) -> Vec<Record<'_>> {
-        let mut changes: Vec<(&[u8], &[u8])> =
-            self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-        changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let changes: Vec<(&[u8], &[u8])> = if let Some(disk) = &self.disk {
+            disk.pending().collect()
+        } else {
+            let mut changes: Vec<(&[u8], &[u8])> =
+                self.dirty.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+            changes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            changes
+        };
         // Before the changes are written to the changelog, where a restore reads them back:
         // one record per key, in order, each a tagged put or an empty delete.
         assert!(changes.windows(2).all(|pair| pair[0].0 < pair[1].0), "changes in key order");
@@ -337,10 +346,17 @@ impl Store {
 
     pub(crate) fn has_changes(&self) -> bool {
         assert_eq!(self.dirty.is_empty(), self.dirty_bytes == 0, "dirty bytes iff changes");
-        !self.dirty.is_empty()
+        match &self.disk {
+            Some(disk) => disk.has_pending(),
+            None => !self.dirty.is_empty(),
+        }
     }
 
     pub(crate) fn dirty_bytes(&self) -> usize {
+        if let Some(disk) = &self.disk {
+            assert!(self.dirty.is_empty(), "a disk store records its own changes");
+            return disk.pending_bytes();
+        }
         assert!(
             self.dirty_bytes >= self.dirty.len() * CHANGE_OVERHEAD,
             "dirty bytes count each change"
@@ -356,6 +372,9 @@ impl Store {
             self.dirty.iter().map(|(k, v)| k.len() + v.len() + CHANGE_OVERHEAD).sum::<usize>(),
             "dirty bytes are the sum of the changes'"
         );
+        if let Some(disk) = &mut self.disk {
+            disk.committed();
+        }
         self.dirty.clear();
         // A commit after a large batch would leave its table's capacity behind in every
         // store of every task (hundreds of MiB with many partitions): keep a small one.

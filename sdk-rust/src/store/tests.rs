@@ -26,6 +26,12 @@ fn open(io: &Arc<dyn Io>, identity: &str, budget: usize) -> (DiskStore, Option<S
     DiskStore::open(files, identity.to_owned(), StoreMemory::new(budget)).unwrap()
 }
 
+/// Commit the store's changes, then flush them as a commit would.
+fn commit_flush(store: &mut DiskStore, offset: Offset) -> Result<(), StoreError> {
+    store.committed();
+    store.flush(offset)
+}
+
 fn entries(store: &DiskStore) -> Vec<(Vec<u8>, Vec<u8>)> {
     // Up to a failed read, which the store also remembers (`take_failure`).
     let all = store.range(Bound::Unbounded, Bound::Unbounded);
@@ -57,11 +63,11 @@ fn a_disk_store_agrees_with_a_map_through_flushes_merges_and_reopens() {
         assert_eq!(store.get(&key).unwrap().map(|v| v.to_vec()), model.get(&key).cloned());
         offset += 1;
         if store.wants_flush() && rng.chance(500_000) {
-            store.flush(Offset::new(offset)).unwrap();
+            commit_flush(&mut store, Offset::new(offset)).unwrap();
             most_runs = most_runs.max(store.runs());
         }
         if rng.chance(2_000) {
-            store.flush(Offset::new(offset)).unwrap();
+            commit_flush(&mut store, Offset::new(offset)).unwrap();
             merged += store.merges().installed;
             drop(store);
             let (reopened, rebuilt) = open(&io, "app-counts-changelog partition 0", 4096);
@@ -101,7 +107,7 @@ fn another_stores_files_are_foreign_and_wiped() {
     let (_disk, io) = disk();
     let (mut store, _) = open(&io, "a partition 0", 1 << 20);
     store.put(b"k", b"v");
-    store.flush(Offset::new(1)).unwrap();
+    commit_flush(&mut store, Offset::new(1)).unwrap();
     drop(store);
     let (store, rebuilt) = open(&io, "b partition 0", 1 << 20);
     assert!(rebuilt.unwrap().contains("foreign"));
@@ -120,7 +126,7 @@ fn one_run() -> (SimDisk, Arc<dyn Io>, std::path::PathBuf, Entries) {
         store.put(&key, &i.to_le_bytes());
         expected.push((key, i.to_le_bytes().to_vec()));
     }
-    store.flush(Offset::new(400)).unwrap();
+    commit_flush(&mut store, Offset::new(400)).unwrap();
     drop(store);
     let run = disk.snapshot().into_keys().find(|p| p.extension().is_some_and(|e| e == "run"));
     (disk, io, run.unwrap(), expected)
@@ -191,7 +197,7 @@ fn a_power_cut_anywhere_in_flushes_and_merges_reopens_at_a_flushed_state() {
             if store.wants_flush() {
                 flushed.insert(offset, model.clone());
                 let under_way = store.merges_under_way() > 0;
-                if store.flush(Offset::new(offset)).is_err() {
+                if commit_flush(&mut store, Offset::new(offset)).is_err() {
                     assert!(disk.power_is_cut(), "seed {seed}: only the cut fails a flush");
                     merging_when_cut |= under_way;
                     break;
@@ -233,7 +239,7 @@ fn the_key_estimate_follows_puts_updates_and_deletes_without_reads() {
         }
         offset += 1;
         if store.wants_flush() {
-            store.flush(Offset::new(offset)).unwrap();
+            commit_flush(store, Offset::new(offset)).unwrap();
         }
     };
     for key in 0..keys {
@@ -284,6 +290,9 @@ fn stores_sharing_one_budget_stay_within_it_and_each_agrees_with_its_map() {
             let value = rng.bytes(length);
             stores[i].put(&key, &value);
             models[i].insert(key, value);
+        }
+        for store in &mut stores {
+            store.committed();
         }
         for store in stores.iter_mut().filter(|s| s.wants_flush()) {
             store.flush(Offset::new(round)).unwrap();
