@@ -24,10 +24,10 @@
 //! manifest stopped naming it.
 
 use super::CHANGELOG_PUT;
-use super::files::{Damage, Files, StoreError, bounds_ordered, is_empty_range};
+use super::files::{Damage, Files, StoreError};
 use super::manifest::Manifest;
 use super::memory::{self, StoreMemory};
-use super::merge::{Blocks, MergeHeap, MergeJob};
+use super::merge::{Blocks, MergeJob};
 use super::policy;
 use super::run::{self, Block, Lookup, Run, RunMeta, RunWriter, key_hash};
 use crate::Offset;
@@ -37,6 +37,10 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as Slot;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
+
+mod range;
+
+pub use range::DiskRange;
 
 const MANIFEST: &str = "MANIFEST";
 /// Bytes a memtable or pending entry costs beyond its key and tagged value: its share of a
@@ -588,22 +592,7 @@ impl DiskStore {
 
     /// Entries with keys within the bounds, in key order.
     pub fn range(&self, low: Bound<&[u8]>, high: Bound<&[u8]>) -> DiskRange<'_> {
-        let empty = is_empty_range(low, high);
-        assert!(empty || bounds_ordered(low, high), "a range's bounds are in order");
-        // BTreeMap::range panics on bounds out of order: an empty range reads nothing.
-        let bounds = if empty { (Bound::Unbounded, Bound::Unbounded) } else { (low, high) };
-        let memtable = Newest {
-            pending: self.pending.range::<[u8], _>(bounds).peekable(),
-            memtable: self.memtable.range::<[u8], _>(bounds).peekable(),
-        };
-        let runs = if empty { &[][..] } else { &self.runs[..] };
-        DiskRange {
-            store: self,
-            memtable: memtable.peekable(),
-            runs: MergeHeap::new(runs.iter().cloned(), low),
-            high: high.map(<[u8]>::to_vec),
-            done: empty,
-        }
+        DiskRange::new(self, low, high)
     }
 
     /// Write the memtable as a run and record `offset`, the changelog end of the commit that
@@ -854,123 +843,6 @@ impl Drop for DiskStore {
 impl Blocks for DiskStore {
     fn block(&self, run: &Run, i: usize) -> Result<Arc<Block>, StoreError> {
         self.cached_block(run, i)
-    }
-}
-
-type Tagged<'a> = std::iter::Peekable<std::collections::btree_map::Range<'a, Vec<u8>, Vec<u8>>>;
-
-/// The pending changes over the memtable, in key order: a pending change wins a key both
-/// hold. Yields tagged values (empty for a deletion).
-struct Newest<'a> {
-    pending: Tagged<'a>,
-    memtable: Tagged<'a>,
-}
-
-impl<'a> Iterator for Newest<'a> {
-    type Item = (&'a Vec<u8>, &'a Vec<u8>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let order = match (self.pending.peek(), self.memtable.peek()) {
-            (Some((p, _)), Some((m, _))) => p.cmp(m),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, _) => return self.memtable.next(),
-        };
-        match order {
-            std::cmp::Ordering::Less => self.pending.next(),
-            std::cmp::Ordering::Equal => {
-                self.memtable.next();
-                self.pending.next()
-            }
-            std::cmp::Ordering::Greater => self.memtable.next(),
-        }
-    }
-}
-
-/// A merged range over the pending changes, the memtable and runs; iterating yields live
-/// entries. A read that fails is its last item, also remembered in the store
-/// ([`DiskStore::take_failure`]).
-pub struct DiskRange<'a> {
-    store: &'a DiskStore,
-    memtable: std::iter::Peekable<Newest<'a>>,
-    runs: MergeHeap,
-    high: Bound<Vec<u8>>,
-    done: bool,
-}
-
-impl std::fmt::Debug for DiskRange<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskRange").field("done", &self.done).finish_non_exhaustive()
-    }
-}
-
-impl<'a> DiskRange<'a> {
-    fn failed(&mut self, error: StoreError) -> Result<Entry<'a>, StoreError> {
-        self.done = true;
-        Err(self.store.fail(error))
-    }
-}
-
-type Entry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
-
-/// Whether `key` lies past a range's `high` bound.
-fn beyond(high: &Bound<Vec<u8>>, key: &[u8]) -> bool {
-    match high {
-        Bound::Included(high) => key > high.as_slice(),
-        Bound::Excluded(high) => key >= high.as_slice(),
-        Bound::Unbounded => false,
-    }
-}
-
-impl<'a> Iterator for DiskRange<'a> {
-    type Item = Result<Entry<'a>, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        while !self.done {
-            let run = match self.runs.peek(self.store) {
-                Ok(entry) => entry,
-                Err(error) => return Some(self.failed(error)),
-            };
-            // The memtable is newer than every run: it wins a key they share.
-            let from_memtable = match (self.memtable.peek(), run) {
-                (None, None) => {
-                    self.done = true;
-                    return None;
-                }
-                (Some(_), None) => Some(false),
-                (None, Some(_)) => None,
-                (Some((m, _)), Some((r, _))) => match m.as_slice().cmp(r) {
-                    std::cmp::Ordering::Less => Some(false),
-                    std::cmp::Ordering::Equal => Some(true),
-                    std::cmp::Ordering::Greater => None,
-                },
-            };
-            let (key, value): (Cow<'a, [u8]>, Option<Cow<'a, [u8]>>) =
-                if let Some(shadows) = from_memtable {
-                    let (key, value) = self.memtable.next().expect("peeked");
-                    if shadows && let Err(error) = self.runs.advance(self.store) {
-                        return Some(self.failed(error));
-                    }
-                    (Cow::Borrowed(key.as_slice()), untag(value).map(Cow::Borrowed))
-                } else {
-                    let (key, value) = run.expect("a run has the smallest key");
-                    // Checked before the runs move on, which may read (a block past the range).
-                    if beyond(&self.high, key) {
-                        self.done = true;
-                        return None;
-                    }
-                    let owned = (key.to_vec(), value.map(<[u8]>::to_vec));
-                    if let Err(error) = self.runs.advance(self.store) {
-                        return Some(self.failed(error));
-                    }
-                    (Cow::Owned(owned.0), owned.1.map(Cow::Owned))
-                };
-            // The memtable's range has the bound already, and a run's key was checked above.
-            debug_assert!(!beyond(&self.high, &key), "a range yields keys within its bound");
-            if let Some(value) = value {
-                return Some(Ok((key, value)));
-            }
-        }
-        None
     }
 }
 

@@ -114,9 +114,30 @@ fn fjall(dir: &str, records: u64, keys: u64) -> anyhow::Result<Result<(f64, f64)
         return Ok(Err("chronik-fjall-work is built by a full scripts/bench".into()));
     }
     let db = format!("{dir}/fjall");
-    let output = Command::new(&binary)
+    let mut child = Command::new(&binary)
         .args(["count", &db, "--records", &records.to_string(), "--keys", &keys.to_string()])
-        .output()?;
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    // fjall 3.1 can deadlock under write load: every worker blocks sending to the bounded
+    // queue it reads from (fjall-rs/fjall#323). Ten times its usual time, then it is killed
+    // and reported, never waited for.
+    let limit = Duration::from_secs(60 + records / 40_000);
+    let started = std::time::Instant::now();
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > limit {
+            child.kill()?;
+            child.wait()?;
+            let _ = std::fs::remove_dir_all(&db);
+            return Ok(Err(format!(
+                "fjall 3.1.8 hung (its workers all blocked on their own full queue, \
+                 fjall-rs/fjall#323): killed after {} s",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let output = child.wait_with_output()?;
     let _ = std::fs::remove_dir_all(&db);
     if !output.status.success() {
         bail!("chronik-fjall-work: {}", String::from_utf8_lossy(&output.stderr));
