@@ -39,7 +39,7 @@
 //! again it goes on from that note.
 
 use anyhow::{Context as _, bail};
-use chronik::kafka::KafkaClient;
+use chronik::kafka::{KafkaClient, KafkaConfig};
 use chronik::{Chronik, GroupCommit, Header, Offset, OwnedRecord, Record, TransactionWrite};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -65,6 +65,12 @@ pub struct MirrorArgs {
     /// No live progress display (it shows only on a terminal anyway).
     #[arg(long)]
     pub no_progress: bool,
+    /// Kafka client properties for the cluster, in the Java `client.properties` format
+    /// (security.protocol, ssl.ca.location, sasl.mechanism, sasl.username, ...).
+    /// Environment variables CHRONIK_KAFKA_<NAME> set the properties the file does not
+    /// (CHRONIK_KAFKA_SASL_PASSWORD is sasl.password).
+    #[arg(long, value_name = "FILE")]
+    pub kafka_config: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: &MirrorArgs) -> anyhow::Result<()> {
@@ -74,14 +80,14 @@ pub fn run(args: &MirrorArgs) -> anyhow::Result<()> {
         (None, Some(bootstrap)) => {
             let data = std::path::Path::new(&args.from);
             let source = crate::open_read_only(data)?;
-            let cluster = connect(bootstrap)?;
+            let cluster = connect(bootstrap, args)?;
             let mut state = SourceState::read(&source, data, &cluster)?;
             for topic in &args.topics {
                 to_cluster(&source, &cluster, &mut state, topic, &progress(args))?;
             }
         }
         (Some(bootstrap), None) => {
-            let cluster = connect(bootstrap)?;
+            let cluster = connect(bootstrap, args)?;
             let destination =
                 crate::open(std::path::Path::new(&args.to), chronik::Durability::Sync)?;
             for topic in &args.topics {
@@ -96,8 +102,18 @@ pub fn run(args: &MirrorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn connect(bootstrap: &str) -> anyhow::Result<KafkaClient> {
-    KafkaClient::connect(bootstrap).with_context(|| format!("cannot reach kafka://{bootstrap}"))
+/// The cluster at `bootstrap`, with the properties of `--kafka-config` and then those of the
+/// `CHRONIK_KAFKA_*` environment variables it does not set.
+fn connect(bootstrap: &str, args: &MirrorArgs) -> anyhow::Result<KafkaClient> {
+    let mut config = KafkaConfig::new(bootstrap);
+    if let Some(path) = &args.kafka_config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --kafka-config {}", path.display()))?;
+        config = config
+            .set_properties(&text)
+            .with_context(|| format!("in --kafka-config {}", path.display()))?;
+    }
+    KafkaClient::connect_with(config).with_context(|| format!("cannot reach kafka://{bootstrap}"))
 }
 
 fn progress(args: &MirrorArgs) -> ProgressBar {

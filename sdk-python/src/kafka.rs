@@ -4,7 +4,7 @@
 use crate::PyRecord;
 use crate::processor::{PyProcessor, Spec, run_error, setup, stats_dict};
 use crate::{ChronikError, InvalidArgumentError, NotFoundError};
-use chronik::kafka::{ClusterConsumer, ClusterError, KafkaClient};
+use chronik::kafka::{ClusterConsumer, ClusterError, KafkaClient, KafkaConfig};
 use chronik::processor::{Guarantee, ProcessorConfig, Until};
 use chronik::{Header, OwnedRecord, Record, TransactionWrite};
 use pyo3::prelude::*;
@@ -15,7 +15,9 @@ fn cluster_error(error: ClusterError) -> PyErr {
     match error {
         ClusterError::TopicNotFound { .. } => NotFoundError::new_err(error.to_string()),
         ClusterError::TopicExists { .. } => crate::AlreadyExistsError::new_err(error.to_string()),
-        ClusterError::Address { .. } => InvalidArgumentError::new_err(error.to_string()),
+        ClusterError::Address { .. } | ClusterError::Config { .. } => {
+            InvalidArgumentError::new_err(error.to_string())
+        }
         other => ChronikError::new_err(other.to_string()),
     }
 }
@@ -34,9 +36,20 @@ type ClusterRecord = (u64, i64, Option<Py<PyBytes>>, Py<PyBytes>, Vec<(Py<PyByte
 
 #[pymethods]
 impl PyCluster {
+    /// `config`: Kafka client properties (`security.protocol`, `sasl.mechanism`, ...), as
+    /// strings (the Python side turns booleans and numbers into them).
     #[new]
-    fn new(py: Python<'_>, bootstrap: &str) -> PyResult<PyCluster> {
-        let client = py.detach(|| KafkaClient::connect(bootstrap)).map_err(cluster_error)?;
+    #[pyo3(signature = (bootstrap, config = None))]
+    fn new(
+        py: Python<'_>,
+        bootstrap: &str,
+        config: Option<Vec<(String, String)>>,
+    ) -> PyResult<PyCluster> {
+        let mut settings = KafkaConfig::new(bootstrap);
+        for (key, value) in config.unwrap_or_default() {
+            settings = settings.set(key, value);
+        }
+        let client = py.detach(|| KafkaClient::connect_with(settings)).map_err(cluster_error)?;
         Ok(PyCluster { client: Arc::new(client) })
     }
 

@@ -1,6 +1,8 @@
 """The word count on a Kafka-protocol broker (tansu, started here): `chronik.connect(
 "kafka://...")` and nothing else changed gives the embedded counts; exactly once is refused
-with a clear error on a broker without transactions. Needs CHRONIK_TANSU (scripts/kafka-test
+with a clear error on a broker without transactions; over mutual TLS (config= and
+CHRONIK_KAFKA_* variables), a wrong CA refused with a clear error and no secret shown. Needs
+CHRONIK_TANSU (scripts/kafka-test
 installs the broker and sets it); without it these tests are skipped, loudly."""
 
 import json
@@ -25,11 +27,26 @@ TANSU = os.environ.get("CHRONIK_TANSU")
 pytestmark = pytest.mark.skipif(not TANSU, reason="CHRONIK_TANSU is not set: run scripts/kafka-test")
 
 
-@pytest.fixture
-def broker():
+def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def wait_listening(port):
+    deadline = time.time() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.time() < deadline, f"nothing listened on {port}"
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def broker():
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     process = subprocess.Popen(
         [TANSU, "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -37,35 +54,34 @@ def broker():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.time() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.time() < deadline, "tansu never listened"
-            time.sleep(0.05)
+    wait_listening(port)
     yield f"kafka://127.0.0.1:{port}"
     process.kill()
     process.wait()
 
 
-def test_word_count_on_the_broker_gives_the_embedded_counts(tmp_path, broker):
+def word_counts(tmp_path, target, lines, **env):
+    """word_count.py's counts of `lines` lines embedded, and on `target` at least once with
+    `env` added to its environment; and the broker run's output."""
     text = tmp_path / "text.txt"
-    write_text(text, 20_000)
+    write_text(text, lines)
     script = EXAMPLES / "word_count.py"
     embedded, on_broker = tmp_path / "embedded.json", tmp_path / "broker.json"
     done = run_example(script, tmp_path / "data", text, "--out", embedded)
     assert done.returncode == 0, done.stderr
-    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once")
+    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once", **env)
     done = subprocess.run(
-        [sys.executable, str(script), broker, str(text), "--out", str(on_broker)],
+        [sys.executable, str(script), target, str(text), "--out", str(on_broker)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    expected = json.loads(embedded.read_text())
+    return json.loads(embedded.read_text()), json.loads(on_broker.read_text()), done
+
+
+def test_word_count_on_the_broker_gives_the_embedded_counts(tmp_path, broker):
+    expected, on_broker, _ = word_counts(tmp_path, broker, 20_000)
     assert sum(expected.values()) == 160_000
-    assert json.loads(on_broker.read_text()) == expected
+    assert on_broker == expected
 
 
 def final_state(done):
@@ -301,3 +317,101 @@ def test_two_counters_share_the_partitions_and_the_survivor_of_a_kill_takes_the_
     said = survivor.finish()
     assert survivor.process.returncode == 0, said
     assert json.loads(survivor_out.read_text()) == json.loads(embedded.read_text())
+
+
+# TLS: tansu 0.6 takes --cert/--key and still serves plaintext, so the tests put the Rust
+# tests' TLS terminator (standard library only) in front of it, with a CA made here.
+TLS_PROXY = Path(__file__).resolve().parents[2] / "sdk-rust" / "src" / "testing" / "tls_proxy.py"
+SECRET = "python-key-passphrase-41c7"
+
+
+def make_certificates(directory):
+    """A CA, a server certificate for 127.0.0.1 and a client one whose key has SECRET."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    d = directory
+    openssl("req", "-x509", "-nodes", "-days", "2", *ec, "-subj", "/CN=test-ca",
+            "-keyout", d / "ca.key", "-out", d / "ca.pem")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, subject, protect in [("server", "/CN=localhost", ["-nodes"]),
+                                   ("client", "/CN=client", ["-passout", f"pass:{SECRET}"])]:
+        openssl("req", "-new", *ec, "-subj", subject, "-keyout", d / f"{name}.key",
+                "-out", d / f"{name}.csr", *protect)
+        openssl("x509", "-req", "-days", "2", "-in", d / f"{name}.csr", "-CA", d / "ca.pem",
+                "-CAkey", d / "ca.key", "-CAcreateserial", "-out", d / f"{name}.pem",
+                "-extfile", d / "san.ext")
+    return d
+
+
+@pytest.fixture
+def tls_broker(tmp_path):
+    """`(target, certificate directory)` of tansu behind mutual TLS."""
+    certificates = make_certificates(tmp_path)
+    broker_port, port = free_port(), free_port()
+    tansu = subprocess.Popen(
+        [TANSU, "broker", "--listener-url", f"tcp://127.0.0.1:{broker_port}",
+         "--advertised-listener-url", f"tcp://127.0.0.1:{port}", "--storage-engine", "memory://tansu/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_listening(broker_port)
+    proxy = subprocess.Popen(
+        [sys.executable, str(TLS_PROXY), str(port), str(broker_port),
+         str(certificates / "server.pem"), str(certificates / "server.key"), str(certificates / "ca.pem")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    wait_listening(port)
+    yield f"kafka://127.0.0.1:{port}", certificates
+    for process in (proxy, tansu):
+        process.kill()
+        process.wait()
+
+
+def tls_properties(certificates, ca="ca.pem"):
+    return {
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(certificates / ca),
+        "ssl.certificate.location": str(certificates / "client.pem"),
+        "ssl.key.location": str(certificates / "client.key"),
+        "ssl.key.password": SECRET,
+    }
+
+
+def test_a_cluster_over_mutual_tls_and_refusals_without_the_secret(tls_broker, tmp_path):
+    target, certificates = tls_broker
+    db = chronik.connect(target, config=tls_properties(certificates))
+    assert SECRET not in repr(db) + repr(db._rust)
+    db.create_topic("t", partitions=2)
+    db.producer("t").send_batch([(f"k{i}", f"v{i}") for i in range(10)], partition=1)
+    consumer = db.consumer("t", partition=1, group="readers")
+    assert [bytes(r.value) for r in consumer] == [f"v{i}".encode() for i in range(10)]
+    consumer.commit()
+    assert db.consumer("t", partition=1, group="readers").position == 10
+
+    # A CA that did not sign the broker's certificate: a clear error, no secret in it.
+    other = tmp_path / "other"
+    other.mkdir()
+    make_certificates(other)
+    wrong = tls_properties(certificates)
+    wrong["ssl.ca.location"] = str(other / "ca.pem")
+    with pytest.raises(chronik.ChronikError, match="certificate verify failed") as refused:
+        chronik.connect(target, config=wrong)
+    assert SECRET not in str(refused.value) + repr(refused.value)
+    # Properties Chronik manages, and values that are no property value, are named.
+    with pytest.raises(chronik.InvalidArgumentError, match="acks"):
+        chronik.connect(target, config={**tls_properties(certificates), "acks": "1"})
+    with pytest.raises(chronik.InvalidArgumentError, match="sasl.password") as bad:
+        chronik.connect(target, config={"sasl.password": object()})
+    assert "object at" not in str(bad.value)
+    with pytest.raises(chronik.InvalidArgumentError, match="config="):
+        chronik.connect(str(tmp_path / "data"), config={"security.protocol": "SSL"})
+
+
+def test_word_count_runs_unchanged_over_tls_given_properties_in_the_environment(tmp_path, tls_broker):
+    target, certificates = tls_broker
+    env = {"CHRONIK_KAFKA_" + key.upper().replace(".", "_"): value
+           for key, value in tls_properties(certificates).items()}
+    expected, on_broker, done = word_counts(tmp_path, target, 5_000, **env)
+    assert SECRET not in done.stdout + done.stderr
+    assert on_broker == expected

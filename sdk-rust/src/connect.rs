@@ -22,7 +22,7 @@ use crate::{AppendError, Chronik, Error, Options, OwnedRecord, ReadError, Record
 use crate::{CommitError, Offset, TopicConfig, TransactionWrite};
 
 #[cfg(feature = "kafka")]
-use crate::kafka::{ClusterError, KafkaClient};
+use crate::kafka::{ClusterError, KafkaClient, KafkaConfig};
 
 /// The scheme of a Kafka-protocol target.
 pub const KAFKA_SCHEME: &str = "kafka://";
@@ -63,6 +63,24 @@ pub enum ConnectionError {
 /// Connect to `target` with default [`Options`] for an embedded directory.
 pub fn connect(target: &str) -> Result<Connection, ConnectionError> {
     connect_with(target, Options::default())
+}
+
+/// Connect to a Kafka-protocol cluster as `config` says: TLS, SASL and any other client
+/// property (see [`KafkaConfig`]). `chronik::connect("kafka://...")` is this with no
+/// properties: plaintext.
+///
+/// ```no_run
+/// use chronik::kafka::KafkaConfig;
+///
+/// let config = KafkaConfig::new("broker.example.com:9093")
+///     .set("security.protocol", "SSL")
+///     .set("ssl.ca.location", "/etc/kafka/ca.pem");
+/// let log = chronik::connect_kafka(config)?;
+/// # Ok::<(), chronik::ConnectionError>(())
+/// ```
+#[cfg(feature = "kafka")]
+pub fn connect_kafka(config: KafkaConfig) -> Result<Connection, ConnectionError> {
+    Ok(Connection::Kafka(KafkaClient::connect_with(config)?))
 }
 
 /// Connect to `target`; `options` apply when it is an embedded directory.

@@ -56,6 +56,8 @@ pub mod store;
 pub mod testing;
 
 pub use chronik::Chronik;
+#[cfg(feature = "kafka")]
+pub use connect::connect_kafka;
 pub use connect::{
     Connection, ConnectionError, KAFKA_SCHEME, Log, LogConsumer, connect, connect_with,
 };

@@ -836,56 +836,7 @@ fn difference(expected: &Outcome, found: &Outcome) -> Option<(FailureKind, Strin
     None
 }
 
-/// A `tansu` broker (a Kafka-protocol broker in one binary, keeping everything in memory) on
-/// a free port of 127.0.0.1, for tests; killed when dropped. The binary is `$CHRONIK_TANSU`,
-/// else `tansu` on the `PATH` (`scripts/kafka-broker` builds one). Feature `kafka`.
 #[cfg(feature = "kafka")]
-#[derive(Debug)]
-pub struct TestBroker {
-    child: std::process::Child,
-    port: u16,
-}
-
+mod broker;
 #[cfg(feature = "kafka")]
-impl TestBroker {
-    /// Start one and wait (up to ten seconds) until it listens.
-    pub fn start() -> std::io::Result<TestBroker> {
-        let binary = std::env::var("CHRONIK_TANSU").unwrap_or_else(|_| "tansu".to_owned());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = std::process::Command::new(&binary)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {binary}: {e}")))?;
-        let broker = TestBroker { child, port };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if std::time::Instant::now() > deadline {
-                return Err(std::io::Error::other(format!("{binary} never listened on {port}")));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Ok(broker)
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// `kafka://127.0.0.1:PORT`, a target for [`crate::connect`].
-    pub fn target(&self) -> String {
-        format!("kafka://{}", self.bootstrap())
-    }
-}
-
-#[cfg(feature = "kafka")]
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+pub use broker::{TestBroker, TestCertificates};

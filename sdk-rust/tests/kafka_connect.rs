@@ -1,11 +1,14 @@
 //! `Connection`'s calls behave the same on a data directory and on a Kafka-protocol broker
 //! (tansu, started here on 127.0.0.1): sends keep keys, values, headers and timestamps;
 //! consumers in a group resume where the group committed; iteration stops when caught up and
-//! goes on when more arrives. Built with `--features kafka`; run by `scripts/kafka-test`.
+//! goes on when more arrives; the same over TLS and mutual TLS (a CA made here), and wrong
+//! certificates, plaintext to a TLS listener and a refused SASL login are clear errors that
+//! show no secret. Built with `--features kafka`; run by `scripts/kafka-test`.
 #![cfg(feature = "kafka")]
 
 use chronik::Log;
-use chronik::testing::TestBroker;
+use chronik::kafka::KafkaConfig;
+use chronik::testing::{TestBroker, TestCertificates};
 use chronik::{Connection, Header, OwnedRecord, Record};
 
 fn send(log: &Connection, from: u64, to: u64) {
@@ -69,4 +72,81 @@ fn consumers_resume_where_their_group_committed_embedded_and_on_the_broker() {
     );
     let broker = TestBroker::start().expect("start tansu (CHRONIK_TANSU)");
     consumers_resume_where_their_group_committed(&chronik::connect(&broker.target()).unwrap());
+}
+
+/// The properties of a TLS client of `broker`: the CA, and with `mutual` the client's
+/// certificate and its encrypted key.
+fn tls_config(broker: &TestBroker, certificates: &TestCertificates, mutual: bool) -> KafkaConfig {
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let config = KafkaConfig::new(broker.bootstrap())
+        .set("security.protocol", "SSL")
+        .set("ssl.ca.location", path(&certificates.ca));
+    if !mutual {
+        return config;
+    }
+    config
+        .set("ssl.certificate.location", path(&certificates.client_cert))
+        .set("ssl.key.location", path(&certificates.client_key))
+        .set("ssl.key.password", TestCertificates::KEY_PASSWORD)
+}
+
+/// The error text of a connection that must fail, checked for the key's passphrase.
+fn refused(config: KafkaConfig) -> String {
+    let error = chronik::connect_kafka(config).expect_err("the connection must be refused");
+    let text = format!("{error} / {error:?}");
+    assert!(!text.contains(TestCertificates::KEY_PASSWORD), "a secret in an error: {text}");
+    text
+}
+
+#[test]
+fn the_same_calls_over_tls_and_mutual_tls() {
+    let directory = tempfile::tempdir().unwrap();
+    let certificates = TestCertificates::make(directory.path()).unwrap();
+    for mutual in [false, true] {
+        let broker = TestBroker::start_tls(&certificates, mutual).expect("start tansu behind TLS");
+        let log = chronik::connect_kafka(tls_config(&broker, &certificates, mutual)).unwrap();
+        let debug = format!("{log:?}");
+        assert!(!debug.contains(TestCertificates::KEY_PASSWORD), "a secret in Debug: {debug}");
+        consumers_resume_where_their_group_committed(&log);
+    }
+}
+
+#[test]
+fn wrong_certificates_and_plaintext_are_refused_with_clear_errors() {
+    let directory = tempfile::tempdir().unwrap();
+    let certificates = TestCertificates::make(directory.path()).unwrap();
+    let other = directory.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let other = TestCertificates::make(&other).unwrap();
+    let broker = TestBroker::start_tls(&certificates, true).expect("start tansu behind TLS");
+
+    // A CA that did not sign the broker's certificate.
+    let wrong_ca =
+        tls_config(&broker, &certificates, true).set("ssl.ca.location", other.ca.to_str().unwrap());
+    let text = refused(wrong_ca);
+    assert!(text.contains("certificate verify failed"), "{text}");
+    // No client certificate where the listener requires one (this terminator closes the
+    // connection without a TLS alert, so librdkafka only sees it go down).
+    let text = refused(tls_config(&broker, &certificates, false));
+    assert!(text.contains("reach the cluster"), "{text}");
+    // A client key with the wrong passphrase: librdkafka refuses it before connecting.
+    let text = refused(tls_config(&broker, &certificates, true).set("ssl.key.password", "wrong"));
+    assert!(text.contains("ssl.key.location failed"), "{text}");
+    // A plaintext client speaking to the TLS listener.
+    let text = refused(KafkaConfig::new(broker.bootstrap()));
+    assert!(text.contains("over PLAINTEXT") && text.contains("SSL or SASL_SSL"), "{text}");
+}
+
+#[test]
+fn a_refused_sasl_login_is_a_clear_error_without_the_password() {
+    let broker = TestBroker::start_sasl().expect("start tansu with --authentication");
+    for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] {
+        let config = KafkaConfig::new(broker.bootstrap())
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", mechanism)
+            .set("sasl.username", "nobody")
+            .set("sasl.password", TestCertificates::KEY_PASSWORD);
+        let text = refused(config);
+        assert!(text.contains("SASL") || text.contains("uthenticat"), "{mechanism}: {text}");
+    }
 }

@@ -1,13 +1,14 @@
 //! The processor examples on a Kafka-protocol broker (tansu, started here on 127.0.0.1): the
 //! same final state as on the embedded engine, for the click count and the click join; and
 //! for the count also with two processes in one consumer group, one of them killed mid-run
-//! (the survivor takes its partitions over and restores their counts from the changelog).
+//! (the survivor takes its partitions over and restores their counts from the changelog);
+//! and the count over mutual TLS, configured by environment variables only.
 //! Built with `--features kafka`; run by `scripts/kafka-test`, which installs the broker.
 #![cfg(feature = "kafka")]
 
 mod common;
 
-use chronik::testing::TestBroker;
+use chronik::testing::{TestBroker, TestCertificates};
 use common::example;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -73,6 +74,31 @@ fn the_click_join_ends_in_the_same_state_embedded_and_on_the_broker() {
     let target = broker.target();
     let on_broker = final_state(&run_example("clicks_join", &[&target, "20000"], "at-least-once"));
     assert_eq!(embedded, on_broker);
+}
+
+#[test]
+fn the_click_counter_runs_unchanged_over_mutual_tls_given_properties_in_the_environment() {
+    // The example's code has no TLS in it: `chronik::connect("kafka://...")` reads the
+    // properties from CHRONIK_KAFKA_* variables, here a CA and a client certificate whose key
+    // has a passphrase (which nothing may print).
+    let directory = tempfile::tempdir().unwrap();
+    let embedded = final_state(&run(directory.path().to_str().unwrap(), "all", "exactly-once"));
+    let tls = directory.path().join("tls");
+    std::fs::create_dir(&tls).unwrap();
+    let certificates = TestCertificates::make(&tls).unwrap();
+    let broker = TestBroker::start_tls(&certificates, true).expect("start tansu behind TLS");
+    let output = Command::new(example("clicks_count"))
+        .args([&broker.target(), CLICKS, "all"])
+        .env("CHRONIK_GUARANTEE", "at-least-once")
+        .env("CHRONIK_KAFKA_SECURITY_PROTOCOL", "SSL")
+        .env("CHRONIK_KAFKA_SSL_CA_LOCATION", &certificates.ca)
+        .env("CHRONIK_KAFKA_SSL_CERTIFICATE_LOCATION", &certificates.client_cert)
+        .env("CHRONIK_KAFKA_SSL_KEY_LOCATION", &certificates.client_key)
+        .env("CHRONIK_KAFKA_SSL_KEY_PASSWORD", TestCertificates::KEY_PASSWORD)
+        .output()
+        .unwrap();
+    assert!(!text(&output).contains(TestCertificates::KEY_PASSWORD), "{}", text(&output));
+    assert_eq!(embedded, final_state(&output));
 }
 
 /// A `count` process whose standard output lines arrive on a channel as they are printed.

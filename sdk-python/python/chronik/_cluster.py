@@ -176,8 +176,8 @@ class ClusterProducer:
 class Cluster:
     """A Kafka-protocol cluster behind the calls of `chronik.Chronik`, less `EMBEDDED_ONLY`."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self._rust = _chronik._Cluster(bootstrap)
+    def __init__(self, bootstrap: str, config: Optional[Mapping[str, object]] = None) -> None:
+        self._rust = _chronik._Cluster(bootstrap, _properties(config))
         self._counts = {}
 
     @property
@@ -295,13 +295,40 @@ class Cluster:
         self.close()
 
 
-def connect(target: str, **options: Any) -> Union["_chronik.Chronik", Cluster]:
+def _properties(config: Optional[Mapping[str, object]]) -> list[Tuple[str, str]]:
+    """Kafka client properties as librdkafka takes them: strings, booleans as true/false."""
+    properties = []
+    for key, value in (config or {}).items():
+        if not isinstance(key, str):
+            raise _chronik.InvalidArgumentError(f"kafka property names are strings, not {key!r}")
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, (int, float, str)):
+            value = str(value)
+        else:
+            # The value is not shown: it may be a secret.
+            raise _chronik.InvalidArgumentError(
+                f"kafka property {key!r}: a string, number or boolean, not {type(value).__name__}"
+            )
+        properties.append((key, value))
+    return properties
+
+
+def connect(
+    target: str, config: Optional[Mapping[str, object]] = None, **options: Any
+) -> Union["_chronik.Chronik", Cluster]:
     """A data directory (opened as `chronik.open(target, **options)`) or, for
-    `kafka://HOST:PORT[,HOST:PORT...]`, a Kafka-protocol cluster."""
+    `kafka://HOST:PORT[,HOST:PORT...]`, a Kafka-protocol cluster; `config` takes its Kafka
+    client properties (`{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+    "sasl.username": ..., "sasl.password": ...}`), refused ones named in the error."""
     if target.startswith(KAFKA_SCHEME):
         if not hasattr(_chronik, "_Cluster"):
             raise _chronik.ChronikError("this build of chronik has no Kafka support")
-        return Cluster(target[len(KAFKA_SCHEME) :])
+        return Cluster(target[len(KAFKA_SCHEME) :], config)
+    if config is not None:
+        raise _chronik.InvalidArgumentError(
+            "config= takes Kafka client properties; a data directory takes open()'s options"
+        )
     if target.startswith("file://"):
         target = target[len("file://") :]
     return _chronik.open(target, **options)

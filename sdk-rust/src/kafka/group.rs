@@ -528,7 +528,7 @@ fn producer(
     config: &ProcessorConfig,
     guarantee: Guarantee,
 ) -> Result<KafkaProducer, ProcessorError> {
-    let mut settings: ClientConfig = base_config(client.bootstrap());
+    let mut settings: ClientConfig = base_config(client.config()).map_err(cluster)?;
     settings.set("acks", "all").set("linger.ms", "5").set("enable.idempotence", "true");
     if guarantee == Guarantee::ExactlyOnce {
         // One transactional id per process instance; fencing of a zombie goes through the
@@ -541,7 +541,7 @@ fn producer(
     }
     let producer: KafkaProducer = settings
         .create_with_context(Deliveries::default())
-        .map_err(|e| kafka_error("create producer", e))?;
+        .map_err(|e| cluster(client.config().client_error("create producer", &e)))?;
     if guarantee == Guarantee::ExactlyOnce {
         let refused = |e: &dyn std::fmt::Display| {
             ProcessorError::ExactlyOnceUnavailable(format!(
@@ -573,7 +573,7 @@ fn group_consumer(
     client: &KafkaClient,
     config: &ProcessorConfig,
 ) -> Result<BaseConsumer<GroupContext>, ProcessorError> {
-    let mut settings = base_config(client.bootstrap());
+    let mut settings = base_config(client.config()).map_err(cluster)?;
     if let Ok(debug) = std::env::var("CHRONIK_KAFKA_DEBUG") {
         // librdkafka's own debug contexts (`cgrp`, `fetch`, ...), printed to standard error.
         settings.set("debug", debug).set("log_level", "7");
@@ -588,7 +588,7 @@ fn group_consumer(
         .set("session.timeout.ms", session_timeout_ms().to_string())
         .set("heartbeat.interval.ms", "1000")
         .create_with_context(GroupContext { changed: AtomicBool::new(false) })
-        .map_err(|e| kafka_error("create consumer", e))?;
+        .map_err(|e| cluster(client.config().client_error("create consumer", &e)))?;
     let inputs: Vec<&str> = config.inputs.iter().map(String::as_str).collect();
     consumer.subscribe(&inputs).map_err(|e| kafka_error("subscribe", e))?;
     Ok(consumer)

@@ -18,7 +18,12 @@
 // i32::MAX on both sides, so the casts between them are exact.
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
+mod config;
+mod consumer;
 pub(crate) mod group;
+
+pub use config::KafkaConfig;
+pub use consumer::ClusterConsumer;
 
 use crate::{Offset, OwnedRecord, Record};
 use rdkafka::ClientContext;
@@ -51,6 +56,9 @@ pub enum ClusterError {
     TopicExists { topic: String },
     #[error("invalid Kafka address {address:?}: {reason}")]
     Address { address: String, reason: &'static str },
+    /// A client property refused, by name (its value is never shown: it may be a secret).
+    #[error("kafka property {key:?}: {reason}")]
+    Config { key: String, reason: String },
 }
 
 impl ClusterError {
@@ -70,6 +78,9 @@ pub(crate) struct Deliveries {
     tag_last: AtomicUsize,
     /// Per tag, the first and last offsets of its acknowledged records and how many there were.
     tagged: Mutex<HashMap<usize, (u64, u64, usize)>>,
+    /// librdkafka's last error logged (a failed TLS handshake or SASL login, a refused
+    /// connection), else its first error event: the reason a failed request does not give.
+    reported: Mutex<Option<String>>,
 }
 
 impl Deliveries {
@@ -90,7 +101,26 @@ impl Deliveries {
     }
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    /// librdkafka logs a failed TLS handshake or SASL login at level error (only errors are
+    /// logged: `log_level` 3), and reports no error event for it.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, _facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::{Alert, Critical, Emerg, Error};
+        if matches!(level, Emerg | Alert | Critical | Error)
+            && let Ok(mut reported) = self.reported.lock()
+        {
+            *reported = Some(message.to_owned());
+        }
+    }
+
+    /// An error event ("all brokers are down") says less than a logged reason: kept only
+    /// when nothing was logged.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Ok(mut reported) = self.reported.lock() {
+            reported.get_or_insert_with(|| format!("{error}: {reason}"));
+        }
+    }
+}
 
 impl ProducerContext for Deliveries {
     /// A send's tag ([`Deliveries::tags`]), or 0 for a message nobody asks about.
@@ -137,31 +167,66 @@ pub(crate) type KafkaProducer = BaseProducer<Deliveries>;
 
 /// A connection to a Kafka-protocol cluster: topics, and plain (not transactional) sends.
 pub struct KafkaClient {
-    bootstrap: String,
+    config: std::sync::Arc<KafkaConfig>,
     admin: AdminClient<DefaultClientContext>,
     producer: KafkaProducer,
 }
 
 impl std::fmt::Debug for KafkaClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaClient").field("bootstrap", &self.bootstrap).finish_non_exhaustive()
+        f.debug_struct("KafkaClient").field("config", &self.config).finish_non_exhaustive()
     }
 }
 
-/// The common settings of every client: where the cluster is, and quiet logs.
-pub(crate) fn base_config(bootstrap: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("log_level", "3")
-        .set("socket.timeout.ms", "10000")
-        .set("api.version.request", "true");
-    config
+/// The common settings of every client: where the cluster is, how to connect to it (the
+/// user's properties), and quiet logs.
+pub(crate) fn base_config(config: &KafkaConfig) -> Result<ClientConfig, ClusterError> {
+    config.client_config()
+}
+
+/// Ask the cluster for its metadata until it answers, [`REQUEST_TIMEOUT`] at most; refused at
+/// once when librdkafka reports a failed TLS handshake or SASL login (retrying cannot mend a
+/// certificate or a password), with librdkafka's reason, redacted.
+fn reach(producer: &KafkaProducer, config: &KafkaConfig) -> Result<(), ClusterError> {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        let Err(error) = producer.client().fetch_metadata(None, Duration::from_secs(1)) else {
+            return Ok(());
+        };
+        // The reason (a certificate, a login, a protocol) is in librdkafka's log, which a
+        // poll serves.
+        producer.poll(Duration::ZERO);
+        let reported = producer.context().reported.lock().ok().and_then(|r| r.clone());
+        let refused = reported.as_deref().is_some_and(|reason| {
+            ["SSL", "SASL", "uthenticat", "security.protocol", "certificate"]
+                .iter()
+                .any(|word| reason.contains(word))
+        });
+        if refused || Instant::now() >= deadline {
+            let mut message = match reported {
+                Some(reason) => format!("{error}: {reason}"),
+                None => error.to_string(),
+            };
+            if !refused {
+                // Silence (a TLS listener closes on a plaintext client without a word).
+                let protocol = config.get("security.protocol").unwrap_or("PLAINTEXT");
+                message = format!(
+                    "{message}; no broker at {} answered over {protocol} in {} s: check the \
+                     address, and that security.protocol matches the listener (a TLS \
+                     listener needs SSL or SASL_SSL)",
+                    config.bootstrap(),
+                    REQUEST_TIMEOUT.as_secs()
+                );
+            }
+            let message = config.redact(&message);
+            return Err(ClusterError::Kafka { operation: "reach the cluster", message });
+        }
+    }
 }
 
 /// A consumer outside any group, for reading partitions by offset.
-pub(crate) fn reader_config(bootstrap: &str) -> ClientConfig {
-    let mut config = base_config(bootstrap);
+pub(crate) fn reader_config(config: &KafkaConfig) -> Result<ClientConfig, ClusterError> {
+    let mut config = base_config(config)?;
     config
         .set("group.id", "chronik-reader")
         .set("enable.auto.commit", "false")
@@ -170,34 +235,42 @@ pub(crate) fn reader_config(bootstrap: &str) -> ClientConfig {
         .set("enable.partition.eof", "true")
         .set("fetch.wait.max.ms", READER_FETCH_WAIT_MS)
         .set("auto.offset.reset", "earliest");
-    config
+    Ok(config)
 }
 
 impl KafkaClient {
-    /// Connect to `bootstrap` (`host:port[,host:port...]`) and check that the cluster answers.
+    /// Connect to `bootstrap` (`host:port[,host:port...]`) over plaintext and check that the
+    /// cluster answers.
     pub fn connect(bootstrap: &str) -> Result<KafkaClient, ClusterError> {
-        if bootstrap.is_empty() || !bootstrap.split(',').all(|a| a.rsplit_once(':').is_some()) {
-            let address = bootstrap.to_owned();
-            return Err(ClusterError::Address { address, reason: "expected host:port" });
-        }
-        let admin = base_config(bootstrap)
+        KafkaClient::connect_with(KafkaConfig::new(bootstrap))
+    }
+
+    /// Connect as `config` says (TLS, SASL, any librdkafka property), with the
+    /// `CHRONIK_KAFKA_*` environment variables for properties it does not set
+    /// ([`KafkaConfig::fill_from_env`]), and check that the cluster answers. A refused property
+    /// is named in the error; no error shows a secret.
+    pub fn connect_with(config: KafkaConfig) -> Result<KafkaClient, ClusterError> {
+        let config = config.fill_from_env("CHRONIK_KAFKA_", std::env::vars());
+        let admin = base_config(&config)?
             .create()
-            .map_err(|e| ClusterError::kafka("create admin client", e))?;
-        let producer: KafkaProducer = base_config(bootstrap)
+            .map_err(|e| config.client_error("create admin client", &e))?;
+        let producer: KafkaProducer = base_config(&config)?
             .set("acks", "all")
             .set("linger.ms", "5")
             .create_with_context(Deliveries::default())
-            .map_err(|e| ClusterError::kafka("create producer", e))?;
-        producer
-            .client()
-            .fetch_metadata(None, REQUEST_TIMEOUT)
-            .map_err(|e| ClusterError::kafka("reach the cluster", e))?;
-        Ok(KafkaClient { bootstrap: bootstrap.to_owned(), admin, producer })
+            .map_err(|e| config.client_error("create producer", &e))?;
+        reach(&producer, &config)?;
+        Ok(KafkaClient { config: std::sync::Arc::new(config), admin, producer })
     }
 
     /// The bootstrap address this client was made with.
     pub fn bootstrap(&self) -> &str {
-        &self.bootstrap
+        self.config.bootstrap()
+    }
+
+    /// The configuration this client was made with.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
     }
 
     /// The names of the cluster's topics, sorted.
@@ -401,7 +474,7 @@ impl KafkaClient {
         partition: u32,
         from: u64,
     ) -> Result<PartitionReader, ClusterError> {
-        PartitionReader::new(&self.bootstrap, topic, partition, from)
+        PartitionReader::new(&self.config, topic, partition, from)
     }
 
     /// A consumer of one partition: in `group`, from where the group committed last (or
@@ -412,7 +485,7 @@ impl KafkaClient {
         partition: u32,
         group: Option<&str>,
     ) -> Result<ClusterConsumer, ClusterError> {
-        ClusterConsumer::new(&self.bootstrap, topic, partition, group)
+        ClusterConsumer::new(std::sync::Arc::clone(&self.config), topic, partition, group)
     }
 
     /// Every committed record of `topic`/`partition`, in offset order.
@@ -568,14 +641,14 @@ impl std::fmt::Debug for PartitionReader {
 
 impl PartitionReader {
     fn new(
-        bootstrap: &str,
+        config: &KafkaConfig,
         topic: &str,
         partition: u32,
         from: u64,
     ) -> Result<PartitionReader, ClusterError> {
-        let consumer: BaseConsumer = reader_config(bootstrap)
+        let consumer: BaseConsumer = reader_config(config)?
             .create()
-            .map_err(|e| ClusterError::kafka("create reader", e))?;
+            .map_err(|e| config.client_error("create reader", &e))?;
         let mut reader = PartitionReader {
             consumer,
             topic: topic.to_owned(),
@@ -672,156 +745,6 @@ impl PartitionReader {
     pub fn next_offset(&self) -> Offset {
         Offset::new(self.next)
     }
-}
-
-/// Records one step of a [`ClusterConsumer`]'s iteration reads at most.
-const CONSUMER_BATCH: usize = 1_000;
-
-/// A consumer of one partition of a cluster, as [`crate::Consumer`] is of a data directory.
-///
-/// In a group, it starts where the group committed last and [`ClusterConsumer::commit`]
-/// stores its position as the group's committed offset in the cluster. As on the engine, a
-/// group is only committed positions here: no membership, no rebalances (processors use
-/// Kafka's group membership; see [`crate::processor`]). Iterating stops once caught up;
-/// iterate again later for more.
-pub struct ClusterConsumer {
-    bootstrap: String,
-    topic: String,
-    partition: u32,
-    reader: PartitionReader,
-    /// The group's name and the client that reads and commits its offsets.
-    group: Option<(String, BaseConsumer)>,
-    buffered: std::collections::VecDeque<OwnedRecord>,
-    /// The offset after the last record handed out.
-    position: u64,
-}
-
-impl std::fmt::Debug for ClusterConsumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterConsumer")
-            .field("topic", &self.topic)
-            .field("partition", &self.partition)
-            .field("group", &self.group.as_ref().map(|(name, _)| name))
-            .field("position", &self.position)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ClusterConsumer {
-    fn new(
-        bootstrap: &str,
-        topic: &str,
-        partition: u32,
-        group: Option<&str>,
-    ) -> Result<ClusterConsumer, ClusterError> {
-        let group = group
-            .map(|name| {
-                let mut config = base_config(bootstrap);
-                config.set("group.id", name).set("enable.auto.commit", "false");
-                let client: BaseConsumer =
-                    config.create().map_err(|e| ClusterError::kafka("create group client", e))?;
-                Ok::<_, ClusterError>((name.to_owned(), client))
-            })
-            .transpose()?;
-        let position = match &group {
-            Some((_, client)) => committed(client, topic, partition)?.unwrap_or(0),
-            None => 0,
-        };
-        Ok(ClusterConsumer {
-            bootstrap: bootstrap.to_owned(),
-            topic: topic.to_owned(),
-            partition,
-            reader: PartitionReader::new(bootstrap, topic, partition, position)?,
-            group,
-            buffered: std::collections::VecDeque::new(),
-            position,
-        })
-    }
-
-    /// The offset of the next record this consumer reads.
-    pub fn position(&self) -> Offset {
-        Offset::new(self.position)
-    }
-
-    /// Read from `offset` on.
-    pub fn seek(&mut self, offset: Offset) -> Result<(), ClusterError> {
-        let offset = offset.get();
-        self.reader = PartitionReader::new(&self.bootstrap, &self.topic, self.partition, offset)?;
-        self.buffered.clear();
-        self.position = offset;
-        Ok(())
-    }
-
-    /// The consumer group, if any.
-    pub fn group(&self) -> Option<&str> {
-        self.group.as_ref().map(|(name, _)| name.as_str())
-    }
-
-    /// Commit the position (the next offset to read) as the group's offset, synchronously.
-    pub fn commit(&self) -> Result<(), ClusterError> {
-        let Some((_, client)) = &self.group else {
-            return Err(ClusterError::kafka("commit", "this consumer is in no group"));
-        };
-        let mut offsets = TopicPartitionList::new();
-        let offset = KafkaOffset::Offset(i64::try_from(self.position).unwrap_or(i64::MAX));
-        offsets
-            .add_partition_offset(&self.topic, self.partition as i32, offset)
-            .map_err(|e| ClusterError::kafka("commit", e))?;
-        client
-            .commit(&offsets, rdkafka::consumer::CommitMode::Sync)
-            .map_err(|e| ClusterError::kafka("commit", e))
-    }
-
-    /// What the group committed last for this partition.
-    pub fn committed(&self) -> Result<Option<Offset>, ClusterError> {
-        match &self.group {
-            Some((_, client)) => {
-                Ok(committed(client, &self.topic, self.partition)?.map(Offset::new))
-            }
-            None => Ok(None),
-        }
-    }
-
-    /// Up to `max` records from the position on; empty when caught up. Reads the cluster
-    /// [`CONSUMER_BATCH`] records at a time, whatever `max` is.
-    pub fn next_batch(&mut self, max: usize) -> Result<Vec<OwnedRecord>, ClusterError> {
-        if self.buffered.is_empty() {
-            self.buffered.extend(self.reader.next_batch(CONSUMER_BATCH)?);
-        }
-        let records: Vec<OwnedRecord> =
-            self.buffered.drain(..max.min(self.buffered.len())).collect();
-        if let Some(last) = records.last() {
-            self.position = last.offset.get() + 1;
-        }
-        Ok(records)
-    }
-}
-
-impl Iterator for ClusterConsumer {
-    type Item = Result<OwnedRecord, ClusterError>;
-
-    /// The next record, or `None` once caught up (iterate again later for more).
-    fn next(&mut self) -> Option<Self::Item> {
-        self.next_batch(1).map(|batch| batch.into_iter().next()).transpose()
-    }
-}
-
-/// The offset `client`'s group committed for `topic`/`partition`, if any.
-fn committed(
-    client: &BaseConsumer,
-    topic: &str,
-    partition: u32,
-) -> Result<Option<u64>, ClusterError> {
-    let mut asked = TopicPartitionList::new();
-    asked.add_partition(topic, partition as i32);
-    let answer = client
-        .committed_offsets(asked, REQUEST_TIMEOUT)
-        .map_err(|e| ClusterError::kafka("committed offsets", e))?;
-    let offset = answer.find_partition(topic, partition as i32).map(|e| e.offset());
-    Ok(match offset {
-        Some(KafkaOffset::Offset(offset)) => u64::try_from(offset).ok(),
-        _ => None,
-    })
 }
 
 /// Run a future of the admin client to completion on this thread. librdkafka completes it
