@@ -184,6 +184,10 @@ class Cluster:
     def bootstrap(self) -> str:
         return self._rust.bootstrap()
 
+    def __repr__(self) -> str:
+        # The address only: the properties may hold secrets.
+        return f"Cluster({self.bootstrap!r})"
+
     def recovery(self) -> list[str]:
         """Nothing: a cluster recovers on its own."""
         return []

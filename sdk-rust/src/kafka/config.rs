@@ -25,10 +25,15 @@ use std::collections::BTreeMap;
 pub struct KafkaConfig {
     bootstrap: String,
     properties: BTreeMap<String, String>,
+    /// The environment variable each property set by [`KafkaConfig::fill_from_env`] came
+    /// from, to name it in errors.
+    from_env: BTreeMap<String, String>,
 }
 
 /// Properties Chronik sets itself, for its delivery guarantees or from the address: a user's
-/// value would silently break a contract, so it is refused with the reason.
+/// value would silently break a contract, so it is refused with the reason, unless it is the
+/// value Chronik sets (a `client.properties` file often holds `acks=all`). librdkafka's
+/// aliases are listed too.
 const MANAGED: &[(&str, &str)] = &[
     ("bootstrap.servers", "the brokers come from the kafka://HOST:PORT address"),
     ("metadata.broker.list", "the brokers come from the kafka://HOST:PORT address"),
@@ -36,12 +41,26 @@ const MANAGED: &[(&str, &str)] = &[
     ("transactional.id", "Chronik's processors name their transactions"),
     ("enable.idempotence", "Chronik sets it for its delivery guarantees"),
     ("acks", "Chronik writes with acks=all (its durability contract)"),
+    ("request.required.acks", "Chronik writes with acks=all (its durability contract)"),
     ("isolation.level", "Chronik reads read_committed only"),
     ("enable.auto.commit", "Chronik commits offsets itself"),
+    ("auto.commit.enable", "Chronik commits offsets itself"),
     ("enable.auto.offset.store", "Chronik commits offsets itself"),
     ("auto.offset.reset", "Chronik reads from the committed offset or the start"),
     ("enable.partition.eof", "Chronik needs to know where a partition ends"),
 ];
+
+/// The key librdkafka reads for `key`: one name per property, so that a property given twice
+/// under two names is seen as one.
+fn canonical(key: &str) -> &str {
+    match key {
+        "sasl.mechanisms" => "sasl.mechanism",
+        "request.required.acks" => "acks",
+        "auto.commit.enable" => "enable.auto.commit",
+        "metadata.broker.list" => "bootstrap.servers",
+        other => other,
+    }
+}
 
 /// The protocols of `security.protocol`.
 const PROTOCOLS: &[&str] = &["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"];
@@ -56,6 +75,8 @@ fn is_secret(key: &str) -> bool {
         || key.contains("secret")
         || key.contains("jaas")
         || key.contains("token")
+        || key.contains("user.info")
+        || key.contains("oauthbearer.config")
         || key == "ssl.key.pem"
 }
 
@@ -63,13 +84,19 @@ impl KafkaConfig {
     /// A cluster at `bootstrap` (`host:port[,host:port...]`), over plaintext until properties
     /// say otherwise.
     pub fn new(bootstrap: impl Into<String>) -> KafkaConfig {
-        KafkaConfig { bootstrap: bootstrap.into(), properties: BTreeMap::new() }
+        KafkaConfig {
+            bootstrap: bootstrap.into(),
+            properties: BTreeMap::new(),
+            from_env: BTreeMap::new(),
+        }
     }
 
     /// Set one client property (Kafka's and librdkafka's names). Checked when connecting.
     #[must_use]
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> KafkaConfig {
-        self.properties.insert(key.into().trim().to_owned(), value.into());
+        let key = key.into().trim().to_owned();
+        self.from_env.remove(&key);
+        self.properties.insert(key, value.into());
         self
     }
 
@@ -77,28 +104,50 @@ impl KafkaConfig {
     /// `key value` lines, `#` and `!` comments, `\` continuations and escapes); later lines win.
     pub fn set_properties(mut self, text: &str) -> Result<KafkaConfig, ClusterError> {
         for (key, value) in parse_properties(text)? {
-            self.properties.insert(key, value);
+            self = self.set(key, value);
         }
         Ok(self)
     }
 
     /// Set the properties named by environment variables `<prefix><NAME>=value` that are not
-    /// set yet: the name lowercased, `_` read as `.` and `__` as `_`
+    /// set yet (under any of their names; a `sasl.jaas.config` sets the username and the
+    /// password): the name lowercased, `_` read as `.` and `__` as `_`
     /// (`CHRONIK_KAFKA_SASL_PASSWORD` is `sasl.password`). Every connection does this with
-    /// `CHRONIK_KAFKA_` and `std::env::vars()`, so a program runs unchanged against a secured
-    /// cluster given its properties in the environment; properties set in code win.
+    /// `CHRONIK_KAFKA_` and the process's environment, so a program runs unchanged against a
+    /// secured cluster given its properties in the environment; properties set in code win.
+    /// Variables whose name or value is not UTF-8 are skipped.
     #[must_use]
     pub fn fill_from_env(
         mut self,
         prefix: &str,
-        vars: impl IntoIterator<Item = (String, String)>,
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
     ) -> KafkaConfig {
         for (name, value) in vars {
-            let Some(name) = name.strip_prefix(prefix).filter(|n| !n.is_empty()) else { continue };
+            let (Ok(variable), Ok(value)) = (name.into_string(), value.into_string()) else {
+                continue;
+            };
+            let Some(name) = variable.strip_prefix(prefix).filter(|n| !n.is_empty()) else {
+                continue;
+            };
             let key = name.to_ascii_lowercase().replace("__", "\u{0}").replace('_', ".");
-            self.properties.entry(key.replace('\u{0}', "_")).or_insert(value);
+            let key = key.replace('\u{0}', "_");
+            let given = self.properties.keys().any(|set| canonical(set) == canonical(&key));
+            let jaas = self.properties.contains_key("sasl.jaas.config")
+                && matches!(key.as_str(), "sasl.username" | "sasl.password");
+            if !given && !jaas {
+                self.from_env.insert(key.clone(), variable);
+                self.properties.insert(key, value);
+            }
         }
         self
+    }
+
+    /// How errors name property `key`: with the environment variable it came from, if any.
+    fn named(&self, key: &str) -> String {
+        match self.from_env.get(key) {
+            Some(variable) => format!("{key} (from ${variable})"),
+            None => key.to_owned(),
+        }
     }
 
     /// The bootstrap addresses.
@@ -128,11 +177,24 @@ impl KafkaConfig {
         let mut out = BTreeMap::new();
         for (key, value) in &self.properties {
             if let Some((_, reason)) = MANAGED.iter().find(|(managed, _)| managed == key) {
-                return Err(refused(key, reason));
+                // The value Chronik sets anyway is no contradiction: dropped.
+                let same = match canonical(key) {
+                    "acks" => matches!(value.trim().to_ascii_lowercase().as_str(), "all" | "-1"),
+                    "bootstrap.servers" => value.trim() == self.bootstrap,
+                    _ => false,
+                };
+                if same {
+                    continue;
+                }
+                return Err(refused(&self.named(key), reason));
+            }
+            let pkcs12 = key == "ssl.keystore.type" && value.trim().eq_ignore_ascii_case("PKCS12");
+            if pkcs12 {
+                continue; // librdkafka's keystore is PKCS#12, and it has no such property
             }
             if key.starts_with("ssl.truststore.") || key == "ssl.keystore.type" {
                 return Err(refused(
-                    key,
+                    &self.named(key),
                     "a Java keystore property: give PEM files (ssl.ca.location, \
                      ssl.certificate.location, ssl.key.location) or a PKCS#12 \
                      ssl.keystore.location",
@@ -146,7 +208,8 @@ impl KafkaConfig {
                 }
                 "sasl.mechanisms" | "sasl.mechanism" => {
                     if out.insert("sasl.mechanism".to_owned(), value.trim().to_owned()).is_some() {
-                        return Err(refused(key, "give either sasl.mechanism or sasl.mechanisms"));
+                        let reason = "give either sasl.mechanism or sasl.mechanisms";
+                        return Err(refused(&self.named(key), reason));
                     }
                 }
                 "ssl.endpoint.identification.algorithm" if value.trim().is_empty() => {
@@ -158,13 +221,20 @@ impl KafkaConfig {
                 }
             }
         }
+        self.check_security(&mut out)?;
+        Ok(out)
+    }
+
+    /// The protocol and the SASL mechanism of the properties `out`, checked together and
+    /// written back in librdkafka's spelling.
+    fn check_security(&self, out: &mut BTreeMap<String, String>) -> Result<(), ClusterError> {
         let protocol = match out.get("security.protocol") {
             None => "PLAINTEXT".to_owned(),
             Some(protocol) => {
                 let upper = protocol.trim().to_ascii_uppercase();
                 if !PROTOCOLS.contains(&upper.as_str()) {
                     return Err(ClusterError::Config {
-                        key: "security.protocol".to_owned(),
+                        key: self.named("security.protocol"),
                         reason: format!("{protocol:?} is not one of {}", PROTOCOLS.join(", ")),
                     });
                 }
@@ -210,7 +280,7 @@ impl KafkaConfig {
             (false, None) => {}
         }
         out.insert("security.protocol".to_owned(), protocol);
-        Ok(out)
+        Ok(())
     }
 
     /// `text` with every secret value of this configuration replaced by `[redacted]`.
@@ -241,7 +311,7 @@ impl KafkaConfig {
     pub(crate) fn client_error(&self, operation: &'static str, error: &KafkaError) -> ClusterError {
         match error {
             KafkaError::ClientConfig(_, description, key, _value) => {
-                ClusterError::Config { key: key.clone(), reason: self.redact(description) }
+                ClusterError::Config { key: self.named(key), reason: self.redact(description) }
             }
             other => ClusterError::Kafka { operation, message: self.redact(&other.to_string()) },
         }
@@ -252,7 +322,6 @@ impl KafkaConfig {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &self.bootstrap)
-            .set("log_level", "3")
             .set("socket.timeout.ms", "10000")
             .set("api.version.request", "true");
         for (key, value) in self.checked()? {
@@ -274,7 +343,7 @@ impl std::fmt::Debug for KafkaConfig {
         f.debug_struct("KafkaConfig")
             .field("bootstrap", &self.bootstrap)
             .field("properties", &shown)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -284,32 +353,59 @@ fn refused(key: &str, reason: &str) -> ClusterError {
 
 /// The username and password of a Java client's `sasl.jaas.config` line, e.g.
 /// `org.apache.kafka.common.security.plain.PlainLoginModule required username="u"
-/// password="p";` (PLAIN and SCRAM login modules only).
+/// password="p";` (PLAIN and SCRAM login modules only; options quoted or not, blanks around
+/// `=`).
 fn jaas_credentials(line: &str) -> Result<(String, String), ClusterError> {
     let module = line.split_whitespace().next().unwrap_or("");
     if !module.ends_with(".PlainLoginModule") && !module.ends_with(".ScramLoginModule") {
-        // The module name only: the rest of the line holds the credentials.
-        return Err(ClusterError::Config {
-            key: "sasl.jaas.config".to_owned(),
-            reason: format!(
+        // Named only if it looks like a class name: the line may hold the credentials.
+        let class = module.chars().all(|c| c.is_ascii_alphanumeric() || "._$".contains(c));
+        let reason = if class && !module.is_empty() {
+            format!(
                 "login module {module:?} is not read (PlainLoginModule and ScramLoginModule are)"
-            ),
-        });
+            )
+        } else {
+            "the line does not start with a login module (PlainLoginModule or ScramLoginModule)"
+                .to_owned()
+        };
+        return Err(ClusterError::Config { key: "sasl.jaas.config".to_owned(), reason });
     }
-    let field = |name: &str| -> Result<String, ClusterError> {
-        let missing = || refused("sasl.jaas.config", "expected username=\"...\" password=\"...\"");
-        let at = line.find(&format!("{name}=\"")).ok_or_else(missing)? + name.len() + 2;
+    let options = &line[module.len()..];
+    let missing = || refused("sasl.jaas.config", "expected username=\"...\" password=\"...\"");
+    let username = jaas_option(options, "username").ok_or_else(missing)?;
+    let password = jaas_option(options, "password").ok_or_else(missing)?;
+    Ok((username, password))
+}
+
+/// The value of option `name` in a JAAS line's options: `name="quoted \" value"` or
+/// `name=word`, blanks allowed around `=`.
+fn jaas_option(options: &str, name: &str) -> Option<String> {
+    let mut from = 0;
+    while let Some(found) = options[from..].find(name) {
+        let start = from + found;
+        from = start + name.len();
+        let before = options[..start].chars().next_back();
+        if before.is_some_and(|c| !c.is_whitespace() && c != ';') {
+            continue; // part of a longer word
+        }
+        let rest = options[from..].trim_start();
+        let Some(rest) = rest.strip_prefix('=') else { continue };
+        let rest = rest.trim_start();
         let mut value = String::new();
-        let mut chars = line[at..].chars();
-        loop {
-            match chars.next().ok_or_else(missing)? {
-                '"' => return Ok(value),
-                '\\' => value.push(chars.next().ok_or_else(missing)?),
-                c => value.push(c),
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let mut chars = quoted.chars();
+            loop {
+                match chars.next()? {
+                    '"' => return Some(value),
+                    '\\' => value.push(chars.next()?),
+                    c => value.push(c),
+                }
             }
         }
-    };
-    Ok((field("username")?, field("password")?))
+        value.extend(rest.chars().take_while(|c| !c.is_whitespace() && *c != ';'));
+        return Some(value);
+    }
+    None
 }
 
 /// The `key`, `value` pairs of a Java properties text, in order.
@@ -436,6 +532,25 @@ mod tests {
         }
         let jks = reason(&KafkaConfig::new("a:1").set("ssl.truststore.location", "/t.jks"));
         assert!(jks.contains("ssl.ca.location"), "{jks}");
+        let jks = reason(&KafkaConfig::new("a:1").set("ssl.keystore.type", "JKS"));
+        assert!(jks.contains("PKCS#12"), "{jks}");
+        // Aliases, and the values Chronik sets anyway (a client.properties file has them).
+        for (key, value) in [("request.required.acks", "1"), ("auto.commit.enable", "true")] {
+            let error = reason(&KafkaConfig::new("a:1").set(key, value));
+            assert!(error.contains(key), "{error}");
+        }
+        let other = reason(&KafkaConfig::new("a:1").set("bootstrap.servers", "b:1"));
+        assert!(other.contains("bootstrap.servers"), "{other}");
+        let same = KafkaConfig::new("a:1")
+            .set("bootstrap.servers", "a:1")
+            .set("acks", "all")
+            .set("request.required.acks", "-1")
+            .set("ssl.keystore.type", "PKCS12")
+            .checked()
+            .unwrap();
+        for key in ["bootstrap.servers", "acks", "request.required.acks", "ssl.keystore.type"] {
+            assert!(!same.contains_key(key), "{key} dropped: {same:?}");
+        }
         let unknown = KafkaConfig::new("a:1").set("fetch.max.bytes", "1000").checked().unwrap();
         assert_eq!(unknown.get("fetch.max.bytes").map(String::as_str), Some("1000"));
     }
@@ -453,8 +568,13 @@ mod tests {
         assert!(!checked.contains_key("sasl.jaas.config"));
         assert_eq!(config.redact("x p\"w;d y"), "x [redacted] y");
         let kerberos = "com.sun.security.auth.module.Krb5LoginModule required keyTab=\"k\";";
-        let error = reason(&config.set("sasl.jaas.config", kerberos));
+        let error = reason(&config.clone().set("sasl.jaas.config", kerberos));
         assert!(error.contains("Krb5LoginModule") && !error.contains("keyTab"), "{error}");
+        let no_module = reason(&config.set("sasl.jaas.config", "password=\"hunter2\";"));
+        assert!(
+            !no_module.contains("hunter2") && no_module.contains("login module"),
+            "{no_module}"
+        );
     }
 
     #[test]
@@ -462,9 +582,10 @@ mod tests {
         let config = KafkaConfig::new("a:1")
             .set("sasl.password", "hunter2")
             .set("ssl.key.password", "keypass")
-            .set("ssl.key.pem", "-----BEGIN PRIVATE KEY-----");
+            .set("ssl.key.pem", "-----BEGIN PRIVATE KEY-----")
+            .set("basic.auth.user.info", "registry:pw");
         let debug = format!("{config:?}");
-        for secret in ["hunter2", "keypass", "BEGIN PRIVATE"] {
+        for secret in ["hunter2", "keypass", "BEGIN PRIVATE", "registry:pw"] {
             assert!(!debug.contains(secret), "{debug}");
         }
         assert!(debug.contains("sasl.password") && debug.contains("a:1"), "{debug}");
@@ -492,17 +613,51 @@ mod tests {
         let checked = config.checked().unwrap();
         let algorithm = checked.get("ssl.endpoint.identification.algorithm");
         assert_eq!(algorithm.map(String::as_str), Some("none"));
-        let vars = [
-            ("CHRONIK_KAFKA_SASL_PASSWORD".to_owned(), "env".to_owned()),
-            ("CHRONIK_KAFKA_LOG__LEVEL".to_owned(), "6".to_owned()),
-            ("CHRONIK_KAFKA_".to_owned(), "ignored".to_owned()),
-            ("HOME".to_owned(), "/root".to_owned()),
-        ];
-        let config = config.fill_from_env("CHRONIK_KAFKA_", vars);
+        let config = config.fill_from_env(
+            "CHRONIK_KAFKA_",
+            env(&[
+                ("CHRONIK_KAFKA_SASL_PASSWORD", "env"),
+                ("CHRONIK_KAFKA_SASL_MECHANISMS", "SCRAM-SHA-256"),
+                ("CHRONIK_KAFKA_LOG__LEVEL", "6"),
+                ("CHRONIK_KAFKA_", "ignored"),
+                ("HOME", "/root"),
+            ]),
+        );
         assert_eq!(config.get("sasl.password"), Some("ab!="), "set before: kept");
+        assert_eq!(config.get("sasl.mechanisms"), None, "set before under its other name");
         assert_eq!(config.get("log_level"), Some("6"));
         assert_eq!(config.properties.len(), 6);
         let error = KafkaConfig::new("a:1").set_properties("=x").unwrap_err();
         assert!(error.to_string().contains("line 1"), "{error}");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+        pairs.iter().map(|(name, value)| ((*name).into(), (*value).into())).collect()
+    }
+
+    #[test]
+    fn environment_variables_fill_what_code_left_and_are_named_in_errors() {
+        use std::os::unix::ffi::OsStringExt;
+        let jaas = r#"org.apache.kafka.common.security.plain.PlainLoginModule required username = "u" password=p;"#;
+        let mut vars = env(&[
+            ("CHRONIK_KAFKA_SASL_PASSWORD", "from-env"),
+            ("CHRONIK_KAFKA_SECURITY_PROTOCOL", "TLS"),
+            ("CHRONIK_KAFKA_ACKS", "1"),
+        ]);
+        vars.push((std::ffi::OsString::from_vec(vec![0xff]), "not UTF-8".into()));
+        vars.push(("CHRONIK_KAFKA_X".into(), std::ffi::OsString::from_vec(vec![0xfe])));
+        let config = KafkaConfig::new("a:1").set("sasl.jaas.config", jaas);
+        let config = config.fill_from_env("CHRONIK_KAFKA_", vars);
+        assert_eq!(config.get("sasl.password"), None, "the JAAS line gives the password");
+        assert_eq!(config.get("x"), None);
+        let error = reason(&config);
+        assert!(error.contains("$CHRONIK_KAFKA_ACKS"), "{error}");
+        let config = config.set("acks", "all");
+        let error = reason(&config);
+        assert!(error.contains("$CHRONIK_KAFKA_SECURITY_PROTOCOL"), "{error}");
+        let checked = config.set("security.protocol", "SASL_SSL").set("sasl.mechanism", "PLAIN");
+        let checked = checked.checked().unwrap();
+        assert_eq!(checked.get("sasl.username").map(String::as_str), Some("u"));
+        assert_eq!(checked.get("sasl.password").map(String::as_str), Some("p"));
     }
 }

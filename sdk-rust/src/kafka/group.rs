@@ -585,7 +585,7 @@ fn group_consumer(
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .set("partition.assignment.strategy", "range")
-        .set("session.timeout.ms", session_timeout_ms().to_string())
+        .set("session.timeout.ms", session_timeout_ms(client).to_string())
         .set("heartbeat.interval.ms", "1000")
         .create_with_context(GroupContext { changed: AtomicBool::new(false) })
         .map_err(|e| cluster(client.config().client_error("create consumer", &e)))?;
@@ -594,13 +594,15 @@ fn group_consumer(
     Ok(consumer)
 }
 
-/// How long the group waits for a silent process before moving its partitions:
-/// `CHRONIK_KAFKA_SESSION_TIMEOUT_MS`, 20 s by default. Brokers that take a member waiting
-/// in a rebalance for a silent one (tansu 0.6 does) need it well above their rebalance time.
-fn session_timeout_ms() -> u64 {
-    std::env::var("CHRONIK_KAFKA_SESSION_TIMEOUT_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
+/// How long the group waits for a silent process before moving its partitions: the
+/// connection's `session.timeout.ms` (`CHRONIK_KAFKA_SESSION_TIMEOUT_MS` sets it), 20 s by
+/// default. Brokers that take a member waiting in a rebalance for a silent one (tansu 0.6
+/// does) need it well above their rebalance time.
+fn session_timeout_ms(client: &KafkaClient) -> u64 {
+    client
+        .config()
+        .get("session.timeout.ms")
+        .and_then(|ms| ms.trim().parse().ok())
         .unwrap_or(20_000)
 }
 

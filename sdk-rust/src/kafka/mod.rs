@@ -102,14 +102,19 @@ impl Deliveries {
 }
 
 impl ClientContext for Deliveries {
-    /// librdkafka logs a failed TLS handshake or SASL login at level error (only errors are
-    /// logged: `log_level` 3), and reports no error event for it.
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, _facility: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel::{Alert, Critical, Emerg, Error};
-        if matches!(level, Emerg | Alert | Critical | Error)
-            && let Ok(mut reported) = self.reported.lock()
-        {
-            *reported = Some(message.to_owned());
+    /// librdkafka logs a failed TLS handshake or SASL login at level error, and reports no
+    /// error event for it: kept, and passed on to `tracing` (target `librdkafka`).
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::{Alert, Critical, Emerg, Error, Warning};
+        if matches!(level, Emerg | Alert | Critical | Error) {
+            tracing::error!(target: "librdkafka", facility, "{message}");
+            if let Ok(mut reported) = self.reported.lock() {
+                *reported = Some(message.to_owned());
+            }
+        } else if matches!(level, Warning) {
+            tracing::warn!(target: "librdkafka", facility, "{message}");
+        } else {
+            tracing::debug!(target: "librdkafka", facility, "{message}");
         }
     }
 
@@ -185,7 +190,7 @@ pub(crate) fn base_config(config: &KafkaConfig) -> Result<ClientConfig, ClusterE
 }
 
 /// Ask the cluster for its metadata until it answers, [`REQUEST_TIMEOUT`] at most; refused at
-/// once when librdkafka reports a failed TLS handshake or SASL login (retrying cannot mend a
+/// once when librdkafka reports a refused certificate or SASL login (retrying cannot mend a
 /// certificate or a password), with librdkafka's reason, redacted.
 fn reach(producer: &KafkaProducer, config: &KafkaConfig) -> Result<(), ClusterError> {
     let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -197,8 +202,9 @@ fn reach(producer: &KafkaProducer, config: &KafkaConfig) -> Result<(), ClusterEr
         // poll serves.
         producer.poll(Duration::ZERO);
         let reported = producer.context().reported.lock().ok().and_then(|r| r.clone());
+        // What no retry mends: a certificate refused, a TLS alert, a login refused.
         let refused = reported.as_deref().is_some_and(|reason| {
-            ["SSL", "SASL", "uthenticat", "security.protocol", "certificate"]
+            ["certificate", "alert", "SASL", "uthenticat", "security.protocol"]
                 .iter()
                 .any(|word| reason.contains(word))
         });
@@ -250,7 +256,7 @@ impl KafkaClient {
     /// ([`KafkaConfig::fill_from_env`]), and check that the cluster answers. A refused property
     /// is named in the error; no error shows a secret.
     pub fn connect_with(config: KafkaConfig) -> Result<KafkaClient, ClusterError> {
-        let config = config.fill_from_env("CHRONIK_KAFKA_", std::env::vars());
+        let config = config.fill_from_env("CHRONIK_KAFKA_", std::env::vars_os());
         let admin = base_config(&config)?
             .create()
             .map_err(|e| config.client_error("create admin client", &e))?;
