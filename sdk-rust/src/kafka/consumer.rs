@@ -4,7 +4,7 @@
 // Kafka numbers partitions with i32, Chronik with u32 (see the module above).
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
-use super::{ClusterError, KafkaConfig, PartitionReader, REQUEST_TIMEOUT, base_config};
+use super::{ClusterError, KafkaConfig, PartitionReader, REQUEST_TIMEOUT};
 use crate::{Offset, OwnedRecord};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
@@ -51,7 +51,7 @@ impl ClusterConsumer {
     ) -> Result<ClusterConsumer, ClusterError> {
         let group = group
             .map(|name| {
-                let mut settings = base_config(&config)?;
+                let mut settings = config.client_config()?;
                 settings.set("group.id", name).set("enable.auto.commit", "false");
                 let client: BaseConsumer = settings
                     .create()

@@ -21,8 +21,8 @@
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 use super::{
-    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST,
-    base_config, owned, produce,
+    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST, owned,
+    produce,
 };
 use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
@@ -528,7 +528,7 @@ fn producer(
     config: &ProcessorConfig,
     guarantee: Guarantee,
 ) -> Result<KafkaProducer, ProcessorError> {
-    let mut settings: ClientConfig = base_config(client.config()).map_err(cluster)?;
+    let mut settings: ClientConfig = client.config().client_config().map_err(cluster)?;
     settings.set("acks", "all").set("linger.ms", "5").set("enable.idempotence", "true");
     if guarantee == Guarantee::ExactlyOnce {
         // One transactional id per process instance; fencing of a zombie goes through the
@@ -573,11 +573,7 @@ fn group_consumer(
     client: &KafkaClient,
     config: &ProcessorConfig,
 ) -> Result<BaseConsumer<GroupContext>, ProcessorError> {
-    let mut settings = base_config(client.config()).map_err(cluster)?;
-    if let Ok(debug) = std::env::var("CHRONIK_KAFKA_DEBUG") {
-        // librdkafka's own debug contexts (`cgrp`, `fetch`, ...), printed to standard error.
-        settings.set("debug", debug).set("log_level", "7");
-    }
+    let mut settings = client.config().client_config().map_err(cluster)?;
     let consumer: BaseConsumer<GroupContext> = settings
         .set("group.id", &config.application)
         .set("enable.auto.commit", "false")

@@ -183,12 +183,6 @@ impl std::fmt::Debug for KafkaClient {
     }
 }
 
-/// The common settings of every client: where the cluster is, how to connect to it (the
-/// user's properties), and quiet logs.
-pub(crate) fn base_config(config: &KafkaConfig) -> Result<ClientConfig, ClusterError> {
-    config.client_config()
-}
-
 /// Ask the cluster for its metadata until it answers, [`REQUEST_TIMEOUT`] at most; refused at
 /// once when librdkafka reports a refused certificate or SASL login (retrying cannot mend a
 /// certificate or a password), with librdkafka's reason, redacted.
@@ -232,7 +226,7 @@ fn reach(producer: &KafkaProducer, config: &KafkaConfig) -> Result<(), ClusterEr
 
 /// A consumer outside any group, for reading partitions by offset.
 pub(crate) fn reader_config(config: &KafkaConfig) -> Result<ClientConfig, ClusterError> {
-    let mut config = base_config(config)?;
+    let mut config = config.client_config()?;
     config
         .set("group.id", "chronik-reader")
         .set("enable.auto.commit", "false")
@@ -257,10 +251,12 @@ impl KafkaClient {
     /// is named in the error; no error shows a secret.
     pub fn connect_with(config: KafkaConfig) -> Result<KafkaClient, ClusterError> {
         let config = config.fill_from_env("CHRONIK_KAFKA_", std::env::vars_os());
-        let admin = base_config(&config)?
+        let admin = config
+            .client_config()?
             .create()
             .map_err(|e| config.client_error("create admin client", &e))?;
-        let producer: KafkaProducer = base_config(&config)?
+        let producer: KafkaProducer = config
+            .client_config()?
             .set("acks", "all")
             .set("linger.ms", "5")
             .create_with_context(Deliveries::default())
