@@ -22,7 +22,7 @@
 
 use super::{
     ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST, owned,
-    produce,
+    produce, transient,
 };
 use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
@@ -651,7 +651,16 @@ pub(crate) fn run<P: Processor>(
         for polled in 0..POLL_BURST {
             let wait = if polled == 0 && idle { POLL_WAIT } else { Duration::ZERO };
             let Some(message) = consumer.poll(wait) else { break };
-            let message = message.map_err(|e| kafka_error("poll", e))?;
+            let message = match message {
+                Ok(message) => message,
+                // librdkafka reconnects by itself; a cluster gone for good fails the next
+                // commit or watermark request, each bounded by REQUEST_TIMEOUT.
+                Err(error) if transient(&error) => {
+                    tracing::warn!(target: "chronik::kafka", "poll: {error} (librdkafka recovers)");
+                    break;
+                }
+                Err(error) => return Err(kafka_error("poll", error)),
+            };
             let key = (message.topic().to_owned(), message.partition() as u32);
             if consumer.context().changed.swap(false, Ordering::SeqCst)
                 || !log.buffers.borrow().contains_key(&key)

@@ -44,6 +44,31 @@ use std::time::{Duration, Instant};
 /// How long one request to the cluster may take before it is an error.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Whether a consumer's error event is one librdkafka recovers from by itself (a connection
+/// lost, a coordinator moving): polling goes on, for [`REQUEST_TIMEOUT`] at most. One
+/// machine's broker restarting, or closing an idle connection, gives `AllBrokersDown`.
+pub(crate) fn transient(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as E;
+    matches!(
+        error,
+        KafkaError::MessageConsumption(
+            E::AllBrokersDown
+                | E::BrokerTransportFailure
+                | E::Resolve
+                | E::OperationTimedOut
+                | E::TimedOutQueue
+                | E::RequestTimedOut
+                | E::NetworkException
+                | E::LeaderNotAvailable
+                | E::NotLeaderForPartition
+                | E::CoordinatorLoadInProgress
+                | E::CoordinatorNotAvailable
+                | E::NotCoordinator
+                | E::WaitingForCoordinator
+        )
+    )
+}
+
 /// An error of the Kafka backend: what the cluster or the client said, with what was asked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -719,6 +744,9 @@ impl PartitionReader {
                     self.at_end = true;
                     break;
                 }
+                Some(Err(error)) if transient(&error) && Instant::now() <= deadline => {
+                    tracing::warn!(target: "chronik::kafka", "read: {error} (librdkafka recovers)");
+                }
                 Some(Err(error)) => return Err(ClusterError::kafka("read", error)),
                 None if !records.is_empty() => break,
                 // At the end already: the client signals the end once, so "still at the end"
@@ -768,5 +796,22 @@ pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
             return output;
         }
         std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode as E};
+
+    /// A lost connection is polled through; a fatal error, or one about the data, ends the run.
+    #[test]
+    fn only_errors_librdkafka_recovers_from_are_transient() {
+        assert!(transient(&KafkaError::MessageConsumption(E::AllBrokersDown)));
+        assert!(transient(&KafkaError::MessageConsumption(E::NotCoordinator)));
+        assert!(!transient(&KafkaError::MessageConsumptionFatal(E::AllBrokersDown)));
+        assert!(!transient(&KafkaError::MessageConsumption(E::UnknownTopicOrPartition)));
+        assert!(!transient(&KafkaError::MessageConsumption(E::TopicAuthorizationFailed)));
+        assert!(!transient(&KafkaError::PartitionEOF(0)));
     }
 }
