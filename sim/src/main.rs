@@ -517,7 +517,15 @@ fn run_canaries(max_seeds: u64, ops: u64, only: &[Canary]) -> bool {
         if only.is_empty() { canaries::hunted().collect() } else { only.to_vec() };
     for caught in chosen.iter().map(|&canary| canaries::hunt(canary, max_seeds, &options)) {
         let (seeds, oracle) = if let Some((seed, oracle)) = caught.by {
-            (format!("{} (seed {seed})", caught.seeds), oracle)
+            // The catch counts only if the same seed passes with every canary off again.
+            let replay = run(seed, &options);
+            if let Some(violation) = replay.violation {
+                all_caught = false;
+                eprintln!("  seed {seed} fails with no canary on: {violation}");
+                (format!("{} (seed {seed})", caught.seeds), "FALSE ALARM")
+            } else {
+                (format!("{} (seed {seed})", caught.seeds), oracle)
+            }
         } else {
             all_caught = false;
             (format!("> {max_seeds}"), "NOT CAUGHT")

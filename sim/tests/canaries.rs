@@ -1,6 +1,6 @@
-//! Every mutation canary is caught within a small number of seeds. The release binary
-//! (`chronik-sim canaries`) checks the full bound; this test keeps a tight one so that a
-//! canary that gets harder to catch is noticed.
+//! Every mutation canary is caught within a small number of seeds, for `cargo test`.
+//! `./scripts/test` skips it: it runs the same hunt and replay in release first
+//! (`chronik-sim canaries --max-seeds 500`), in seconds instead of minutes.
 //!
 //! One test function only: the active canary is process-global, and tests in one binary run
 //! on parallel threads.
