@@ -17,6 +17,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use crate::dsl::Topology;
 use crate::processor::{Guarantee, Processor, ProcessorConfig, ProcessorError, RunStats, Until};
 use crate::{AppendError, Chronik, Error, Options, OwnedRecord, ReadError, Record, TopicError};
 use crate::{CommitError, Offset, TopicConfig, TransactionWrite};
@@ -160,6 +161,19 @@ pub trait Log {
         factory: impl FnMut(u32) -> P,
         until: Until<'_>,
     ) -> Result<RunStats, ProcessorError>;
+
+    /// Run a topology ([`crate::dsl`]) until `until`: its internal topics created, each stage
+    /// run as a processor application in the consumer group named after the topology's
+    /// application. Embedded: every stage in this process, exactly once. On a cluster: the
+    /// partitions this process gets, with `guarantee`; at least once, a stage drops the
+    /// records an upstream stage wrote again, so state stays exact and only outputs may
+    /// repeat. Start the same program several times to share the partitions.
+    fn run_topology(
+        &self,
+        topology: &Topology,
+        guarantee: Guarantee,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError>;
 }
 
 impl Log for Chronik {
@@ -225,6 +239,19 @@ impl Log for Chronik {
             Until::Stopped(stop) => runner.run_until(stop),
         }
     }
+
+    fn run_topology(
+        &self,
+        topology: &Topology,
+        _guarantee: Guarantee, // Exactly once, always.
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        let mut runner = topology.runner(self.engine())?;
+        match until {
+            Until::CaughtUp => runner.run_until_caught_up(),
+            Until::Stopped(stop) => runner.run_until(stop),
+        }
+    }
 }
 
 #[cfg(feature = "kafka")]
@@ -285,6 +312,15 @@ impl Log for KafkaClient {
     ) -> Result<RunStats, ProcessorError> {
         crate::kafka::group::run(self, &config, guarantee, &mut factory, until)
     }
+
+    fn run_topology(
+        &self,
+        topology: &Topology,
+        guarantee: Guarantee,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        crate::kafka::topology::run(self, topology, guarantee, until)
+    }
 }
 
 /// Each call goes to the log behind the connection.
@@ -344,6 +380,15 @@ impl Log for Connection {
         until: Until<'_>,
     ) -> Result<RunStats, ProcessorError> {
         on_either!(self, log => Log::run(log, config, guarantee, factory, until))
+    }
+
+    fn run_topology(
+        &self,
+        topology: &Topology,
+        guarantee: Guarantee,
+        until: Until<'_>,
+    ) -> Result<RunStats, ProcessorError> {
+        on_either!(self, log => log.run_topology(topology, guarantee, until))
     }
 }
 

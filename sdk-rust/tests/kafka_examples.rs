@@ -2,12 +2,15 @@
 //! same final state as on the embedded engine, for the click count and the click join; and
 //! for the count also with two processes in one consumer group, one of them killed mid-run
 //! (the survivor takes its partitions over and restores their counts from the changelog);
-//! and the count over mutual TLS, configured by environment variables only.
+//! the windows example's topologies (two stages, a repartition topic between them) giving the
+//! results worked out in plain Rust; and the count over mutual TLS, configured by environment
+//! variables only.
 //! Built with `--features kafka`; run by `scripts/kafka-test`, which installs the broker.
 #![cfg(feature = "kafka")]
 
 mod common;
 
+use chronik::Log;
 use chronik::testing::{TestBroker, TestCertificates};
 use common::example;
 use std::process::{Command, Output, Stdio};
@@ -68,6 +71,67 @@ fn the_click_counter_ends_in_the_same_state_embedded_and_on_the_broker() {
     let on_broker = final_state(&run(&broker.target(), "all", "at-least-once"));
     assert_eq!(embedded, on_broker);
 }
+
+#[test]
+fn the_windowed_topologies_on_the_broker_give_the_results_worked_out_from_the_clicks() {
+    // Final results in windows and sessions (every one and every late click once), and the
+    // two stages of `pages` with the repartition topic made on the broker between them.
+    let broker = broker();
+    let target = broker.target();
+    for topology in ["per-minute", "sessions", "pages"] {
+        let output = run_example("clicks_windows", &[&target, "100000", topology], "at-least-once");
+        let all = text(&output);
+        assert!(output.status.success() && all.contains("exact:"), "{topology}: {all}");
+        assert!(!all.contains("repeated:"), "no kill, so nothing written twice: {all}");
+    }
+}
+
+#[test]
+fn a_topology_killed_while_repartitioning_ends_with_exact_counts() {
+    // `pages` repartitions the clicks by page. Killed while its first stage writes them, it
+    // writes again, when started again, what it wrote after its last commit; the second stage
+    // drops those by their marks, so every count is exact (as checked against plain Rust), and
+    // the repartition topic shows that records were written twice.
+    let broker = broker();
+    let target = broker.target();
+    let log = chronik::connect(&target).unwrap();
+    let repartitioned = || -> u64 {
+        (0..4).map(|p| log.end_offset(REPARTITION, p).map_or(0, chronik::Offset::get)).sum()
+    };
+    for kill_at in [20_000, 45_000, 70_000] {
+        let mut child = Command::new(example("clicks_windows"))
+            .args([target.as_str(), PAGES_CLICKS, "pages"])
+            .env("CHRONIK_GUARANTEE", "at-least-once")
+            .env("CHRONIK_KAFKA_SESSION_TIMEOUT_MS", SESSION_MS.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + FINISH_WAIT;
+        while repartitioned() < kill_at && child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{REPARTITION} never reached {kill_at}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // tansu 0.6 lets a member that joins beside a dead one wait for it for good (Kafka
+        // ends that rebalance when the dead member's session expires): start again once the
+        // session is over, as the dead member is then dropped when the next one joins.
+        std::thread::sleep(Duration::from_millis(SESSION_MS + 1_000));
+    }
+    let output = run_example("clicks_windows", &[&target, PAGES_CLICKS, "pages"], "at-least-once");
+    let all = text(&output);
+    assert!(output.status.success() && all.contains("exact:"), "{all}");
+    let written = repartitioned();
+    assert!(written > 100_000, "the kills made the first stage write some clicks twice: {written}");
+}
+
+/// The group session of the processes killed in the test above.
+const SESSION_MS: u64 = 6_000;
+
+/// The repartition topic of the `pages` topology, and its clicks.
+const REPARTITION: &str = "pages-repartition-0001";
+const PAGES_CLICKS: &str = "100000";
 
 #[test]
 fn the_click_join_ends_in_the_same_state_embedded_and_on_the_broker() {

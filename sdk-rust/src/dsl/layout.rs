@@ -14,6 +14,7 @@
 //! | `E` | session end, key length, key, session start | (empty): sessions by end |
 //! | `R` | side (1), key length, key, time, sequence (8) | value: events kept (sliding windows, joins) |
 //! | `T` | time, side (1), key length, key, sequence (8) | (empty): kept events by time |
+//! | `D` | topic length, topic, partition (4) | offset (8), index (4): the last record taken from a repartition topic's writer of that partition (on a cluster) |
 
 use super::graph::{Event, JoinKind};
 use crate::processor::ProcessError;
@@ -28,6 +29,7 @@ pub(crate) const SESSIONS: u8 = b'S';
 pub(crate) const SESSION_ENDS: u8 = b'E';
 pub(crate) const KEPT: u8 = b'R';
 pub(crate) const KEPT_TIMES: u8 = b'T';
+pub(crate) const TAKEN: u8 = b'D';
 
 /// A time as 8 bytes whose order is the time's.
 pub fn sortable(t: i64) -> [u8; 8] {

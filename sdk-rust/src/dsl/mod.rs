@@ -52,8 +52,12 @@ mod window;
 
 pub use builder::{Grouped, Stream, Table, Topology, Windowed};
 pub use graph::{Emit, Event, default_repartition_config, parse_count};
+pub(crate) use plan::Prepared;
 pub use runner::TopologyRunner;
+pub(crate) use task::StageTask;
 pub use window::{JoinWindows, Window, Windows};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_repeats;

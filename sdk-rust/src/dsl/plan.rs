@@ -3,6 +3,8 @@
 
 use super::graph::{AroundBatch, Graph, Node, Op, store_of};
 use super::window::Kind;
+use crate::TopicConfig;
+use crate::processor::ProcessorConfig;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -14,6 +16,97 @@ pub(crate) struct Plan {
     pub around_batch: Option<AroundBatch>,
     /// Counts late events in the engine's metrics (`late_records`).
     pub late_metric: Arc<dyn Fn(u64) + Send + Sync>,
+    /// Whether records written to repartition topics carry where they came from, and the
+    /// stages reading them drop the ones they have taken already: on a cluster, where an
+    /// upstream stage at least once may write a record twice. Embedded, every commit is one
+    /// transaction and nothing is written twice.
+    pub deduplicate: bool,
+}
+
+/// A topology checked and cut into stages, with each stage's processor configuration, before
+/// anything runs: what both backends' runners start from.
+pub(crate) struct Prepared {
+    pub application: String,
+    pub nodes: Vec<Node>,
+    pub stages: Vec<StagePlan>,
+    pub configs: Vec<ProcessorConfig>,
+    pub around_batch: Option<AroundBatch>,
+    /// Each repartition topic, with the topic whose partition count it takes (the first
+    /// input of the stage writing it).
+    pub repartitions: Vec<(String, String)>,
+    /// The topics the topology writes and does not create: its outputs and late topics.
+    pub outputs: Vec<String>,
+    pub repartition_config: TopicConfig,
+}
+
+impl Prepared {
+    /// Check `graph` and cut it into stages; `adjust` sees each stage's configuration.
+    pub fn new(
+        graph: &Graph,
+        mut adjust: impl FnMut(ProcessorConfig) -> ProcessorConfig,
+    ) -> Result<Prepared, String> {
+        let stages = stages(graph)?;
+        let stage_of: BTreeMap<usize, usize> = stages
+            .iter()
+            .enumerate()
+            .flat_map(|(i, stage)| stage.nodes.iter().map(move |&node| (node, i)))
+            .collect();
+        let mut repartitions = Vec::new();
+        let mut outputs = Vec::new();
+        for (id, node) in graph.nodes.iter().enumerate() {
+            match &node.op {
+                Op::Repartition { topic, .. } => {
+                    let upstream = stages[stage_of[&id]].inputs[0].clone();
+                    repartitions.push((topic.clone(), upstream));
+                }
+                Op::To { topic } => outputs.push(topic.clone()),
+                Op::Aggregate(aggregate) => outputs.extend(aggregate.late_to.clone()),
+                _ => {}
+            }
+        }
+        let configs = stages
+            .iter()
+            .map(|stage| {
+                let mut config = ProcessorConfig {
+                    application: graph.application.clone(),
+                    inputs: stage.inputs.clone(),
+                    stores: stage.stores.clone(),
+                    ..graph.template.clone()
+                };
+                for store in &stage.stores {
+                    if let Some(kind) = graph.store_kinds.get(store) {
+                        config.store_kinds.insert(store.clone(), *kind);
+                    }
+                }
+                adjust(config)
+            })
+            .collect();
+        Ok(Prepared {
+            application: graph.application.clone(),
+            nodes: graph.nodes.clone(),
+            stages,
+            configs,
+            around_batch: graph.around_batch.clone(),
+            repartitions,
+            outputs,
+            repartition_config: graph.repartition_config,
+        })
+    }
+
+    /// The plan the stages' tasks share (the configurations stay here).
+    pub fn plan(
+        &mut self,
+        late_metric: Arc<dyn Fn(u64) + Send + Sync>,
+        deduplicate: bool,
+    ) -> Arc<Plan> {
+        Arc::new(Plan {
+            nodes: std::mem::take(&mut self.nodes),
+            stages: std::mem::take(&mut self.stages),
+            around_batch: self.around_batch.take(),
+            late_metric,
+            deduplicate,
+        })
+    }
 }
 
 /// The operators connected without a repartition between them: one application of the

@@ -5,14 +5,13 @@
 use super::builder::Topology;
 use super::graph::{Op, store_of};
 use super::layout::{META, Meta};
-use super::plan::{Plan, stages};
+use super::plan::{Plan, Prepared};
 use super::task::StageTask;
 use crate::processor::{ProcessorConfig, ProcessorError, RunStats, Runner};
 use crate::store::Store;
 use crate::{CommitError, Io, TopicConfig, TopicError};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -64,86 +63,59 @@ impl<I: Io> TopologyRunner<I> {
     pub fn with(
         engine: &Engine<I>,
         topology: &Topology,
-        mut adjust: impl FnMut(ProcessorConfig) -> ProcessorConfig,
+        adjust: impl FnMut(ProcessorConfig) -> ProcessorConfig,
     ) -> Result<TopologyRunner<I>, ProcessorError> {
-        let graph = topology.lock();
-        let stages = stages(&graph).map_err(ProcessorError::Config)?;
-        let stage_of: BTreeMap<usize, usize> = stages
-            .iter()
-            .enumerate()
-            .flat_map(|(i, stage)| stage.nodes.iter().map(move |&node| (node, i)))
-            .collect();
-        for (id, node) in graph.nodes.iter().enumerate() {
-            match &node.op {
-                Op::Repartition { topic, .. } => {
-                    let upstream = &stages[stage_of[&id]].inputs[0];
-                    let partitions = engine
-                        .partition_count(upstream)
-                        .ok_or_else(|| TopicError::NotFound { name: upstream.clone() })?;
-                    if engine.partition_count(topic).is_none() {
-                        let config = TopicConfig { partitions, ..graph.repartition_config };
-                        match engine.create_topic(topic, config) {
-                            Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
-                            Err(error) => return Err(error.into()),
-                        }
-                    }
+        TopologyRunner::build(engine, topology, adjust, false)
+    }
+
+    /// [`TopologyRunner::with`], deduplicating repartitioned records as on a cluster
+    /// ([`Plan::deduplicate`]) when asked: the tests of that path run it on the engine.
+    pub(crate) fn build(
+        engine: &Engine<I>,
+        topology: &Topology,
+        adjust: impl FnMut(ProcessorConfig) -> ProcessorConfig,
+        deduplicate: bool,
+    ) -> Result<TopologyRunner<I>, ProcessorError> {
+        let mut prepared =
+            Prepared::new(&topology.lock(), adjust).map_err(ProcessorError::Config)?;
+        let mut repartitions = Vec::new();
+        for (topic, upstream) in &prepared.repartitions {
+            let partitions = engine
+                .partition_count(upstream)
+                .ok_or_else(|| TopicError::NotFound { name: upstream.clone() })?;
+            if engine.partition_count(topic).is_none() {
+                let config = TopicConfig { partitions, ..prepared.repartition_config };
+                match engine.create_topic(topic, config) {
+                    Ok(()) | Err(TopicError::AlreadyExists { .. }) => {}
+                    Err(error) => return Err(error.into()),
                 }
-                Op::To { topic } => require(engine, topic)?,
-                Op::Aggregate(aggregate) => {
-                    if let Some(topic) = &aggregate.late_to {
-                        require(engine, topic)?;
-                    }
-                }
-                _ => {}
             }
+            let partitions = engine
+                .partition_count(topic)
+                .ok_or_else(|| TopicError::NotFound { name: topic.clone() })?;
+            repartitions.push((topic.clone(), partitions));
         }
-        let configs: Vec<ProcessorConfig> = stages
-            .iter()
-            .map(|stage| {
-                let mut config = ProcessorConfig {
-                    application: graph.application.clone(),
-                    inputs: stage.inputs.clone(),
-                    stores: stage.stores.clone(),
-                    ..graph.template.clone()
-                };
-                for store in &stage.stores {
-                    if let Some(kind) = graph.store_kinds.get(store) {
-                        config.store_kinds.insert(store.clone(), *kind);
-                    }
-                }
-                adjust(config)
-            })
-            .collect();
+        for topic in &prepared.outputs {
+            require(engine, topic)?;
+        }
         let metrics = engine.clone();
-        let plan = Arc::new(Plan {
-            nodes: graph.nodes.clone(),
-            stages,
-            around_batch: graph.around_batch.clone(),
-            late_metric: Arc::new(move |late| {
+        let plan = prepared.plan(
+            Arc::new(move |late| {
                 chronik_engine::metrics::Metrics::add(
                     &metrics.metrics_registry().late_records,
                     late,
                 );
             }),
-        });
-        let application = graph.application.clone();
-        drop(graph);
-        let mut runners = Vec::with_capacity(configs.len());
-        for (stage, config) in configs.into_iter().enumerate() {
+            deduplicate,
+        );
+        let mut runners = Vec::with_capacity(prepared.configs.len());
+        for (stage, config) in std::mem::take(&mut prepared.configs).into_iter().enumerate() {
             let plan_of_stage = Arc::clone(&plan);
             runners.push(Runner::new(engine, config, move |_| {
                 StageTask::new(Arc::clone(&plan_of_stage), stage)
             })?);
         }
-        let mut repartitions = Vec::new();
-        for node in &plan.nodes {
-            if let Op::Repartition { topic, .. } = &node.op {
-                let partitions = engine
-                    .partition_count(topic)
-                    .ok_or_else(|| TopicError::NotFound { name: topic.clone() })?;
-                repartitions.push((topic.clone(), partitions));
-            }
-        }
+        let application = prepared.application;
         Ok(TopologyRunner { engine: engine.clone(), plan, runners, application, repartitions })
     }
 

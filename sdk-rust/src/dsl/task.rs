@@ -6,10 +6,33 @@ use super::aggregate;
 use super::bookkeeping::Bookkeeping;
 use super::graph::{AggregateOp, Emit, Event, Op};
 use super::join;
+use super::layout::{TAKEN, push_key};
 use super::plan::Plan;
 use crate::RecordView;
 use crate::processor::{Context, ProcessError, Processor};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// The store key of the last record taken from `topic`'s writer of `partition`.
+fn taken_key(topic: &str, partition: u32) -> Vec<u8> {
+    let mut key = vec![TAKEN];
+    push_key(&mut key, topic.as_bytes());
+    key.extend_from_slice(&partition.to_be_bytes());
+    key
+}
+
+fn decode_taken(value: &[u8]) -> Result<(u64, u32), ProcessError> {
+    let damaged = || ProcessError::new("a repartition mark in a store is not 12 bytes");
+    let offset =
+        u64::from_be_bytes(value.get(..8).ok_or_else(damaged)?.try_into().map_err(|_| damaged())?);
+    let index = value.get(8..).filter(|rest| rest.len() == 4).ok_or_else(damaged)?;
+    Ok((offset, u32::from_be_bytes(index.try_into().map_err(|_| damaged())?)))
+}
+
+/// The header a record written to a repartition topic carries when the plan deduplicates:
+/// the writing task's input partition (4 bytes), the input record's offset (8), and the
+/// record's index among those that input record wrote (4), big endian.
+pub(crate) const FROM_HEADER: &[u8] = b"chronik.from";
 
 /// One task of one stage.
 pub(crate) struct StageTask {
@@ -17,12 +40,100 @@ pub(crate) struct StageTask {
     stage: usize,
     /// The windowed operators' bookkeeping.
     bookkeeping: Bookkeeping,
+    /// The input record being processed (partition, offset), and how many records it wrote
+    /// to repartition topics so far.
+    from: (u32, u64),
+    written: u32,
+    /// Deduplicating: the store keeping what was taken from each repartition topic's writers
+    /// (the stage's first aggregation or join store; `None`: the stage keeps no state, so a
+    /// repeated record only repeats outputs), the repartition topics read, and the marks
+    /// read so far (topic, writer partition) -> (offset, index), with those changed since
+    /// the last batch.
+    taken_in: Option<String>,
+    repartitioned: BTreeSet<String>,
+    taken: BTreeMap<(String, u32), (u64, u32)>,
+    changed: BTreeSet<(String, u32)>,
 }
 
 impl StageTask {
     pub fn new(plan: Arc<Plan>, stage: usize) -> StageTask {
         let bookkeeping = Bookkeeping::new(Arc::clone(&plan.late_metric));
-        StageTask { plan, stage, bookkeeping }
+        let nodes = &plan.stages[stage].nodes;
+        let taken_in = nodes.iter().find_map(|&node| match &plan.nodes[node].op {
+            Op::Aggregate(aggregate) => Some(aggregate.store.clone()),
+            Op::StreamJoin(join) => Some(join.store.clone()),
+            _ => None,
+        });
+        let repartitioned = plan
+            .nodes
+            .iter()
+            .filter_map(|node| match &node.op {
+                Op::Repartition { topic, .. } => Some(topic.clone()),
+                _ => None,
+            })
+            .filter(|topic| plan.stages[stage].inputs.contains(topic))
+            .collect();
+        StageTask {
+            plan,
+            stage,
+            bookkeeping,
+            from: (0, 0),
+            written: 0,
+            taken_in,
+            repartitioned,
+            taken: BTreeMap::new(),
+            changed: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `record`, read from a repartition topic, is new: its writer's (offset, index)
+    /// past the last one taken from that writer. A writer that ran again after a crash
+    /// (at least once) writes the same records with the same marks.
+    fn is_new(
+        &mut self,
+        store: &str,
+        record: &RecordView<'_>,
+        ctx: &mut Context<'_>,
+    ) -> Result<bool, ProcessError> {
+        let Some(header) = record.headers().find(|h| h.key == FROM_HEADER) else {
+            return Ok(true); // Written without marks (by an embedded run): taken as it is.
+        };
+        let damaged = || {
+            ProcessError::new(format!(
+                "{} offset {}: header {} is not 16 bytes",
+                ctx.input(),
+                record.offset().get(),
+                String::from_utf8_lossy(FROM_HEADER)
+            ))
+        };
+        let bytes: &[u8; 16] = header.value.try_into().map_err(|_| damaged())?;
+        let writer = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let offset = u64::from_be_bytes(bytes[4..12].try_into().map_err(|_| damaged())?);
+        let index = u32::from_be_bytes(bytes[12..].try_into().map_err(|_| damaged())?);
+        let id = (ctx.input().to_owned(), writer);
+        let mut last = self.taken.get(&id).copied();
+        if last.is_none() {
+            let stored = ctx.store(store)?.get(&taken_key(&id.0, writer))?;
+            last = stored.map(|value| decode_taken(&value)).transpose()?;
+        }
+        if last.is_some_and(|last| (offset, index) <= last) {
+            return Ok(false);
+        }
+        self.taken.insert(id.clone(), (offset, index));
+        self.changed.insert(id);
+        Ok(true)
+    }
+
+    /// Write the marks changed in this batch to their store.
+    fn save_taken(&mut self, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let Some(store) = &self.taken_in else { return Ok(()) };
+        for id in std::mem::take(&mut self.changed) {
+            let (offset, index) = self.taken[&id];
+            let mut value = offset.to_be_bytes().to_vec();
+            value.extend_from_slice(&index.to_be_bytes());
+            ctx.store(store)?.put(&taken_key(&id.0, id.1), &value);
+        }
+        Ok(())
     }
 
     fn run_batch(
@@ -34,7 +145,16 @@ impl StageTask {
         let Some(sources) = plan.stages[self.stage].sources.get(ctx.input()) else {
             return Err(ProcessError::new(format!("no operator reads {}", ctx.input())));
         };
+        let deduplicate = plan.deduplicate && self.repartitioned.contains(ctx.input());
         for record in records {
+            if deduplicate
+                && let Some(store) = self.taken_in.clone()
+                && !self.is_new(&store, record, ctx)?
+            {
+                continue;
+            }
+            self.from = (ctx.partition(), record.offset().get());
+            self.written = 0;
             let event = Event {
                 key: record.key().map(<[u8]>::to_vec),
                 value: record.value().to_vec(),
@@ -55,6 +175,7 @@ impl StageTask {
                 }
             }
         }
+        self.save_taken(ctx)?;
         self.bookkeeping.save(&plan.nodes, ctx)
     }
 
@@ -108,7 +229,16 @@ impl StageTask {
                 if let Some(key) = key {
                     event.key = Some(key(&event));
                 }
-                ctx.emit_with(topic, event.key, event.value, Some(event.timestamp), Vec::new());
+                let mut headers = Vec::new();
+                if plan.deduplicate {
+                    let (partition, offset) = self.from;
+                    let mut from = partition.to_be_bytes().to_vec();
+                    from.extend_from_slice(&offset.to_be_bytes());
+                    from.extend_from_slice(&self.written.to_be_bytes());
+                    self.written = self.written.saturating_add(1);
+                    headers.push((FROM_HEADER.to_vec(), from));
+                }
+                ctx.emit_with(topic, event.key, event.value, Some(event.timestamp), headers);
                 Ok(())
             }
             Op::To { topic } => {

@@ -148,7 +148,7 @@ fn kafka_error(operation: &'static str, error: impl std::fmt::Display) -> Proces
 }
 
 #[allow(clippy::needless_pass_by_value)] // used as `map_err(cluster)`
-fn cluster(error: ClusterError) -> ProcessorError {
+pub(super) fn cluster(error: ClusterError) -> ProcessorError {
     ProcessorError::Kafka(error.to_string())
 }
 

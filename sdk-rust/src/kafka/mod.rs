@@ -21,6 +21,7 @@
 mod config;
 mod consumer;
 pub(crate) mod group;
+pub(crate) mod topology;
 
 pub use config::KafkaConfig;
 pub use consumer::ClusterConsumer;

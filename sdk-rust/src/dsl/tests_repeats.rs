@@ -1,0 +1,119 @@
+//! Records written again to a repartition topic, as an upstream stage run at least once on a
+//! cluster writes them after a crash: the stage reading them takes each once, by the marks
+//! they carry (`chronik.from`), so its state stays exact. Run on the engine, with the
+//! deduplication the cluster's runner turns on; without it (the canary) counts go up twice.
+
+use super::TopologyRunner;
+use super::builder::Topology;
+use super::task::FROM_HEADER;
+use crate::processor::ProcessorError;
+use crate::{Chronik, Durability, Options, OwnedRecord, Record, TopicConfig};
+
+const REPARTITION: &str = "pages-repartition-0001";
+
+fn setup(dir: &std::path::Path) -> (Chronik, Topology) {
+    let chronik =
+        Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() }).unwrap();
+    for name in ["clicks", "per-page"] {
+        let config = TopicConfig { partitions: 2, ..TopicConfig::default() };
+        chronik.create_topic(name, config).unwrap();
+    }
+    let topology = Topology::new("pages");
+    topology
+        .stream("clicks")
+        .group_by(|click| click.value.clone())
+        .named("per-page")
+        .count()
+        .to("per-page");
+    for i in 0..30u32 {
+        let user = format!("user-{}", i % 4);
+        let partition = crate::partition_for_key(user.as_bytes(), 2);
+        let page = format!("/page/{}", i % 3);
+        let record = Record::new(Some(user.as_bytes()), page.as_bytes()).with_timestamp(i.into());
+        chronik.engine().append("clicks", partition, &[record]).unwrap();
+    }
+    (chronik, topology)
+}
+
+fn all(chronik: &Chronik, topic: &str, partition: u32) -> Vec<OwnedRecord> {
+    chronik.consumer(topic, partition).collect::<Result<Vec<_>, _>>().unwrap()
+}
+
+/// Store entries: key, value.
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Each page's count, from its store.
+fn counts(runner: &TopologyRunner<crate::SystemIo>) -> Entries {
+    let mut counts = Vec::new();
+    for partition in 0..2 {
+        let store = runner.store("per-page", partition).unwrap();
+        for entry in store {
+            let (key, value) = entry.unwrap();
+            if key.first() == Some(&b'K') {
+                counts.push((key.into_owned(), value.into_owned()));
+            }
+        }
+    }
+    counts.sort();
+    counts
+}
+
+/// Append every record of the repartition topic to it again, headers and all.
+fn write_again(chronik: &Chronik) -> u64 {
+    let mut again = 0;
+    for partition in 0..2 {
+        let records = all(chronik, REPARTITION, partition);
+        let headers: Vec<Vec<crate::Header<'_>>> =
+            records.iter().map(OwnedRecord::header_views).collect();
+        let views: Vec<Record<'_>> =
+            records.iter().zip(&headers).map(|(r, h)| r.as_record(h)).collect();
+        if !views.is_empty() {
+            chronik.engine().append(REPARTITION, partition, &views).unwrap();
+        }
+        again += records.len() as u64;
+    }
+    again
+}
+
+fn run_twice(deduplicate: bool) -> (Entries, Entries, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (chronik, topology) = setup(dir.path());
+    let mut runner =
+        TopologyRunner::build(chronik.engine(), &topology, |c| c, deduplicate).unwrap();
+    runner.run_until_caught_up().unwrap();
+    let first = counts(&runner);
+    let again = write_again(&chronik);
+    let stats = runner.run_until_caught_up().unwrap();
+    assert_eq!(stats.records, again, "every record written again is read");
+    (first, counts(&runner), stats.emitted)
+}
+
+#[test]
+fn records_written_again_to_a_repartition_topic_are_taken_once() {
+    let (first, second, emitted) = run_twice(true);
+    assert_eq!(first.len(), 3, "three pages counted: {first:?}");
+    assert_eq!(second, first, "the counts did not move");
+    assert_eq!(emitted, 0, "nothing taken, nothing emitted");
+}
+
+#[test]
+fn without_the_marks_a_record_written_again_is_counted_again() {
+    // The canary of the test above: the same run without deduplication changes the counts.
+    let (first, second, emitted) = run_twice(false);
+    assert_ne!(second, first);
+    assert_eq!(emitted, 30, "each record written again counted again");
+}
+
+#[test]
+fn a_repartitioned_record_with_a_damaged_mark_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (chronik, topology) = setup(dir.path());
+    let mut runner = TopologyRunner::build(chronik.engine(), &topology, |c| c, true).unwrap();
+    runner.run_until_caught_up().unwrap();
+    let header = [crate::Header { key: FROM_HEADER, value: b"short" }];
+    let record = Record::new(Some(b"k"), b"/page/0").with_headers(&header);
+    chronik.engine().append(REPARTITION, 0, &[record]).unwrap();
+    let error = runner.run_until_caught_up().unwrap_err();
+    assert!(matches!(error, ProcessorError::Process { .. }), "{error:?}");
+    assert!(error.to_string().contains("is not 16 bytes"), "{error}");
+}
