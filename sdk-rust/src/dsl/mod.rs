@@ -52,10 +52,10 @@ mod window;
 
 pub use builder::{Grouped, Stream, Table, Topology, Windowed};
 pub use graph::{Emit, Event, default_repartition_config, parse_count};
-pub(crate) use plan::Prepared;
 pub use runner::TopologyRunner;
-pub(crate) use task::StageTask;
 pub use window::{JoinWindows, Window, Windows};
+#[cfg(feature = "kafka")]
+pub(crate) use {plan::Prepared, task::StageTask};
 
 #[cfg(test)]
 mod tests;
