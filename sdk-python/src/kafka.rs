@@ -25,7 +25,7 @@ fn cluster_error(error: ClusterError) -> PyErr {
 /// A connection to a Kafka-protocol cluster (the `chronik.Cluster` class wraps it).
 #[pyclass(name = "_Cluster", module = "chronik._chronik", frozen)]
 pub(crate) struct PyCluster {
-    client: Arc<KafkaClient>,
+    pub(crate) client: Arc<KafkaClient>,
 }
 
 /// A record to send: key, value, headers, timestamp.

@@ -565,6 +565,9 @@ pub(crate) struct PyTopology {
     pub(crate) topology: Topology,
     pub(crate) functions: Arc<Functions>,
     db: Option<Arc<crate::Shared>>,
+    /// A Kafka-protocol cluster (a `chronik.Cluster` as `db`), and the guarantee to run with.
+    #[cfg(feature = "kafka")]
+    cluster: Option<(Arc<chronik::kafka::KafkaClient>, chronik::processor::Guarantee)>,
     state: Arc<AppState<Runner>>,
     /// The formats' names.
     #[pyo3(get)]
@@ -574,6 +577,30 @@ pub(crate) struct PyTopology {
 }
 
 impl PyTopology {
+    /// Run on the cluster, if this topology has one (`None`: it has a data directory).
+    #[cfg(feature = "kafka")]
+    fn on_cluster(
+        &self,
+        py: Python<'_>,
+        until: chronik::processor::Until<'_>,
+    ) -> Option<PyResult<RunStats>> {
+        use chronik::Log as _;
+        let (client, guarantee) = self.cluster.as_ref()?;
+        let result = py.detach(|| client.run_topology(&self.topology, *guarantee, until));
+        let raised = self.functions.take_raised();
+        Some(result.map_err(|e| run_error_raising(|| raised, e)))
+    }
+
+    #[cfg(not(feature = "kafka"))]
+    #[allow(clippy::unused_self)] // the signature of the Kafka build's
+    fn on_cluster(
+        &self,
+        _py: Python<'_>,
+        _until: chronik::processor::Until<'_>,
+    ) -> Option<PyResult<RunStats>> {
+        None
+    }
+
     fn with_runner<T: Send>(
         &self,
         py: Python<'_>,
@@ -614,12 +641,34 @@ impl PyTopology {
     #[new]
     #[pyo3(signature = (db, name, key_format = "str", value_format = "json", **options))]
     fn new(
-        db: Option<&PyChronik>,
+        db: Option<&Bound<'_, PyAny>>,
         name: &str,
         key_format: &str,
         value_format: &str,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyTopology> {
+        // On a cluster: "exactly-once" (Kafka transactions) or "at-least-once", by the
+        // `guarantee` option or CHRONIK_GUARANTEE; embedded runs are always exactly once.
+        let guarantee: Option<String> = match options {
+            Some(options) => match options.get_item("guarantee")? {
+                Some(value) => {
+                    options.del_item("guarantee")?;
+                    value.extract()?
+                }
+                None => None,
+            },
+            None => None,
+        };
+        let guarantee = guarantee.or_else(|| std::env::var("CHRONIK_GUARANTEE").ok());
+        let guarantee: chronik::processor::Guarantee = match guarantee {
+            Some(name) => name.parse().map_err(|_| {
+                InvalidArgumentError::new_err(format!(
+                    "guarantee {name:?}: exactly-once or at-least-once"
+                ))
+            })?,
+            None => chronik::processor::Guarantee::ExactlyOnce,
+        };
+        let (db, cluster) = target(db, guarantee)?;
         let functions = Arc::new(Functions {
             key: Codec::parse(key_format)?,
             value: Codec::parse(value_format)?,
@@ -657,10 +706,14 @@ impl PyTopology {
             }
             None => None,
         };
+        #[cfg(not(feature = "kafka"))]
+        let () = cluster;
         Ok(PyTopology {
             topology,
             functions,
             db,
+            #[cfg(feature = "kafka")]
+            cluster,
             state,
             key_format: key_format.to_owned(),
             value_format: value_format.to_owned(),
@@ -694,7 +747,10 @@ impl PyTopology {
     /// Restore the stores (first time) and process every stage up to its inputs' end, then
     /// commit. On the calling thread (the GIL is taken per batch).
     fn run_until_caught_up<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats: RunStats = self.with_runner(py, Runner::run_until_caught_up)?;
+        let stats: RunStats = match self.on_cluster(py, chronik::processor::Until::CaughtUp) {
+            Some(result) => result?,
+            None => self.with_runner(py, Runner::run_until_caught_up)?,
+        };
         stats_dict(py, stats)
     }
 
@@ -702,7 +758,13 @@ impl PyTopology {
     #[pyo3(signature = (seconds = None))]
     fn run<'py>(&self, py: Python<'py>, seconds: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
         let stats = run_stoppable(py, &self.state.stop, seconds, || {
-            Python::attach(|py| self.with_runner(py, |runner| runner.run_until(&self.state.stop)))
+            Python::attach(|py| {
+                let until = chronik::processor::Until::Stopped(&self.state.stop);
+                match self.on_cluster(py, until) {
+                    Some(result) => result,
+                    None => self.with_runner(py, |runner| runner.run_until(&self.state.stop)),
+                }
+            })
         })?;
         stats_dict(py, stats)
     }
@@ -715,12 +777,48 @@ impl PyTopology {
     /// Events too late for their windows, over every windowed operator, as of the last
     /// commit (exact across crashes).
     fn late_records(&self, py: Python<'_>) -> PyResult<u64> {
+        #[cfg(feature = "kafka")]
+        if self.cluster.is_some() {
+            return Err(InvalidArgumentError::new_err(
+                "on a cluster the stores are the group's: each run's late records are in the \
+                 dict it returns (late_records)",
+            ));
+        }
         self.with_runner(py, |runner| runner.late_records())
     }
 
     fn __repr__(&self) -> String {
         self.topology.describe()
     }
+}
+
+/// A data directory (`chronik.Chronik`) or, with the Kafka backend, a cluster
+/// (`chronik.Cluster`, whose `_rust` is the connection) to run a topology on.
+#[cfg(feature = "kafka")]
+type ClusterTarget = Option<(Arc<chronik::kafka::KafkaClient>, chronik::processor::Guarantee)>;
+#[cfg(not(feature = "kafka"))]
+type ClusterTarget = ();
+
+fn target<'a, 'py>(
+    db: Option<&'a Bound<'py, PyAny>>,
+    guarantee: chronik::processor::Guarantee,
+) -> PyResult<(Option<PyRef<'py, PyChronik>>, ClusterTarget)> {
+    let _ = guarantee;
+    let Some(db) = db else { return Ok((None, ClusterTarget::default())) };
+    if let Ok(chronik) = db.extract::<PyRef<'py, PyChronik>>() {
+        return Ok((Some(chronik), ClusterTarget::default()));
+    }
+    #[cfg(feature = "kafka")]
+    if let Ok(rust) = db.getattr("_rust")
+        && let Ok(cluster) = rust.cast::<crate::kafka::PyCluster>()
+    {
+        return Ok((None, Some((Arc::clone(&cluster.get().client), guarantee))));
+    }
+    Err(PyTypeError::new_err(format!(
+        "a topology runs on a data directory (chronik.open) or a cluster (chronik.connect), not \
+         {}",
+        db.get_type().name()?
+    )))
 }
 
 /// Run a topology under the simulator (see `chronik.testing.simulate`): records already

@@ -1,5 +1,6 @@
 """The word count on a Kafka-protocol broker (tansu, started here): `chronik.connect(
-"kafka://...")` and nothing else changed gives the embedded counts; exactly once is refused
+"kafka://...")` and nothing else changed gives the embedded counts; so do the windows
+example's topologies (`chronik.Topology` on a cluster); exactly once is refused
 with a clear error on a broker without transactions; over mutual TLS (config= and
 CHRONIK_KAFKA_* variables), a wrong CA refused with a clear error and no secret shown. Needs
 CHRONIK_TANSU (scripts/kafka-test
@@ -99,6 +100,32 @@ def test_timer_windows_on_the_broker_close_the_embedded_windows(tmp_path, broker
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert final_state(done) == embedded
+
+
+@pytest.mark.parametrize("topology", ["per-minute", "sessions"])
+def test_the_windows_example_on_the_broker_gives_the_results_worked_out_from_the_clicks(
+    broker, topology
+):
+    # `chronik.Topology` over `chronik.connect("kafka://...")`, the example unchanged: every
+    # final window (and late click) once, as worked out in plain Python.
+    env = dict(os.environ, CHRONIK_GUARANTEE="at-least-once")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "clicks_windows.py"), broker, "--clicks", "60000",
+         "--topology", topology],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0 and "exact:" in done.stdout, done.stdout + done.stderr[-3000:]
+
+
+def test_a_topology_on_a_cluster_refuses_what_only_a_directory_has(broker):
+    cluster = chronik.connect(broker)
+    topology = chronik.Topology(cluster, "refusals", guarantee="at-least-once")
+    with pytest.raises(chronik.InvalidArgumentError, match="late_records"):
+        topology.late_records()
+    with pytest.raises(chronik.InvalidArgumentError, match="exactly-once or at-least-once"):
+        chronik.Topology(cluster, "refusals", guarantee="twice")
+    with pytest.raises(TypeError, match="chronik.connect"):
+        chronik.Topology(object(), "refusals")
 
 
 def test_group_consumers_resume_where_the_group_committed(broker):

@@ -1,6 +1,6 @@
 """Clicks per user in tumbling one-minute windows (event time), exactly once, written by hand
 with stream-time timers: the test program of the timers, on a data directory and on a
-Kafka-protocol cluster (topologies, `examples/clicks_windows.py`, run embedded only).
+Kafka-protocol cluster (for topologies there, see `examples/clicks_windows.py`).
 
     python timer_windows_app.py DATA_DIR [--clicks N]
     python timer_windows_app.py kafka://HOST:PORT [--clicks N]
