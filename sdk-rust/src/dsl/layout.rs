@@ -14,7 +14,7 @@
 //! | `E` | session end, key length, key, session start | (empty): sessions by end |
 //! | `R` | side (1), key length, key, time, sequence (8) | value: events kept (sliding windows, joins) |
 //! | `T` | time, side (1), key length, key, sequence (8) | (empty): kept events by time |
-//! | `D` | topic length, topic, partition (4) | offset (8), index (4): the last record taken from a repartition topic's writer of that partition (on a cluster) |
+//! | `D` | topic length, topic, writer partition (4), writer input (4) | offset (8), index (4): the last record taken from that writer of a repartition topic (on a cluster) |
 
 use super::graph::{Event, JoinKind};
 use crate::processor::ProcessError;

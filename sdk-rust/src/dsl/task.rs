@@ -13,11 +13,17 @@ use crate::processor::{Context, ProcessError, Processor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// The store key of the last record taken from `topic`'s writer of `partition`.
-fn taken_key(topic: &str, partition: u32) -> Vec<u8> {
+/// A task writing to a repartition topic, as the records it writes name it: its partition,
+/// and which input of its stage the record it processed came from (each input partition is
+/// read in offset order, so the offsets of one writer only go up).
+type Writer = (u32, u32);
+
+/// The store key of the last record taken from `topic`'s `writer`.
+fn taken_key(topic: &str, writer: Writer) -> Vec<u8> {
     let mut key = vec![TAKEN];
     push_key(&mut key, topic.as_bytes());
-    key.extend_from_slice(&partition.to_be_bytes());
+    key.extend_from_slice(&writer.0.to_be_bytes());
+    key.extend_from_slice(&writer.1.to_be_bytes());
     key
 }
 
@@ -30,8 +36,9 @@ fn decode_taken(value: &[u8]) -> Result<(u64, u32), ProcessError> {
 }
 
 /// The header a record written to a repartition topic carries when the plan deduplicates:
-/// the writing task's input partition (4 bytes), the input record's offset (8), and the
-/// record's index among those that input record wrote (4), big endian.
+/// the writing task's partition (4 bytes), the index of the input among its stage's (4), the
+/// input record's offset (8), and the record's index among those that input record wrote
+/// (4), big endian.
 pub(crate) const FROM_HEADER: &[u8] = b"chronik.from";
 
 /// One task of one stage.
@@ -40,19 +47,19 @@ pub(crate) struct StageTask {
     stage: usize,
     /// The windowed operators' bookkeeping.
     bookkeeping: Bookkeeping,
-    /// The input record being processed (partition, offset), and how many records it wrote
-    /// to repartition topics so far.
-    from: (u32, u64),
+    /// The input record being processed (its writer identity, offset), and how many records
+    /// it wrote to repartition topics so far.
+    from: (Writer, u64),
     written: u32,
     /// Deduplicating: the store keeping what was taken from each repartition topic's writers
     /// (the stage's first aggregation or join store; `None`: the stage keeps no state, so a
     /// repeated record only repeats outputs), the repartition topics read, and the marks
-    /// read so far (topic, writer partition) -> (offset, index), with those changed since
+    /// read so far (topic, writer) -> (offset, index), with those changed since
     /// the last batch.
     taken_in: Option<String>,
     repartitioned: BTreeSet<String>,
-    taken: BTreeMap<(String, u32), (u64, u32)>,
-    changed: BTreeSet<(String, u32)>,
+    taken: BTreeMap<(String, Writer), (u64, u32)>,
+    changed: BTreeSet<(String, Writer)>,
 }
 
 impl StageTask {
@@ -77,7 +84,7 @@ impl StageTask {
             plan,
             stage,
             bookkeeping,
-            from: (0, 0),
+            from: ((0, 0), 0),
             written: 0,
             taken_in,
             repartitioned,
@@ -100,16 +107,20 @@ impl StageTask {
         };
         let damaged = || {
             ProcessError::new(format!(
-                "{} offset {}: header {} is not 16 bytes",
+                "{} offset {}: header {} is not 20 bytes",
                 ctx.input(),
                 record.offset().get(),
                 String::from_utf8_lossy(FROM_HEADER)
             ))
         };
-        let bytes: &[u8; 16] = header.value.try_into().map_err(|_| damaged())?;
-        let writer = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        let offset = u64::from_be_bytes(bytes[4..12].try_into().map_err(|_| damaged())?);
-        let index = u32::from_be_bytes(bytes[12..].try_into().map_err(|_| damaged())?);
+        let bytes: &[u8; 20] = header.value.try_into().map_err(|_| damaged())?;
+        let field = |at: usize| {
+            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let writer = (field(0), field(4));
+        let mut offset = [0; 8];
+        offset.copy_from_slice(&bytes[8..16]);
+        let (offset, index) = (u64::from_be_bytes(offset), field(16));
         let id = (ctx.input().to_owned(), writer);
         let mut last = self.taken.get(&id).copied();
         if last.is_none() {
@@ -146,6 +157,9 @@ impl StageTask {
             return Err(ProcessError::new(format!("no operator reads {}", ctx.input())));
         };
         let deduplicate = plan.deduplicate && self.repartitioned.contains(ctx.input());
+        let inputs = &plan.stages[self.stage].inputs;
+        let input = inputs.iter().position(|topic| topic == ctx.input()).unwrap_or(usize::MAX);
+        let input = u32::try_from(input).unwrap_or(u32::MAX);
         for record in records {
             if deduplicate
                 && let Some(store) = self.taken_in.clone()
@@ -153,7 +167,7 @@ impl StageTask {
             {
                 continue;
             }
-            self.from = (ctx.partition(), record.offset().get());
+            self.from = ((ctx.partition(), input), record.offset().get());
             self.written = 0;
             let event = Event {
                 key: record.key().map(<[u8]>::to_vec),
@@ -231,8 +245,9 @@ impl StageTask {
                 }
                 let mut headers = Vec::new();
                 if plan.deduplicate {
-                    let (partition, offset) = self.from;
+                    let ((partition, input), offset) = self.from;
                     let mut from = partition.to_be_bytes().to_vec();
+                    from.extend_from_slice(&input.to_be_bytes());
                     from.extend_from_slice(&offset.to_be_bytes());
                     from.extend_from_slice(&self.written.to_be_bytes());
                     self.written = self.written.saturating_add(1);
