@@ -659,15 +659,6 @@ impl PyTopology {
             },
             None => None,
         };
-        let guarantee = guarantee.or_else(|| std::env::var("CHRONIK_GUARANTEE").ok());
-        let guarantee: chronik::processor::Guarantee = match guarantee {
-            Some(name) => name.parse().map_err(|_| {
-                InvalidArgumentError::new_err(format!(
-                    "guarantee {name:?}: exactly-once or at-least-once"
-                ))
-            })?,
-            None => chronik::processor::Guarantee::ExactlyOnce,
-        };
         let (db, cluster) = target(db, guarantee)?;
         let functions = Arc::new(Functions {
             key: Codec::parse(key_format)?,
@@ -799,11 +790,12 @@ type ClusterTarget = Option<(Arc<chronik::kafka::KafkaClient>, chronik::processo
 #[cfg(not(feature = "kafka"))]
 type ClusterTarget = ();
 
+#[cfg_attr(not(feature = "kafka"), allow(clippy::needless_pass_by_value))]
 fn target<'a, 'py>(
     db: Option<&'a Bound<'py, PyAny>>,
-    guarantee: chronik::processor::Guarantee,
+    guarantee: Option<String>,
 ) -> PyResult<(Option<PyRef<'py, PyChronik>>, ClusterTarget)> {
-    let _ = guarantee;
+    let _ = &guarantee; // Read on a cluster only: embedded runs are always exactly once.
     let Some(db) = db else { return Ok((None, ClusterTarget::default())) };
     if let Ok(chronik) = db.extract::<PyRef<'py, PyChronik>>() {
         return Ok((Some(chronik), ClusterTarget::default()));
@@ -812,6 +804,15 @@ fn target<'a, 'py>(
     if let Ok(rust) = db.getattr("_rust")
         && let Ok(cluster) = rust.cast::<crate::kafka::PyCluster>()
     {
+        let guarantee = guarantee.or_else(|| std::env::var("CHRONIK_GUARANTEE").ok());
+        let guarantee = match guarantee {
+            Some(name) => name.parse().map_err(|_| {
+                InvalidArgumentError::new_err(format!(
+                    "guarantee {name:?}: exactly-once or at-least-once"
+                ))
+            })?,
+            None => chronik::processor::Guarantee::ExactlyOnce,
+        };
         return Ok((None, Some((Arc::clone(&cluster.get().client), guarantee))));
     }
     Err(PyTypeError::new_err(format!(

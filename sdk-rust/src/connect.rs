@@ -166,8 +166,9 @@ pub trait Log {
     /// run as a processor application in the consumer group named after the topology's
     /// application. Embedded: every stage in this process, exactly once. On a cluster: the
     /// partitions this process gets, with `guarantee`; at least once, a stage drops the
-    /// records an upstream stage wrote again, so state stays exact and only outputs may
-    /// repeat. Start the same program several times to share the partitions.
+    /// records an upstream stage wrote again, so state stays exact and outputs may repeat
+    /// (but after a join of two streams: see docs/kafka.md). Start the same program several
+    /// times to share the partitions.
     fn run_topology(
         &self,
         topology: &Topology,

@@ -342,7 +342,7 @@ class Topology:
     """Streams, tables and their operators, run exactly once on a data directory (or `None`
     to only simulate it), or on a cluster (`chronik.connect("kafka://...")`: exactly once
     with Kafka transactions, or `guarantee="at-least-once"`, by default CHRONIK_GUARANTEE's;
-    state stays exact, outputs may repeat). Settings: commit_interval_ms, commit_every_records,
+    outputs may repeat: docs/kafka.md). Settings: commit_interval_ms, commit_every_records,
     snapshot_every_commits, threads, store_kind, store_memory_mib (the budget its disk
     stores share, as `App`'s), on_decode_error ("fail", "skip" or "dead_letter": for the
     records of its streams not in its formats, as `App`'s) and dead_letter_topic."""

@@ -93,6 +93,27 @@ impl Prepared {
         })
     }
 
+    /// Give each stage that reads a repartition topic and has no aggregation or join store a
+    /// memory store of its own ([`mark_store`]) for the marks of what it took (on a cluster:
+    /// a stage that only passes records on would otherwise pass a record written twice on
+    /// twice, under two marks of its own).
+    pub fn add_mark_stores(&mut self) {
+        let repartitioned: Vec<&String> = self.repartitions.iter().map(|(t, _)| t).collect();
+        for (i, stage) in self.stages.iter_mut().enumerate() {
+            let reads = stage.inputs.iter().any(|input| repartitioned.contains(&input));
+            let keeps = stage
+                .nodes
+                .iter()
+                .any(|&node| matches!(self.nodes[node].op, Op::Aggregate(_) | Op::StreamJoin(_)));
+            if reads && !keeps {
+                let store = mark_store(i);
+                stage.stores.push(store.clone());
+                self.configs[i].stores.push(store.clone());
+                self.configs[i].store_kinds.insert(store, crate::processor::StoreKind::Memory);
+            }
+        }
+    }
+
     /// The plan the stages' tasks share (the configurations stay here).
     pub fn plan(
         &mut self,
@@ -120,6 +141,12 @@ pub(crate) struct StagePlan {
     /// Per topic read, the source (or table) operators reading it.
     pub sources: BTreeMap<String, Vec<usize>>,
     pub stores: Vec<String>,
+}
+
+/// The store a stage keeps its repartition marks in when it has no aggregation or join store
+/// ([`Prepared::add_mark_stores`]); its changelog is `<application>-stage-<n>-marks-changelog`.
+pub(crate) fn mark_store(stage: usize) -> String {
+    format!("stage-{stage}-marks")
 }
 
 /// The stages of `graph`, checked.

@@ -78,6 +78,9 @@ impl<I: Io> TopologyRunner<I> {
     ) -> Result<TopologyRunner<I>, ProcessorError> {
         let mut prepared =
             Prepared::new(&topology.lock(), adjust).map_err(ProcessorError::Config)?;
+        if deduplicate {
+            prepared.add_mark_stores();
+        }
         let mut repartitions = Vec::new();
         for (topic, upstream) in &prepared.repartitions {
             let partitions = engine

@@ -7,7 +7,7 @@ use super::bookkeeping::Bookkeeping;
 use super::graph::{AggregateOp, Emit, Event, Op};
 use super::join;
 use super::layout::{TAKEN, push_key};
-use super::plan::Plan;
+use super::plan::{Plan, mark_store};
 use crate::RecordView;
 use crate::processor::{Context, ProcessError, Processor};
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,6 +59,8 @@ pub(crate) struct StageTask {
     taken_in: Option<String>,
     repartitioned: BTreeSet<String>,
     taken: BTreeMap<(String, Writer), (u64, u32)>,
+    /// Whether records this stage writes to repartition topics carry marks (see `new`).
+    marks_writes: bool,
     changed: BTreeSet<(String, Writer)>,
 }
 
@@ -66,11 +68,22 @@ impl StageTask {
     pub fn new(plan: Arc<Plan>, stage: usize) -> StageTask {
         let bookkeeping = Bookkeeping::new(Arc::clone(&plan.late_metric));
         let nodes = &plan.stages[stage].nodes;
-        let taken_in = nodes.iter().find_map(|&node| match &plan.nodes[node].op {
-            Op::Aggregate(aggregate) => Some(aggregate.store.clone()),
-            Op::StreamJoin(join) => Some(join.store.clone()),
-            _ => None,
-        });
+        let marks = mark_store(stage);
+        let taken_in = nodes
+            .iter()
+            .find_map(|&node| match &plan.nodes[node].op {
+                Op::Aggregate(aggregate) => Some(aggregate.store.clone()),
+                Op::StreamJoin(join) => Some(join.store.clone()),
+                _ => None,
+            })
+            .or_else(|| plan.stages[stage].stores.contains(&marks).then_some(marks));
+        // Only a stage with one stream input writes the same records, in the same order, when
+        // it runs again: the merge of two streams (a join) depends on when records arrive, so
+        // what a replay writes may pair other records, and is written unmarked instead (taken
+        // as it comes: at least once, it may count twice, never drop).
+        let marks_writes =
+            nodes.iter().filter(|&&node| matches!(plan.nodes[node].op, Op::Source { .. })).count()
+                <= 1;
         let repartitioned = plan
             .nodes
             .iter()
@@ -84,6 +97,7 @@ impl StageTask {
             plan,
             stage,
             bookkeeping,
+            marks_writes,
             from: ((0, 0), 0),
             written: 0,
             taken_in,
@@ -244,7 +258,7 @@ impl StageTask {
                     event.key = Some(key(&event));
                 }
                 let mut headers = Vec::new();
-                if plan.deduplicate {
+                if plan.deduplicate && self.marks_writes {
                     let ((partition, input), offset) = self.from;
                     let mut from = partition.to_be_bytes().to_vec();
                     from.extend_from_slice(&input.to_be_bytes());

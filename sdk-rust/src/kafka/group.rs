@@ -530,6 +530,11 @@ fn producer(
 ) -> Result<KafkaProducer, ProcessorError> {
     let mut settings: ClientConfig = client.config().client_config().map_err(cluster)?;
     settings.set("acks", "all").set("linger.ms", "5").set("enable.idempotence", "true");
+    if guarantee == Guarantee::AtLeastOnce {
+        // A batch lost for good while later ones land would leave a gap that a replay cannot
+        // fill (a repartition topic's reader drops marks at or below the last it took): fail.
+        settings.set("enable.gapless.guarantee", "true");
+    }
     if guarantee == Guarantee::ExactlyOnce {
         // One transactional id per process instance; fencing of a zombie goes through the
         // group metadata sent with the offsets (KIP-447), not through reusing ids.
@@ -805,6 +810,7 @@ fn reconcile<P: Processor>(
             })
             .collect();
         let restored = restore_partition(client, config, partition)?;
+        let group_positions = positions.clone();
         let positions =
             restored.positions.filter(|p| p.len() == positions.len()).unwrap_or(positions);
         let (stores, restored, fenced) = (restored.stores, restored.stats, restored.fenced);
@@ -812,6 +818,9 @@ fn reconcile<P: Processor>(
         tracing::info!(partition, ?positions, restored = restored.restored, "partition assigned");
         let task =
             Task::start(config, partition, factory(partition), stores, positions.clone(), now_ms());
+        // Ahead of the group's offsets after a crash between the two writes of an at least
+        // once commit: without a commit the group would stay behind (and never be caught up).
+        let task = task.committed_at(group_positions);
         tasks.insert(partition, task.with_stats(config, restored)?);
         for (input, position) in config.inputs.iter().zip(&positions) {
             buffers.insert((input.clone(), partition), Buffer::new(*position));

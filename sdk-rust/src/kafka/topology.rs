@@ -4,10 +4,12 @@
 //!
 //! - Repartition topics are created on the cluster with the partition count of the topic the
 //!   stage writing them reads first; output and late topics must exist.
-//! - Records written to repartition topics carry where they came from (the header `chronik.from`), and
-//!   the stage reading them drops the ones its stores say it has taken: an upstream stage run
-//!   at least once may write a record again after a crash, and the state downstream stays
-//!   exact. Only outputs may repeat.
+//! - Records written to repartition topics carry where they came from (the header
+//!   `chronik.from`), and the stage reading them drops the ones its stores say it has taken:
+//!   an upstream stage run at least once may write a record again after a crash, and the state
+//!   downstream stays exact (but after a join of two streams, whose writes are unmarked: see
+//!   `StageTask::new`). Outputs may repeat.
+
 //! - Until caught up: the stages in order, each until it has read its input, again until a
 //!   pass takes nothing. Until stopped: each stage on a thread of its own.
 //! - Repartition topics are purged below what the group committed (DeleteRecords), where the
@@ -63,6 +65,7 @@ pub(crate) fn run(
     for topic in &prepared.outputs {
         existing(client, topic)?;
     }
+    prepared.add_mark_stores();
     let late = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&late);
     let late_metric = Arc::new(move |n| {
@@ -96,15 +99,11 @@ pub(crate) fn run(
                     .map(|(stage, config)| {
                         let (plan, halt, running) = (Arc::clone(&plan), &halt, &running);
                         scope.spawn(move || {
+                            // Counts the stage out and stops the others, even on a panic.
+                            let _done = Done { halt, running };
                             let mut factory = |_| StageTask::new(Arc::clone(&plan), stage);
                             let until = Until::Stopped(halt);
-                            let outcome =
-                                group::run(client, config, guarantee, &mut factory, until);
-                            if outcome.is_err() {
-                                halt.store(true, Ordering::Relaxed);
-                            }
-                            running.fetch_sub(1, Ordering::Release);
-                            outcome
+                            group::run(client, config, guarantee, &mut factory, until)
                         })
                     })
                     .collect();
@@ -133,6 +132,20 @@ pub(crate) fn run(
     }
     total.late_records = late.load(Ordering::Relaxed);
     Ok(total)
+}
+
+/// A stage thread's end, by return or panic: the other stages are told to stop (one that
+/// ends ends the run), and the control loop counts one fewer running.
+struct Done<'a> {
+    halt: &'a AtomicBool,
+    running: &'a AtomicUsize,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.halt.store(true, Ordering::Relaxed);
+        self.running.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// The partition count of `topic`, which must exist.
