@@ -117,7 +117,8 @@ impl StageTask {
         ctx: &mut Context<'_>,
     ) -> Result<bool, ProcessError> {
         let Some(header) = record.headers().find(|h| h.key == FROM_HEADER) else {
-            return Ok(true); // Written without marks (by an embedded run): taken as it is.
+            // Written without marks (embedded, or by a stage joining two streams): taken.
+            return Ok(true);
         };
         let damaged = || {
             ProcessError::new(format!(
@@ -138,8 +139,12 @@ impl StageTask {
         let id = (ctx.input().to_owned(), writer);
         let mut last = self.taken.get(&id).copied();
         if last.is_none() {
+            // Read once per writer: kept in `taken` whether this record is taken or dropped.
             let stored = ctx.store(store)?.get(&taken_key(&id.0, writer))?;
             last = stored.map(|value| decode_taken(&value)).transpose()?;
+            if let Some(last) = last {
+                self.taken.insert(id.clone(), last);
+            }
         }
         if last.is_some_and(|last| (offset, index) <= last) {
             return Ok(false);

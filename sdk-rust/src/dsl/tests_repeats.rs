@@ -11,13 +11,19 @@ use crate::{Chronik, Durability, Options, OwnedRecord, Record, TopicConfig};
 
 const REPARTITION: &str = "pages-repartition-0001";
 
-fn setup(dir: &std::path::Path) -> (Chronik, Topology) {
+/// A data directory at `dir` with `topics`, each of `partitions` partitions.
+fn open(dir: &std::path::Path, topics: &[&str], partitions: u32) -> Chronik {
     let chronik =
         Chronik::open(dir, Options { durability: Durability::Os, ..Options::default() }).unwrap();
-    for name in ["clicks", "per-page"] {
-        let config = TopicConfig { partitions: 2, ..TopicConfig::default() };
+    for name in topics {
+        let config = TopicConfig { partitions, ..TopicConfig::default() };
         chronik.create_topic(name, config).unwrap();
     }
+    chronik
+}
+
+fn setup(dir: &std::path::Path) -> (Chronik, Topology) {
+    let chronik = open(dir, &["clicks", "per-page"], 2);
     let topology = Topology::new("pages");
     topology
         .stream("clicks")
@@ -124,12 +130,7 @@ fn a_stage_that_only_passes_records_on_takes_a_record_written_twice_once() {
     // counted in one group: the middle stage keeps its marks in a store of its own, so a
     // record written twice to its input is passed on once.
     let dir = tempfile::tempdir().unwrap();
-    let chronik =
-        Chronik::open(dir.path(), Options { durability: Durability::Os, ..Options::default() })
-            .unwrap();
-    for name in ["clicks", "pages", "totals"] {
-        chronik.create_topic(name, TopicConfig::default()).unwrap();
-    }
+    let chronik = open(dir.path(), &["clicks", "pages", "totals"], 1);
     let topology = Topology::new("joined");
     let pages = topology.table("pages");
     topology
@@ -171,12 +172,7 @@ fn records_a_stage_wrote_from_two_streams_are_written_unmarked_and_each_taken() 
     // otherwise: its writes carry no marks (a mark per writer partition alone would also take
     // view 1's pair at offset 1, then drop click 1's first pair, at offset 1 too).
     let dir = tempfile::tempdir().unwrap();
-    let chronik =
-        Chronik::open(dir.path(), Options { durability: Durability::Os, ..Options::default() })
-            .unwrap();
-    for name in ["views", "clicks", "totals"] {
-        chronik.create_topic(name, TopicConfig::default()).unwrap();
-    }
+    let chronik = open(dir.path(), &["views", "clicks", "totals"], 1);
     let topology = Topology::new("pairs");
     let views = topology.stream("views");
     let clicks = topology.stream("clicks");
