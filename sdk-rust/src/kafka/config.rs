@@ -50,6 +50,9 @@ const MANAGED: &[(&str, &str)] = &[
     ("enable.partition.eof", "Chronik needs to know where a partition ends"),
 ];
 
+/// The property naming where disk stores are kept ([`KafkaConfig::state_dir`]).
+const STATE_DIR: &str = "state.dir";
+
 /// The key librdkafka reads for `key`: one name per property, so that a property given twice
 /// under two names is seen as one.
 fn canonical(key: &str) -> &str {
@@ -155,6 +158,17 @@ impl KafkaConfig {
         &self.bootstrap
     }
 
+    /// Where processors keep disk stores on this machine: the property `state.dir` (as in
+    /// Kafka Streams; `CHRONIK_KAFKA_STATE_DIR` sets it), else `chronik-state` in the
+    /// system's temporary directory. A cache of the changelogs: what is lost there is read
+    /// again from the cluster. One per process: a store's directory is locked while in use.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        match self.properties.get(STATE_DIR) {
+            Some(directory) => std::path::PathBuf::from(directory),
+            None => std::env::temp_dir().join("chronik-state"),
+        }
+    }
+
     /// The value of property `key`, if set (secrets included: this is the caller's own data).
     pub fn get(&self, key: &str) -> Option<&str> {
         self.properties.get(key).map(String::as_str)
@@ -176,6 +190,9 @@ impl KafkaConfig {
         }
         let mut out = BTreeMap::new();
         for (key, value) in &self.properties {
+            if key == STATE_DIR {
+                continue; // Chronik's own, not librdkafka's.
+            }
             if let Some((_, reason)) = MANAGED.iter().find(|(managed, _)| managed == key) {
                 // The value Chronik sets anyway is no contradiction: dropped.
                 let same = match canonical(key) {

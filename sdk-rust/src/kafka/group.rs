@@ -20,15 +20,16 @@
 // i32::MAX on both sides, so the casts between them are exact.
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
+use super::restore::{LocalState, restore_partition};
 use super::{
     ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST, owned,
     produce, transient,
 };
 use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
-    RestoreProgress, RunStats, Store, Task, TaskLog, Until, decode_marker,
+    RunStats, Task, TaskLog, Until,
 };
-use crate::store::{CHANGELOG_PUT, StoreKind};
+use crate::store::StoreKind;
 use crate::{Fetch, GroupCommit, Offset, OwnedRecord, Record, TransactionWrite};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -193,6 +194,13 @@ struct GroupLog<'a> {
     /// Per task partition: the last commit's sequence number, and the repairs its next
     /// commit writes first.
     commits: RefCell<HashMap<u32, Fenced>>,
+    /// Per changelog partition, the offset after the marker of the task's last commit: a
+    /// disk store flushed there holds exactly that commit.
+    ends: RefCell<HashMap<(String, u32), Offset>>,
+    /// Where disk stores are kept (`None`: the application has none).
+    local: Option<LocalState>,
+    /// Per task partition, the lock of its disk stores' directories.
+    locks: RefCell<HashMap<u32, std::fs::File>>,
 }
 
 /// What a task's commits carry besides its own writes.
@@ -236,7 +244,11 @@ impl TaskLog for GroupLog<'_> {
     }
 
     fn high_watermark(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError> {
-        // Buffered records: more may follow. Nothing buffered and quiet for a while: caught
+        // A changelog (asked when a disk store flushes): where the last commit ended.
+        if let Some(end) = self.ends.borrow().get(&(topic.to_owned(), partition)) {
+            return Ok(*end);
+        }
+        // An input. Buffered records: more may follow. Nothing buffered and quiet for a while: caught
         // up for now (offset zero: any fetch reaches it).
         let buffers = self.buffers.borrow();
         let quiet = buffers.get(&(topic.to_owned(), partition)).is_none_or(|buffer| {
@@ -310,6 +322,21 @@ impl GroupLog<'_> {
         self.finish(&offsets)?;
         fenced.seq = seq;
         fenced.repairs.clear();
+        let mut ends = self.ends.borrow_mut();
+        for changelog in &self.changelogs {
+            let acknowledged = self.producer.context().acknowledged_at(changelog, partition);
+            let end = Offset::new(acknowledged.ok_or_else(|| {
+                kafka_error("commit", format!("no offset acknowledged for {changelog}"))
+            })?);
+            let before = ends.insert((changelog.clone(), partition), end);
+            // Pair with the restore's ends: a commit's marker lands after the last one.
+            if let Some(before) = before.filter(|b| *b >= end) {
+                let (before, end) = (before.get(), end.get());
+                let message =
+                    format!("{changelog}: a marker acknowledged before {end}, after {before}");
+                return Err(kafka_error("commit", message));
+            }
+        }
         Ok(())
     }
 
@@ -355,7 +382,7 @@ impl GroupLog<'_> {
 
 /// A marker's value: magic, the commit's sequence number, then the input positions
 /// (little-endian `u64`s).
-fn encode_marker(seq: u64, positions: &[Offset]) -> Vec<u8> {
+pub(super) fn encode_marker(seq: u64, positions: &[Offset]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(12 + 8 * positions.len());
     bytes.extend_from_slice(MARKER_MAGIC);
     bytes.extend_from_slice(&seq.to_le_bytes());
@@ -365,128 +392,11 @@ fn encode_marker(seq: u64, positions: &[Offset]) -> Vec<u8> {
     bytes
 }
 
-/// One store's changelog partition as read: its changes, and where each marker fell.
-struct ChangelogRead {
-    changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// (sequence number, input positions, changes before it).
-    markers: Vec<(u64, Vec<Offset>, usize)>,
-}
-
-fn read_changelog(
-    client: &KafkaClient,
-    config: &ProcessorConfig,
-    store: &str,
-    partition: u32,
-) -> Result<ChangelogRead, ProcessorError> {
-    let topic = config.changelog(store);
-    let mut reader = client.reader(&topic, partition, 0).map_err(cluster)?;
-    let mut read = ChangelogRead { changes: Vec::new(), markers: Vec::new() };
-    loop {
-        let batch = reader.next_batch(50_000).map_err(cluster)?;
-        if batch.is_empty() && reader.at_end() {
-            return Ok(read);
-        }
-        for record in batch {
-            if record.headers.iter().any(|(k, _)| k == MARKER_HEADER.as_bytes()) {
-                let (seq, positions) = decode_marker(&record.value).ok_or_else(|| {
-                    let (store, offset) = (store.to_owned(), record.offset.get());
-                    ProcessorError::BadChangelog { store, partition, offset }
-                })?;
-                read.markers.push((seq, positions, read.changes.len()));
-                continue;
-            }
-            let value = match record.value.split_first() {
-                None => None,
-                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
-                Some(_) => {
-                    let (store, offset) = (store.to_owned(), record.offset.get());
-                    return Err(ProcessorError::BadChangelog { store, partition, offset });
-                }
-            };
-            read.changes.push((record.key.unwrap_or_default(), value));
-        }
-    }
-}
-
-/// A partition's state as committed: the stores up to the last commit every changelog
-/// marked, the input positions that commit recorded, and the repairs for what came after.
-struct Restored {
-    stores: BTreeMap<String, Store>,
-    positions: Option<Vec<Offset>>,
-    fenced: Fenced,
-    stats: RunStats,
-}
-
-fn restore_partition(
-    client: &KafkaClient,
-    config: &ProcessorConfig,
-    partition: u32,
-) -> Result<Restored, ProcessorError> {
-    let mut reads = Vec::with_capacity(config.stores.len());
-    for store in &config.stores {
-        reads.push(read_changelog(client, config, store, partition)?);
-    }
-    // The last commit that reached every changelog (a process may die between them).
-    let target = reads.iter().map(|r| r.markers.last().map_or(0, |m| m.0)).min().unwrap_or(0);
-    let mut restored = Restored {
-        stores: BTreeMap::new(),
-        positions: None,
-        fenced: Fenced { seq: target, repairs: Vec::new() },
-        stats: RunStats::default(),
-    };
-    for (name, read) in config.stores.iter().zip(reads) {
-        let marker = read.markers.iter().rev().find(|m| m.0 <= target);
-        let cut = marker.map_or(0, |m| m.2);
-        if let Some(marker) = marker.filter(|m| m.0 == target) {
-            restored.positions.get_or_insert_with(|| marker.1.clone());
-        }
-        let mut data: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        for (key, value) in &read.changes[..cut] {
-            match value {
-                Some(value) => data.insert(key.clone(), value.clone()),
-                None => data.remove(key),
-            };
-        }
-        let topic = config.changelog(name);
-        let tail: BTreeSet<&Vec<u8>> = read.changes[cut..].iter().map(|(k, _)| k).collect();
-        for key in tail {
-            let value = data.get(key).map_or_else(Vec::new, |v| {
-                let mut tagged = vec![CHANGELOG_PUT];
-                tagged.extend_from_slice(v);
-                tagged
-            });
-            restored.fenced.repairs.push((topic.clone(), key.clone(), value));
-        }
-        restored.stats.restored += cut as u64;
-        let store = Store::from_map(data);
-        if let Some(listener) = &config.on_restore {
-            listener(RestoreProgress {
-                store: name,
-                partition,
-                restored: cut as u64,
-                end: Offset::new(cut as u64),
-                from_snapshot: None,
-                rebuilt: None,
-                done: true,
-            });
-        }
-        restored.stores.insert(name.clone(), store);
-    }
-    Ok(restored)
-}
-
 /// Check the inputs and create the changelogs that are missing; returns the partition count.
 fn prepare(client: &KafkaClient, config: &ProcessorConfig) -> Result<u32, ProcessorError> {
     let first = config.inputs.first().ok_or_else(|| ProcessorError::Config("no input".into()))?;
     if config.commit_interval_ms == 0 {
         return Err(ProcessorError::Config("commit interval must be > 0".into()));
-    }
-    if let Some(store) = config.stores.iter().find(|s| config.kind_of(s) != StoreKind::Memory) {
-        // A partition may move to another machine: its state comes from the changelog topic.
-        return Err(ProcessorError::Config(format!(
-            "store {store:?} is a disk store: on a Kafka-protocol cluster stores are kept in \
-             memory (StoreKind::Memory), restored from their changelog topics"
-        )));
     }
     let count_of = |topic: &str| client.partition_count(topic).map_err(cluster);
     let partitions = count_of(first)?.ok_or_else(|| {
@@ -519,6 +429,32 @@ fn prepare(client: &KafkaClient, config: &ProcessorConfig) -> Result<u32, Proces
         }
     }
     Ok(partitions)
+}
+
+/// Where the application's disk stores are kept on this machine: the connection's
+/// `state.dir` ([`super::KafkaConfig::state_dir`]), in the I/O the engine uses; `None` if it
+/// has no disk store.
+fn local_state(
+    client: &KafkaClient,
+    config: &ProcessorConfig,
+    producer: &KafkaProducer,
+) -> Result<Option<LocalState>, ProcessorError> {
+    if config.stores.iter().all(|store| config.kind_of(store) == StoreKind::Memory) {
+        return Ok(None);
+    }
+    let directory = client.config().state_dir();
+    std::fs::create_dir_all(&directory).map_err(|error| {
+        ProcessorError::Config(format!("state.dir {}: {error}", directory.display()))
+    })?;
+    let io = chronik_engine::io::SystemIo::new(chronik_engine::io::Backend::Auto)
+        .map_err(|error| ProcessorError::Config(format!("state.dir: I/O: {error}")))?;
+    // A cluster without an id (old brokers) is known by its address.
+    let cluster = producer
+        .client()
+        .fetch_cluster_id(REQUEST_TIMEOUT)
+        .unwrap_or_else(|| format!("at {}", client.bootstrap()));
+    tracing::info!(state_dir = %directory.display(), cluster, "disk stores kept here");
+    Ok(Some(LocalState { directory, io: std::sync::Arc::new(io), cluster }))
 }
 
 /// The producer: transactional for exactly once (refusing to start if the cluster cannot),
@@ -642,6 +578,9 @@ pub(crate) fn run<P: Processor>(
         partition_counts: RefCell::new(HashMap::new()),
         changelogs: config.stores.iter().map(|store| config.changelog(store)).collect(),
         commits: RefCell::new(HashMap::new()),
+        ends: RefCell::new(HashMap::new()),
+        local: local_state(client, config, &producer)?,
+        locks: RefCell::new(HashMap::new()),
     };
     let mut tasks: BTreeMap<u32, Task<P>> = BTreeMap::new();
     let mut stats = RunStats::default();
@@ -783,6 +722,9 @@ fn reconcile<P: Processor>(
         if let Some(mut task) = tasks.remove(&partition) {
             stats.add(std::mem::take(&mut task.stats));
         }
+        // After the task and its stores are gone: another process may open them now.
+        log.locks.borrow_mut().remove(&partition);
+        log.ends.borrow_mut().retain(|(_, p), _| *p != partition);
         tracing::info!(partition, "partition revoked; its uncommitted work is dropped");
     }
     let mut buffers = log.buffers.borrow_mut();
@@ -809,12 +751,19 @@ fn reconcile<P: Processor>(
                 }
             })
             .collect();
-        let restored = restore_partition(client, config, partition)?;
+        let restored = restore_partition(client, config, partition, log.local.as_ref())?;
         let group_positions = positions.clone();
         let positions =
             restored.positions.filter(|p| p.len() == positions.len()).unwrap_or(positions);
-        let (stores, restored, fenced) = (restored.stores, restored.stats, restored.fenced);
+        let fenced = Fenced { seq: restored.seq, repairs: restored.repairs };
         log.commits.borrow_mut().insert(partition, fenced);
+        let mut ends = log.ends.borrow_mut();
+        ends.extend(restored.ends.into_iter().map(|(topic, end)| ((topic, partition), end)));
+        drop(ends);
+        if let Some(lock) = restored.lock {
+            log.locks.borrow_mut().insert(partition, lock);
+        }
+        let (stores, restored) = (restored.stores, restored.stats);
         tracing::info!(partition, ?positions, restored = restored.restored, "partition assigned");
         let task =
             Task::start(config, partition, factory(partition), stores, positions.clone(), now_ms());

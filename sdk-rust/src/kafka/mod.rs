@@ -21,6 +21,9 @@
 mod config;
 mod consumer;
 pub(crate) mod group;
+mod restore;
+#[cfg(test)]
+mod restore_tests;
 pub(crate) mod topology;
 
 pub use config::KafkaConfig;
@@ -119,6 +122,12 @@ impl Deliveries {
     fn tags(&self, count: usize) -> std::ops::Range<usize> {
         let first = self.tag_last.fetch_add(count, Ordering::Relaxed) + 1;
         first..first + count
+    }
+
+    /// The offset after the last record acknowledged in `topic`/`partition`, if any.
+    pub(crate) fn acknowledged_at(&self, topic: &str, partition: u32) -> Option<u64> {
+        let acknowledged = self.acknowledged.lock().ok()?;
+        acknowledged.get(&(topic.to_owned(), partition)).copied()
     }
 
     /// What was acknowledged for `tag`, forgotten here: first and last offsets, and how many.
@@ -491,8 +500,7 @@ impl KafkaClient {
     /// The offset after the last record this client's sends got acknowledged in
     /// `topic`/`partition` (`None` before any).
     pub fn acknowledged(&self, topic: &str, partition: u32) -> Option<u64> {
-        let acknowledged = self.producer.context().acknowledged.lock().ok()?;
-        acknowledged.get(&(topic.to_owned(), partition)).copied()
+        self.producer.context().acknowledged_at(topic, partition)
     }
 
     /// A reader of one partition from `from`, read committed.

@@ -45,6 +45,8 @@ pub use runner::Runner;
 #[cfg(feature = "kafka")]
 pub(crate) use changelog::{MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, decode_marker};
 #[cfg(feature = "kafka")]
+pub(crate) use restore::disk_budgets;
+#[cfg(feature = "kafka")]
 pub(crate) use task::Task;
 #[cfg(feature = "kafka")]
 pub(crate) use task_log::TaskLog;

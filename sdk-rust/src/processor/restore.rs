@@ -30,18 +30,7 @@ pub(super) fn restore_all<I: Io>(
     config: &ProcessorConfig,
     partitions: u32,
 ) -> Result<Vec<Restored>, ProcessorError> {
-    // Each disk store's budget, shared by its partitions (and, unless the store has its own,
-    // by the application's other stores).
-    let empty = config.stores.iter().find(|name| {
-        matches!(config.kind_of(name), StoreKind::Disk(DiskOptions { budget_bytes: Some(0) }))
-    });
-    if let Some(name) = empty {
-        return Err(ProcessorError::Config(format!("store {name:?}: a memory budget of 0 bytes")));
-    }
-    let budgets: BTreeMap<&str, StoreMemory> = (config.stores.iter())
-        .filter(|name| matches!(config.kind_of(name), StoreKind::Disk(_)))
-        .map(|name| (name.as_str(), config.memory_of(name)))
-        .collect();
+    let budgets = disk_budgets(config)?;
     let one = |partition: u32| -> Result<Restored, ProcessorError> {
         let mut stats = RunStats::default();
         let mut stores = BTreeMap::new();
@@ -78,6 +67,23 @@ pub(super) fn restore_all<I: Io>(
         }
     });
     slots.into_iter().map(|slot| slot.unwrap_or(Err(ProcessorError::Panicked))).collect()
+}
+
+/// Each disk store's memory budget, shared by its partitions (and, unless the store has its
+/// own, by the application's other stores); a budget of 0 bytes is refused.
+pub(crate) fn disk_budgets(
+    config: &ProcessorConfig,
+) -> Result<BTreeMap<&str, StoreMemory>, ProcessorError> {
+    let empty = config.stores.iter().find(|name| {
+        matches!(config.kind_of(name), StoreKind::Disk(DiskOptions { budget_bytes: Some(0) }))
+    });
+    if let Some(name) = empty {
+        return Err(ProcessorError::Config(format!("store {name:?}: a memory budget of 0 bytes")));
+    }
+    Ok((config.stores.iter())
+        .filter(|name| matches!(config.kind_of(name), StoreKind::Disk(_)))
+        .map(|name| (name.as_str(), config.memory_of(name)))
+        .collect())
 }
 
 /// Restore a store: a memory store from its snapshot (if any) and the changelog after it, a

@@ -1,0 +1,522 @@
+//! A task's state on a cluster, restored from its changelog partitions: memory stores from
+//! the whole changelog, disk stores (kept under the connection's `state.dir`) from the files
+//! of an earlier run on this machine and the changelog after the commit marker they were
+//! flushed at. Every commit of a task ends each of its changelogs with a marker; the state
+//! restored is that of the last commit whose marker reached every changelog, and what came
+//! after it (an unfinished commit) is written back by the next commit (the repairs).
+//!
+//! A disk store's files are used only when all of these hold, else it is rebuilt from the
+//! changelog with a report line: they are this cluster's, of this changelog partition (the
+//! identity in the manifest); their offset is within the changelog; the record before that
+//! offset is still there and is a marker (a changelog compacted or deleted past it may have
+//! lost tombstones the files never saw); and that commit is not ahead of the other stores'.
+//! Reading goes through [`Changelogs`], so that the decisions are tested on a fake changelog
+//! (compaction, deleted records) that a test broker cannot produce.
+
+use super::{ClusterError, KafkaClient, REQUEST_TIMEOUT};
+use crate::processor::{
+    MARKER_HEADER, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Store,
+    decode_marker, disk_budgets,
+};
+use crate::store::{CHANGELOG_PUT, DiskStore, Files, StoreError, StoreKind};
+use crate::{Io, Offset, OwnedRecord};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a restore reads changelog partitions: the cluster, or a fake in tests.
+pub(super) trait Changelogs {
+    /// Where the partition ends: the offset its next record will get.
+    fn end(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError>;
+    /// Hand the committed records from `from` on (the first may come later: compacted or
+    /// deleted) to `each`, in offset order, until the end or until `each` says stop.
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: Offset,
+        each: &mut dyn FnMut(OwnedRecord) -> Result<bool, ProcessorError>,
+    ) -> Result<(), ProcessorError>;
+}
+
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(cluster)`
+fn cluster(error: ClusterError) -> ProcessorError {
+    ProcessorError::Kafka(error.to_string())
+}
+
+impl Changelogs for KafkaClient {
+    fn end(&self, topic: &str, partition: u32) -> Result<Offset, ProcessorError> {
+        self.end_offset(topic, partition).map_err(cluster)
+    }
+
+    fn read(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: Offset,
+        each: &mut dyn FnMut(OwnedRecord) -> Result<bool, ProcessorError>,
+    ) -> Result<(), ProcessorError> {
+        let mut reader = self.reader(topic, partition, from.get()).map_err(cluster)?;
+        loop {
+            let batch = reader.next_batch(50_000).map_err(cluster)?;
+            if batch.is_empty() && reader.at_end() {
+                return Ok(());
+            }
+            for record in batch {
+                if !each(record)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Where this machine keeps disk stores, and the cluster they are of.
+pub(super) struct LocalState {
+    pub directory: PathBuf,
+    pub io: Arc<dyn Io>,
+    /// The cluster's id (or, if it gives none, its address): part of every store's identity.
+    pub cluster: String,
+}
+
+impl LocalState {
+    /// Take the lock of `partition`'s stores of `application`: one process at a time works
+    /// in them (a process that lost the partition may not have noticed yet). The lock is the
+    /// file's: it goes with the process, however it ends.
+    pub(super) fn lock(
+        &self,
+        application: &str,
+        partition: u32,
+    ) -> Result<std::fs::File, ProcessorError> {
+        let path = self.directory.join(format!("{application}-{partition}.lock"));
+        let failed = |error: std::io::Error| {
+            ProcessorError::Config(format!("state.dir: {}: {error}", path.display()))
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(failed)?;
+        let started = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < REQUEST_TIMEOUT => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(failed(std::io::Error::other(
+                        "held by another process of this machine (one state.dir per process)",
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(error)) => return Err(failed(error)),
+            }
+        }
+    }
+}
+
+/// The deliberate bugs of this module's tests (their canaries): none outside tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(super) enum Canary {
+    /// A disk store's files are used without the marker before their offset.
+    TrustFiles,
+    /// The last commit of a changelog is applied even where another changelog lacks it.
+    ApplyHeld,
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static CANARY: std::cell::Cell<Option<Canary>> = const { std::cell::Cell::new(None) };
+}
+
+fn canary(which: Canary) -> bool {
+    #[cfg(test)]
+    return CANARY.with(|active| active.get() == Some(which));
+    #[cfg(not(test))]
+    {
+        let _ = which;
+        false
+    }
+}
+
+/// A commit marker as read: the commit's sequence number, its input positions, its offset.
+#[derive(Clone, Debug)]
+struct Marker {
+    seq: u64,
+    positions: Vec<Offset>,
+    offset: Offset,
+}
+
+type Change = (Vec<u8>, Option<Vec<u8>>);
+
+enum State {
+    Memory(BTreeMap<Vec<u8>, Vec<u8>>),
+    Disk(Box<DiskStore>),
+}
+
+impl State {
+    fn apply(&mut self, changes: &[Change]) {
+        for (key, value) in changes {
+            match (&mut *self, value) {
+                (State::Memory(map), Some(value)) => drop(map.insert(key.clone(), value.clone())),
+                (State::Memory(map), None) => drop(map.remove(key)),
+                (State::Disk(disk), value) => disk.apply(key, value.as_deref()),
+            }
+        }
+    }
+
+    fn value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            State::Memory(map) => Ok(map.get(key).cloned()),
+            State::Disk(disk) => Ok(disk.get(key)?.map(std::borrow::Cow::into_owned)),
+        }
+    }
+
+    fn wipe(&mut self) -> Result<(), StoreError> {
+        match self {
+            State::Memory(map) => map.clear(),
+            State::Disk(disk) => disk.wipe()?,
+        }
+        Ok(())
+    }
+
+    /// Flush a disk store that must, as of the commit `marker` (its state is exactly it).
+    fn flush_if_due(&mut self, marker: &Marker) -> Result<(), StoreError> {
+        match self {
+            State::Disk(disk) if disk.must_flush() => disk.flush(marker.offset.plus(1)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One store's changelog partition as read so far.
+struct StoreRead {
+    name: String,
+    topic: String,
+    state: State,
+    /// The commit `state` holds (`None`: the empty state before any).
+    applied: Option<Marker>,
+    /// The last commit read, not yet applied (a commit another changelog may lack).
+    held: Option<(Marker, Vec<Change>)>,
+    /// The changes after the last marker: an unfinished commit.
+    open: Vec<Change>,
+    restored: u64,
+    end: Offset,
+    /// The disk store's offset the read began from, if its files were used.
+    from: Option<Offset>,
+    rebuilt: Option<String>,
+}
+
+fn seq_of(marker: Option<&Marker>) -> u64 {
+    marker.map_or(0, |m| m.seq)
+}
+
+impl StoreRead {
+    /// The last commit this changelog holds.
+    fn last_seq(&self) -> u64 {
+        self.held.as_ref().map_or_else(|| seq_of(self.applied.as_ref()), |(m, _)| m.seq)
+    }
+
+    fn failed(&self, partition: u32) -> impl Fn(StoreError) -> ProcessorError + '_ {
+        move |source| ProcessorError::Store { store: self.name.clone(), partition, source }
+    }
+
+    /// Read the changelog from `from` to its end. Markers of commits after `limit` are not
+    /// commits here (another changelog lacks them): their changes stay unfinished.
+    fn read(
+        &mut self,
+        source: &dyn Changelogs,
+        partition: u32,
+        from: Offset,
+        limit: Option<u64>,
+    ) -> Result<(), ProcessorError> {
+        let topic = self.topic.clone();
+        source.read(&topic, partition, from, &mut |record| {
+            if record.offset < from {
+                return Ok(true);
+            }
+            let bad = || ProcessorError::BadChangelog {
+                store: self.name.clone(),
+                partition,
+                offset: record.offset.get(),
+            };
+            if is_marker(&record) {
+                let (seq, positions) = decode_marker(&record.value).ok_or_else(bad)?;
+                if limit.is_some_and(|limit| seq > limit) {
+                    return Ok(true);
+                }
+                // A marker may repeat the number of the one before: that commit was undone by
+                // the next owner (restored from a changelog that lacked it), whose commit
+                // starts with the repairs of its keys. Applied in order, all is right.
+                if let Some((marker, changes)) = self.held.take() {
+                    self.state.apply(&changes);
+                    self.state.flush_if_due(&marker).map_err(self.failed(partition))?;
+                    self.applied = Some(marker);
+                }
+                let marker = Marker { seq, positions, offset: record.offset };
+                self.held = Some((marker, std::mem::take(&mut self.open)));
+                return Ok(true);
+            }
+            let value = match record.value.split_first() {
+                None => None,
+                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
+                Some(_) => return Err(bad()),
+            };
+            self.restored += 1;
+            self.open.push((record.key.unwrap_or_default(), value));
+            Ok(true)
+        })
+    }
+
+    /// Make `state` the commit `target`, and return the keys changed after it.
+    fn settle(
+        &mut self,
+        source: &dyn Changelogs,
+        partition: u32,
+        target: u64,
+    ) -> Result<BTreeSet<Vec<u8>>, ProcessorError> {
+        if self.last_seq() > target && seq_of(self.applied.as_ref()) > target {
+            // Ahead by more than the held commit: read again from the start up to target.
+            self.rebuilt = Some(format!(
+                "ahead: it holds commit {} while another changelog ends at commit {target}",
+                seq_of(self.applied.as_ref())
+            ));
+            self.state.wipe().map_err(self.failed(partition))?;
+            (self.applied, self.held, self.from) = (None, None, None);
+            self.open.clear();
+            self.read(source, partition, Offset::ZERO, Some(target))?;
+        }
+        if self.last_seq() > target && !canary(Canary::ApplyHeld) {
+            // The held commit is another changelog's unfinished one: undone.
+            let (_, mut changes) = self.held.take().expect("a held commit past the target");
+            changes.append(&mut self.open);
+            self.open = changes;
+        } else if let Some((marker, changes)) = self.held.take() {
+            self.state.apply(&changes);
+            self.applied = Some(marker);
+        }
+        Ok(self.open.drain(..).map(|(key, _)| key).collect())
+    }
+}
+
+fn is_marker(record: &OwnedRecord) -> bool {
+    record.headers.iter().any(|(key, _)| key == MARKER_HEADER.as_bytes())
+}
+
+/// A partition's state as committed: the stores at the last commit every changelog marked,
+/// the input positions that commit recorded, and what its next commit writes first.
+pub(super) struct Restored {
+    pub stores: BTreeMap<String, Store>,
+    pub positions: Option<Vec<Offset>>,
+    /// The commit restored.
+    pub seq: u64,
+    /// (changelog, key, changelog value): the committed value, written again, of every key
+    /// an unfinished commit changed.
+    pub repairs: Vec<(String, Vec<u8>, Vec<u8>)>,
+    /// Per changelog, the offset after the marker of the commit restored.
+    pub ends: Vec<(String, Offset)>,
+    pub stats: RunStats,
+    /// The lock of the partition's disk stores, held while the task lives.
+    pub lock: Option<std::fs::File>,
+}
+
+/// Restore `partition`'s stores of `config`; disk stores under `local`.
+pub(super) fn restore_partition(
+    source: &dyn Changelogs,
+    config: &ProcessorConfig,
+    partition: u32,
+    local: Option<&LocalState>,
+) -> Result<Restored, ProcessorError> {
+    let budgets = disk_budgets(config)?;
+    let lock = match local {
+        Some(local) if !budgets.is_empty() => Some(local.lock(&config.application, partition)?),
+        _ => None,
+    };
+    let mut reads = Vec::with_capacity(config.stores.len());
+    let mut stats = RunStats::default();
+    for name in &config.stores {
+        let read = match (config.kind_of(name), local) {
+            (StoreKind::Memory, _) => {
+                let topic = config.changelog(name);
+                let end = source.end(&topic, partition)?;
+                let mut read = StoreRead::new(name, topic, State::Memory(BTreeMap::new()), end);
+                read.read(source, partition, Offset::ZERO, None)?;
+                read
+            }
+            (StoreKind::Disk(_), Some(local)) => {
+                let budget = budgets.get(name.as_str()).cloned().expect("a disk store's budget");
+                let read = open_disk(source, config, name, partition, local, budget)?;
+                if read.from.is_some() {
+                    stats.stores_opened += 1;
+                }
+                read
+            }
+            (StoreKind::Disk(_), None) => {
+                return Err(ProcessorError::Config(format!("store {name:?}: no state.dir")));
+            }
+        };
+        reads.push(read);
+    }
+    // A changelog with nothing in it (a store new to the application) holds no commit and
+    // keeps none of the others from theirs.
+    let target = (reads.iter())
+        .filter(|read| read.restored > 0 || read.last_seq() > 0)
+        .map(StoreRead::last_seq)
+        .min()
+        .unwrap_or(0);
+    let mut restored = Restored {
+        stores: BTreeMap::new(),
+        positions: None,
+        seq: target,
+        repairs: Vec::new(),
+        ends: Vec::new(),
+        stats,
+        lock,
+    };
+    for mut read in reads {
+        let changed = read.settle(source, partition, target)?;
+        for key in changed {
+            let value = read.state.value(&key).map_err(read.failed(partition))?;
+            let value = value.map_or_else(Vec::new, |v| {
+                let mut tagged = vec![CHANGELOG_PUT];
+                tagged.extend_from_slice(&v);
+                tagged
+            });
+            restored.repairs.push((read.topic.clone(), key, value));
+        }
+        if let Some(marker) = read.applied.as_ref().filter(|m| m.seq == target) {
+            restored.positions.get_or_insert_with(|| marker.positions.clone());
+        }
+        let at = read.applied.as_ref().map_or(Offset::ZERO, |m| m.offset.plus(1));
+        restored.ends.push((read.topic.clone(), at));
+        restored.stats.restored += read.restored;
+        if let Some(reason) = &read.rebuilt {
+            restored.stats.stores_rebuilt += 1;
+            let store = read.name.as_str();
+            tracing::warn!(store, partition, reason = reason.as_str(), "disk store rebuilt");
+        }
+        if let Some(listener) = &config.on_restore {
+            listener(RestoreProgress {
+                store: &read.name,
+                partition,
+                restored: read.restored,
+                end: read.end,
+                from_snapshot: read.from,
+                rebuilt: read.rebuilt.as_deref(),
+                done: true,
+            });
+        }
+        let store = match read.state {
+            State::Memory(map) => Store::from_map(map),
+            State::Disk(mut disk) => {
+                if disk.must_flush() {
+                    disk.flush(at).map_err(|source| ProcessorError::Store {
+                        store: read.name.clone(),
+                        partition,
+                        source,
+                    })?;
+                }
+                Store::on_disk(*disk)
+            }
+        };
+        restored.stores.insert(read.name, store);
+    }
+    Ok(restored)
+}
+
+impl StoreRead {
+    fn new(name: &str, topic: String, state: State, end: Offset) -> StoreRead {
+        StoreRead {
+            name: name.to_owned(),
+            topic,
+            state,
+            applied: None,
+            held: None,
+            open: Vec::new(),
+            restored: 0,
+            end,
+            from: None,
+            rebuilt: None,
+        }
+    }
+}
+
+/// Open a disk store's files and read its changelog after them, or rebuild it (the module's
+/// doc says when).
+fn open_disk(
+    source: &dyn Changelogs,
+    config: &ProcessorConfig,
+    name: &str,
+    partition: u32,
+    local: &LocalState,
+    budget: crate::store::StoreMemory,
+) -> Result<StoreRead, ProcessorError> {
+    let failed = |source| ProcessorError::Store { store: name.to_owned(), partition, source };
+    let topic = config.changelog(name);
+    let directory = local.directory.join(config.store_directory(name, partition));
+    let files = Files { io: Arc::clone(&local.io), directory };
+    let identity = format!("cluster {}: {topic} partition {partition}", local.cluster);
+    let (mut disk, mut rebuilt) = DiskStore::open(files, identity, budget).map_err(failed)?;
+    // Where the changelog ends, for the report (some brokers answer less than the end: the
+    // decisions below rest on the records read, not on it).
+    let end = source.end(&topic, partition)?;
+    if rebuilt.is_none() && !disk.manifest_found() && end > Offset::ZERO {
+        rebuilt = Some(format!(
+            "missing: no store files, while the changelog holds offsets up to {}",
+            end.get()
+        ));
+    }
+    let mut base = None;
+    if rebuilt.is_none() && disk.offset() > Offset::ZERO {
+        // The files hold the commit whose marker is the record before their offset.
+        let at = Offset::new(disk.offset().get() - 1);
+        let mut first = None;
+        source.read(&topic, partition, at, &mut |record| {
+            first = Some(record);
+            Ok(false)
+        })?;
+        match first {
+            None => {
+                rebuilt = Some(format!(
+                    "stale: the store holds changelog offsets up to {}, past the changelog's end",
+                    at.get()
+                ));
+            }
+            Some(record) if record.offset == at && is_marker(&record) => {
+                let bad = || ProcessorError::BadChangelog {
+                    store: name.to_owned(),
+                    partition,
+                    offset: at.get(),
+                };
+                let (seq, positions) = decode_marker(&record.value).ok_or_else(bad)?;
+                base = Some(Marker { seq, positions, offset: at });
+            }
+            Some(_) if canary(Canary::TrustFiles) => {
+                let seq = 0;
+                base = Some(Marker { seq, positions: Vec::new(), offset: at });
+            }
+            Some(record) => {
+                rebuilt = Some(format!(
+                    "compacted: the changelog no longer holds the commit marker at offset {} \
+                     the store was flushed at (it holds offset {} there: compacted, deleted \
+                     or replaced)",
+                    at.get(),
+                    record.offset.get()
+                ));
+            }
+        }
+    }
+    if rebuilt.is_some() && disk.offset() > Offset::ZERO {
+        disk.wipe().map_err(failed)?;
+    }
+    let mut read = StoreRead::new(name, topic, State::Disk(Box::new(disk)), end);
+    read.from = base.as_ref().map(|m| m.offset.plus(1));
+    read.applied = base;
+    read.rebuilt = rebuilt;
+    let from = read.from.unwrap_or(Offset::ZERO);
+    read.read(source, partition, from, None)?;
+    Ok(read)
+}
