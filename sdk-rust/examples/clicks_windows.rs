@@ -19,11 +19,12 @@
 //! example at any moment and start it again: the last line checks every output record
 //! against the same results worked out in plain Rust (`exact: ...`). With
 //! `CHRONIK_GUARANTEE=at-least-once` on a cluster, a windowed result written again after a
-//! kill is counted and dropped before the check.
+//! kill is counted and dropped before the check. `CLICKS_STORE=disk` keeps the windows in disk
+//! stores (on a cluster under `state.dir`, `CHRONIK_KAFKA_STATE_DIR`).
 
 use chronik::Log;
 use chronik::dsl::{Topology, Windows};
-use chronik::processor::{Guarantee, Until};
+use chronik::processor::{Guarantee, ProcessorConfig, StoreKind, Until};
 use chronik::{Connection, Durability, Options, OwnedRecord, Record, TransactionWrite};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -161,6 +162,10 @@ fn topology(name: &str) -> Result<(Topology, &'static str), String> {
             return Err(format!("no topology {other:?}: per-minute, sessions, enriched or pages"));
         }
     };
+    if let Ok(kind) = std::env::var("CLICKS_STORE") {
+        let store_kind: StoreKind = kind.parse()?;
+        topology.configure(|config| ProcessorConfig { store_kind, ..config });
+    }
     Ok((topology, output))
 }
 

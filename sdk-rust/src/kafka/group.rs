@@ -27,7 +27,7 @@ use super::{
 };
 use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
-    RunStats, Task, TaskLog, Until,
+    RunStats, Task, TaskLog, Until, disk_budgets,
 };
 use crate::store::StoreKind;
 use crate::{Fetch, GroupCommit, Offset, OwnedRecord, Record, TransactionWrite};
@@ -449,12 +449,14 @@ fn local_state(
     let io = chronik_engine::io::SystemIo::new(chronik_engine::io::Backend::Auto)
         .map_err(|error| ProcessorError::Config(format!("state.dir: I/O: {error}")))?;
     // A cluster without an id (old brokers) is known by its address.
-    let cluster = producer
-        .client()
-        .fetch_cluster_id(REQUEST_TIMEOUT)
-        .unwrap_or_else(|| format!("at {}", client.bootstrap()));
+    let cluster = producer.client().fetch_cluster_id(REQUEST_TIMEOUT).unwrap_or_else(|| {
+        tracing::warn!(target: "chronik::kafka", "no cluster id: stores are named by address");
+        format!("at {}", client.bootstrap())
+    });
     tracing::info!(state_dir = %directory.display(), cluster, "disk stores kept here");
-    Ok(Some(LocalState { directory, io: std::sync::Arc::new(io), cluster }))
+    let budgets = disk_budgets(config)?;
+    let budgets = budgets.into_iter().map(|(name, budget)| (name.to_owned(), budget)).collect();
+    Ok(Some(LocalState { directory, io: std::sync::Arc::new(io), cluster, budgets }))
 }
 
 /// The producer: transactional for exactly once (refusing to start if the cluster cannot),
@@ -763,8 +765,9 @@ fn reconcile<P: Processor>(
         if let Some(lock) = restored.lock {
             log.locks.borrow_mut().insert(partition, lock);
         }
+        let commit = restored.commit;
         let (stores, restored) = (restored.stores, restored.stats);
-        tracing::info!(partition, ?positions, restored = restored.restored, "partition assigned");
+        tracing::info!(partition, ?positions, commit, restored = restored.restored, "assigned");
         let task =
             Task::start(config, partition, factory(partition), stores, positions.clone(), now_ms());
         // Ahead of the group's offsets after a crash between the two writes of an at least

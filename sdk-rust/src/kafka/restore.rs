@@ -15,8 +15,7 @@
 
 use super::{ClusterError, KafkaClient, REQUEST_TIMEOUT};
 use crate::processor::{
-    MARKER_HEADER, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Store,
-    decode_marker, disk_budgets,
+    MARKER_HEADER, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Store, decode_marker,
 };
 use crate::store::{CHANGELOG_PUT, DiskStore, Files, StoreError, StoreKind};
 use crate::{Io, Offset, OwnedRecord};
@@ -78,6 +77,9 @@ pub(super) struct LocalState {
     pub io: Arc<dyn Io>,
     /// The cluster's id (or, if it gives none, its address): part of every store's identity.
     pub cluster: String,
+    /// Each disk store's memory budget, shared by its partitions ([`disk_budgets`], made once
+    /// per run).
+    pub budgets: BTreeMap<String, crate::store::StoreMemory>,
 }
 
 impl LocalState {
@@ -125,11 +127,23 @@ pub(super) enum Canary {
     TrustFiles,
     /// The last commit of a changelog is applied even where another changelog lacks it.
     ApplyHeld,
+    /// The commit restored is the lowest of the changelogs' last (numbers may repeat).
+    LowestLast,
 }
 
 #[cfg(test)]
 thread_local! {
     pub(super) static CANARY: std::cell::Cell<Option<Canary>> = const { std::cell::Cell::new(None) };
+    /// [`RESTORE_BUFFER_BYTES`], smaller in a test that reads a changelog as compacted.
+    pub(super) static BUFFER_BYTES: std::cell::Cell<usize> =
+        const { std::cell::Cell::new(RESTORE_BUFFER_BYTES) };
+}
+
+fn buffer_bytes() -> usize {
+    #[cfg(test)]
+    return BUFFER_BYTES.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    RESTORE_BUFFER_BYTES
 }
 
 fn canary(which: Canary) -> bool {
@@ -150,7 +164,13 @@ struct Marker {
     offset: Offset,
 }
 
-type Change = (Vec<u8>, Option<Vec<u8>>);
+/// A change read and not yet applied: its offset, key and value (`None`: deleted).
+type Change = (Offset, Vec<u8>, Option<Vec<u8>>);
+
+/// Bytes of changes one store's restore keeps unapplied before it applies them anyway. Only a
+/// changelog compacted down to few markers holds more between two of them; if what was
+/// applied that way proves not committed, the store is read again from the start.
+const RESTORE_BUFFER_BYTES: usize = 64 << 20;
 
 enum State {
     Memory(BTreeMap<Vec<u8>, Vec<u8>>),
@@ -158,13 +178,11 @@ enum State {
 }
 
 impl State {
-    fn apply(&mut self, changes: &[Change]) {
-        for (key, value) in changes {
-            match (&mut *self, value) {
-                (State::Memory(map), Some(value)) => drop(map.insert(key.clone(), value.clone())),
-                (State::Memory(map), None) => drop(map.remove(key)),
-                (State::Disk(disk), value) => disk.apply(key, value.as_deref()),
-            }
+    fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
+        match (self, value) {
+            (State::Memory(map), Some(value)) => drop(map.insert(key.to_vec(), value.to_vec())),
+            (State::Memory(map), None) => drop(map.remove(key)),
+            (State::Disk(disk), value) => disk.apply(key, value),
         }
     }
 
@@ -183,10 +201,10 @@ impl State {
         Ok(())
     }
 
-    /// Flush a disk store that must, as of the commit `marker` (its state is exactly it).
-    fn flush_if_due(&mut self, marker: &Marker) -> Result<(), StoreError> {
+    /// Flush a disk store that must, its state being exactly the commit of `marker`.
+    fn flush_if_due(&mut self, marker: Offset) -> Result<(), StoreError> {
         match self {
-            State::Disk(disk) if disk.must_flush() => disk.flush(marker.offset.plus(1)),
+            State::Disk(disk) if disk.must_flush() => disk.flush(marker.plus(1)),
             _ => Ok(()),
         }
     }
@@ -197,12 +215,14 @@ struct StoreRead {
     name: String,
     topic: String,
     state: State,
-    /// The commit `state` holds (`None`: the empty state before any).
-    applied: Option<Marker>,
-    /// The last commit read, not yet applied (a commit another changelog may lack).
-    held: Option<(Marker, Vec<Change>)>,
-    /// The changes after the last marker: an unfinished commit.
-    open: Vec<Change>,
+    /// Every marker read (the disk store's base first), in offset order.
+    markers: Vec<Marker>,
+    /// `state` holds every change read below this offset and none above.
+    applied_to: Offset,
+    /// The changes read from `applied_to` on, in offset order, and their bytes.
+    unapplied: std::collections::VecDeque<Change>,
+    unapplied_bytes: usize,
+    /// Change records read (again from zero if the store is read again).
     restored: u64,
     end: Offset,
     /// The disk store's offset the read began from, if its files were used.
@@ -210,28 +230,60 @@ struct StoreRead {
     rebuilt: Option<String>,
 }
 
-fn seq_of(marker: Option<&Marker>) -> u64 {
-    marker.map_or(0, |m| m.seq)
-}
-
 impl StoreRead {
-    /// The last commit this changelog holds.
+    fn new(name: &str, topic: String, state: State, end: Offset) -> StoreRead {
+        StoreRead {
+            name: name.to_owned(),
+            topic,
+            state,
+            markers: Vec::new(),
+            applied_to: Offset::ZERO,
+            unapplied: std::collections::VecDeque::new(),
+            unapplied_bytes: 0,
+            restored: 0,
+            end,
+            from: None,
+            rebuilt: None,
+        }
+    }
+
+    /// The highest commit number this changelog holds (0: none).
     fn last_seq(&self) -> u64 {
-        self.held.as_ref().map_or_else(|| seq_of(self.applied.as_ref()), |(m, _)| m.seq)
+        self.markers.iter().map(|m| m.seq).max().unwrap_or(0)
+    }
+
+    /// Whether the changelog holds anything: a store new to the application holds nothing.
+    fn holds_anything(&self) -> bool {
+        !self.markers.is_empty() || self.restored > 0
     }
 
     fn failed(&self, partition: u32) -> impl Fn(StoreError) -> ProcessorError + '_ {
         move |source| ProcessorError::Store { store: self.name.clone(), partition, source }
     }
 
-    /// Read the changelog from `from` to its end. Markers of commits after `limit` are not
-    /// commits here (another changelog lacks them): their changes stay unfinished.
+    /// Apply the unapplied changes below `to`.
+    fn apply_below(&mut self, to: Offset) {
+        while let Some((offset, key, value)) = self.unapplied.pop_front() {
+            if offset >= to {
+                self.unapplied.push_front((offset, key, value));
+                break;
+            }
+            self.unapplied_bytes -= key.len() + value.as_ref().map_or(0, Vec::len);
+            self.state.apply(&key, value.as_deref());
+            self.applied_to = offset.plus(1);
+        }
+        self.applied_to = self.applied_to.max(to);
+        debug_assert!(self.unapplied.front().is_none_or(|c| c.0 >= self.applied_to));
+    }
+
+    /// Read the changelog from `from` to its end. A commit is applied once the next marker is
+    /// read (until then another changelog may lack it), or when the unapplied changes pass
+    /// [`RESTORE_BUFFER_BYTES`].
     fn read(
         &mut self,
         source: &dyn Changelogs,
         partition: u32,
         from: Offset,
-        limit: Option<u64>,
     ) -> Result<(), ProcessorError> {
         let topic = self.topic.clone();
         source.read(&topic, partition, from, &mut |record| {
@@ -245,19 +297,13 @@ impl StoreRead {
             };
             if is_marker(&record) {
                 let (seq, positions) = decode_marker(&record.value).ok_or_else(bad)?;
-                if limit.is_some_and(|limit| seq > limit) {
-                    return Ok(true);
+                if let Some(before) = self.markers.last().map(|m| m.offset)
+                    && self.applied_to <= before
+                {
+                    self.apply_below(before);
+                    self.state.flush_if_due(before).map_err(self.failed(partition))?;
                 }
-                // A marker may repeat the number of the one before: that commit was undone by
-                // the next owner (restored from a changelog that lacked it), whose commit
-                // starts with the repairs of its keys. Applied in order, all is right.
-                if let Some((marker, changes)) = self.held.take() {
-                    self.state.apply(&changes);
-                    self.state.flush_if_due(&marker).map_err(self.failed(partition))?;
-                    self.applied = Some(marker);
-                }
-                let marker = Marker { seq, positions, offset: record.offset };
-                self.held = Some((marker, std::mem::take(&mut self.open)));
+                self.markers.push(Marker { seq, positions, offset: record.offset });
                 return Ok(true);
             }
             let value = match record.value.split_first() {
@@ -266,39 +312,88 @@ impl StoreRead {
                 Some(_) => return Err(bad()),
             };
             self.restored += 1;
-            self.open.push((record.key.unwrap_or_default(), value));
+            let key = record.key.unwrap_or_default();
+            self.unapplied_bytes += key.len() + value.as_ref().map_or(0, Vec::len);
+            self.unapplied.push_back((record.offset, key, value));
+            if self.unapplied_bytes > buffer_bytes() {
+                self.apply_below(record.offset.plus(1));
+            }
             Ok(true)
         })
     }
 
-    /// Make `state` the commit `target`, and return the keys changed after it.
+    /// The marker of commit `target` here, else of the last commit before it.
+    fn cut(&self, target: u64) -> Option<&Marker> {
+        let exact = self.markers.iter().rev().find(|m| m.seq == target);
+        exact.or_else(|| self.markers.iter().rev().find(|m| m.seq < target))
+    }
+
+    /// Make `state` the commit `target` (read again from the start if it holds changes past
+    /// it), and return the keys changed after it.
     fn settle(
         &mut self,
         source: &dyn Changelogs,
         partition: u32,
         target: u64,
     ) -> Result<BTreeSet<Vec<u8>>, ProcessorError> {
-        if self.last_seq() > target && seq_of(self.applied.as_ref()) > target {
-            // Ahead by more than the held commit: read again from the start up to target.
+        // The state can be that commit if it holds nothing past the commit's marker.
+        let cut = self.cut(target).map(|m| m.offset);
+        let committed_to = cut.unwrap_or(Offset::ZERO);
+        let exact = match cut {
+            Some(cut) => self.applied_to <= cut.plus(1),
+            None => self.applied_to == Offset::ZERO,
+        };
+        if !exact && !canary(Canary::ApplyHeld) {
             self.rebuilt = Some(format!(
-                "ahead: it holds commit {} while another changelog ends at commit {target}",
-                seq_of(self.applied.as_ref())
+                "ahead: it holds changes past commit {target}, the last every changelog holds"
             ));
             self.state.wipe().map_err(self.failed(partition))?;
-            (self.applied, self.held, self.from) = (None, None, None);
-            self.open.clear();
-            self.read(source, partition, Offset::ZERO, Some(target))?;
+            self.unapplied.clear();
+            (self.unapplied_bytes, self.applied_to, self.restored, self.from) =
+                (0, Offset::ZERO, 0, None);
+            self.read_to(source, partition, committed_to)?;
         }
-        if self.last_seq() > target && !canary(Canary::ApplyHeld) {
-            // The held commit is another changelog's unfinished one: undone.
-            let (_, mut changes) = self.held.take().expect("a held commit past the target");
-            changes.append(&mut self.open);
-            self.open = changes;
-        } else if let Some((marker, changes)) = self.held.take() {
-            self.state.apply(&changes);
-            self.applied = Some(marker);
-        }
-        Ok(self.open.drain(..).map(|(key, _)| key).collect())
+        let to = if canary(Canary::ApplyHeld) { Offset::new(u64::MAX) } else { committed_to };
+        self.apply_below(to);
+        Ok(self.unapplied.drain(..).map(|(_, key, _)| key).collect())
+    }
+
+    /// Read the changelog from the start, applying the changes below `to` as they come and
+    /// keeping the others unapplied.
+    fn read_to(
+        &mut self,
+        source: &dyn Changelogs,
+        partition: u32,
+        to: Offset,
+    ) -> Result<(), ProcessorError> {
+        let topic = self.topic.clone();
+        source.read(&topic, partition, Offset::ZERO, &mut |record| {
+            if is_marker(&record) {
+                // Every change below it is applied, and none past it.
+                if record.offset < to {
+                    self.state.flush_if_due(record.offset).map_err(self.failed(partition))?;
+                }
+                return Ok(true);
+            }
+            self.restored += 1;
+            let value = match record.value.split_first() {
+                None => None,
+                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
+                Some(_) => {
+                    let offset = record.offset.get();
+                    let store = self.name.clone();
+                    return Err(ProcessorError::BadChangelog { store, partition, offset });
+                }
+            };
+            let key = record.key.unwrap_or_default();
+            if record.offset < to {
+                self.state.apply(&key, value.as_deref());
+                self.applied_to = record.offset.plus(1);
+            } else {
+                self.unapplied.push_back((record.offset, key, value));
+            }
+            Ok(true)
+        })
     }
 }
 
@@ -311,7 +406,10 @@ fn is_marker(record: &OwnedRecord) -> bool {
 pub(super) struct Restored {
     pub stores: BTreeMap<String, Store>,
     pub positions: Option<Vec<Offset>>,
-    /// The commit restored.
+    /// The commit restored: the last one every changelog holds.
+    pub commit: u64,
+    /// The highest commit number any changelog holds: the next commit takes the one after,
+    /// so that no number names two commits (one undone, one not).
     pub seq: u64,
     /// (changelog, key, changelog value): the committed value, written again, of every key
     /// an unfinished commit changed.
@@ -330,10 +428,9 @@ pub(super) fn restore_partition(
     partition: u32,
     local: Option<&LocalState>,
 ) -> Result<Restored, ProcessorError> {
-    let budgets = disk_budgets(config)?;
     let lock = match local {
-        Some(local) if !budgets.is_empty() => Some(local.lock(&config.application, partition)?),
-        _ => None,
+        Some(local) => Some(local.lock(&config.application, partition)?),
+        None => None,
     };
     let mut reads = Vec::with_capacity(config.stores.len());
     let mut stats = RunStats::default();
@@ -343,11 +440,13 @@ pub(super) fn restore_partition(
                 let topic = config.changelog(name);
                 let end = source.end(&topic, partition)?;
                 let mut read = StoreRead::new(name, topic, State::Memory(BTreeMap::new()), end);
-                read.read(source, partition, Offset::ZERO, None)?;
+                read.read(source, partition, Offset::ZERO)?;
                 read
             }
             (StoreKind::Disk(_), Some(local)) => {
-                let budget = budgets.get(name.as_str()).cloned().expect("a disk store's budget");
+                let budget = local.budgets.get(name).cloned().ok_or_else(|| {
+                    ProcessorError::Config(format!("store {name:?}: no memory budget"))
+                })?;
                 let read = open_disk(source, config, name, partition, local, budget)?;
                 if read.from.is_some() {
                     stats.stores_opened += 1;
@@ -360,17 +459,12 @@ pub(super) fn restore_partition(
         };
         reads.push(read);
     }
-    // A changelog with nothing in it (a store new to the application) holds no commit and
-    // keeps none of the others from theirs.
-    let target = (reads.iter())
-        .filter(|read| read.restored > 0 || read.last_seq() > 0)
-        .map(StoreRead::last_seq)
-        .min()
-        .unwrap_or(0);
+    let target = target(&reads);
     let mut restored = Restored {
         stores: BTreeMap::new(),
         positions: None,
-        seq: target,
+        commit: target,
+        seq: reads.iter().map(StoreRead::last_seq).max().unwrap_or(0),
         repairs: Vec::new(),
         ends: Vec::new(),
         stats,
@@ -387,10 +481,11 @@ pub(super) fn restore_partition(
             });
             restored.repairs.push((read.topic.clone(), key, value));
         }
-        if let Some(marker) = read.applied.as_ref().filter(|m| m.seq == target) {
+        let cut = read.cut(target);
+        if let Some(marker) = cut.filter(|m| m.seq == target) {
             restored.positions.get_or_insert_with(|| marker.positions.clone());
         }
-        let at = read.applied.as_ref().map_or(Offset::ZERO, |m| m.offset.plus(1));
+        let at = cut.map_or(Offset::ZERO, |m| m.offset.plus(1));
         restored.ends.push((read.topic.clone(), at));
         restored.stats.restored += read.restored;
         if let Some(reason) = &read.rebuilt {
@@ -427,21 +522,24 @@ pub(super) fn restore_partition(
     Ok(restored)
 }
 
-impl StoreRead {
-    fn new(name: &str, topic: String, state: State, end: Offset) -> StoreRead {
-        StoreRead {
-            name: name.to_owned(),
-            topic,
-            state,
-            applied: None,
-            held: None,
-            open: Vec::new(),
-            restored: 0,
-            end,
-            from: None,
-            rebuilt: None,
-        }
+/// The commit to restore: the last one every changelog holds (of those holding anything: a
+/// store new to the application holds none and keeps no other from theirs). Where
+/// compaction left no common one, the lowest of the changelogs' last.
+fn target(reads: &[StoreRead]) -> u64 {
+    let holding: Vec<&StoreRead> = reads.iter().filter(|r| r.holds_anything()).collect();
+    let lowest_last = holding.iter().map(|r| r.last_seq()).min().unwrap_or(0);
+    if canary(Canary::LowestLast) {
+        return lowest_last;
     }
+    let mut common: Option<BTreeSet<u64>> = None;
+    for read in &holding {
+        let seqs: BTreeSet<u64> = read.markers.iter().map(|m| m.seq).collect();
+        common = Some(match common {
+            None => seqs,
+            Some(common) => common.intersection(&seqs).copied().collect(),
+        });
+    }
+    common.and_then(|c| c.last().copied()).unwrap_or(lowest_last)
 }
 
 /// Open a disk store's files and read its changelog after them, or rebuild it (the module's
@@ -514,9 +612,9 @@ fn open_disk(
     }
     let mut read = StoreRead::new(name, topic, State::Disk(Box::new(disk)), end);
     read.from = base.as_ref().map(|m| m.offset.plus(1));
-    read.applied = base;
+    read.applied_to = read.from.unwrap_or(Offset::ZERO);
+    read.markers.extend(base);
     read.rebuilt = rebuilt;
-    let from = read.from.unwrap_or(Offset::ZERO);
-    read.read(source, partition, from, None)?;
+    read.read(source, partition, read.applied_to)?;
     Ok(read)
 }

@@ -4,7 +4,9 @@
 //! ([`crate::processor::committed_state`]); each test's canary (a deliberate bug of the
 //! module) makes it fail.
 
-use super::restore::{CANARY, Canary, Changelogs, LocalState, Restored, restore_partition};
+use super::restore::{
+    BUFFER_BYTES, CANARY, Canary, Changelogs, LocalState, Restored, restore_partition,
+};
 use crate::kafka::group::encode_marker;
 use crate::processor::{MARKER_HEADER, ProcessorConfig, ProcessorError, committed_state};
 use crate::store::{CHANGELOG_PUT, StoreKind};
@@ -103,10 +105,12 @@ fn config(other: bool) -> ProcessorConfig {
 
 fn local(directory: &std::path::Path, cluster: &str) -> LocalState {
     let io = chronik_engine::io::SystemIo::new(chronik_engine::io::Backend::Pread).unwrap();
+    let budgets = [("counts".to_owned(), crate::store::StoreMemory::new(8 << 20))].into();
     LocalState {
         directory: directory.to_owned(),
         io: std::sync::Arc::new(io),
         cluster: cluster.to_owned(),
+        budgets,
     }
 }
 
@@ -265,7 +269,7 @@ fn crash_between_markers(canary_on: bool) -> Restored {
 #[test]
 fn a_commit_one_changelog_lacks_is_undone_in_the_others() {
     let restored = crash_between_markers(false);
-    assert_eq!(restored.seq, 3);
+    assert_eq!((restored.commit, restored.seq), (3, 4), "commit 3 restored, 4 seen");
     assert_eq!(restored.positions, Some(vec![Offset::new(30)]));
     let counts = entries(&restored, "counts");
     assert!(counts.contains(&(b"a".to_vec(), b"2".to_vec())), "{counts:?}");
@@ -308,23 +312,80 @@ fn a_second_process_waits_for_the_partition_lock() {
     assert!(other.try_lock().is_ok(), "free once its holder is gone");
 }
 
-#[test]
-fn the_commit_after_an_undone_one_takes_its_number_and_restores_read_past_both() {
+/// Commit 4 of one owner reached the first changelog only; the next owner, restored at 3,
+/// numbers its commit 5 (past every number seen) and it reaches the second only.
+fn two_unfinished_owners(canary: Option<Canary>) -> Restored {
     let dir = tempfile::tempdir().unwrap();
     let (fake, local, config) = (Fake::default(), local(dir.path(), "one"), config(true));
     history(&fake);
     fake.append(OTHER, &[Put("x", "1"), Commit(3, 30)]);
     fake.append(CHANGELOG, &[Put("a", "undone"), Commit(4, 40)]);
     let restored = restore_partition(&fake, &config, 0, Some(&local)).unwrap();
-    assert_eq!(restored.seq, 3);
+    assert_eq!((restored.commit, restored.seq), (3, 4));
     drop(restored);
-    // The next owner's commit 4: the repairs ("a" back to "2", "e" deleted), then its own.
-    fake.append(CHANGELOG, &[Put("a", "2"), Delete("e"), Put("h", "1"), Commit(4, 41)]);
-    fake.append(OTHER, &[Commit(4, 41)]);
-    let restored = restore_partition(&fake, &config, 0, Some(&local)).unwrap();
-    assert_eq!((restored.seq, restored.positions.clone()), (4, Some(vec![Offset::new(41)])));
+    fake.append(CHANGELOG, &[Put("a", "2"), Delete("e"), Put("h", "1")]);
+    fake.append(OTHER, &[Put("x", "5"), Commit(5, 41)]);
+    CANARY.with(|c| c.set(canary));
+    let restored = restore_partition(&fake, &config, 0, Some(&local));
+    CANARY.with(|c| c.set(None));
+    restored.unwrap()
+}
+
+#[test]
+fn a_commit_number_names_one_commit_and_the_restore_takes_the_last_every_changelog_holds() {
+    let restored = two_unfinished_owners(None);
+    assert_eq!((restored.commit, restored.seq), (3, 5));
+    assert_eq!(restored.positions, Some(vec![Offset::new(30)]));
     let counts = entries(&restored, "counts");
     assert!(counts.contains(&(b"a".to_vec(), b"2".to_vec())), "{counts:?}");
-    assert!(counts.contains(&(b"h".to_vec(), b"1".to_vec())), "{counts:?}");
-    assert!(restored.repairs.is_empty());
+    assert!(!counts.iter().any(|(k, _)| k == b"h"), "{counts:?}");
+    assert_eq!(entries(&restored, "seen"), vec![(b"x".to_vec(), b"1".to_vec())]);
+}
+
+#[test]
+fn canary_the_lowest_last_commit_mixes_two_owners_commits() {
+    let restored = two_unfinished_owners(Some(Canary::LowestLast));
+    assert_eq!(restored.commit, 4);
+    assert_eq!(restored.positions, Some(vec![Offset::new(40)]), "the undone commit's positions");
+}
+
+#[test]
+fn a_store_ahead_by_two_commits_is_read_again_to_the_common_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fake, local, config) = (Fake::default(), local(dir.path(), "one"), config(true));
+    let (config, reasons) = listened(config);
+    history(&fake);
+    fake.append(OTHER, &[Put("x", "1"), Commit(1, 10)]);
+    let restored = restore_partition(&fake, &config, 0, Some(&local)).unwrap();
+    assert_eq!(restored.commit, 1);
+    assert!(rebuilt(&reasons, "ahead"), "{reasons:?}");
+    let counts = entries(&restored, "counts");
+    let expected =
+        [("a", "1"), ("b", "1")].map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()));
+    assert_eq!(counts, expected.to_vec());
+    let mut repaired: Vec<_> = restored.repairs.iter().map(|(_, k, _)| k.clone()).collect();
+    repaired.sort();
+    assert_eq!(repaired, ["a", "b", "c", "d", "e"].map(|k| k.as_bytes().to_vec()));
+}
+
+#[test]
+fn changes_past_the_buffer_are_applied_and_read_again_only_when_not_committed() {
+    // A buffer of 8 bytes: every change is applied as it is read.
+    BUFFER_BYTES.with(|b| b.set(8));
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let fake = Fake::default();
+    let (listening, reasons) = listened(config(false));
+    history(&fake);
+    let restored =
+        restore_partition(&fake, &listening, 0, Some(&local(first.path(), "one"))).unwrap();
+    assert!(rebuilt(&reasons, "ahead"), "the unfinished commit was applied: read again");
+    assert_eq!(entries(&restored, "counts"), fake.committed(CHANGELOG));
+    drop(restored);
+    let fake = Fake::default();
+    fake.append(CHANGELOG, &[Put("a", "1"), Put("b", "1"), Delete("a"), Commit(1, 10)]);
+    let restored =
+        restore_partition(&fake, &config(false), 0, Some(&local(second.path(), "one"))).unwrap();
+    BUFFER_BYTES.with(|b| b.set(64 << 20));
+    assert_eq!(restored.stats.stores_rebuilt, 1, "missing only");
+    assert_eq!(entries(&restored, "counts"), fake.committed(CHANGELOG));
 }
