@@ -302,6 +302,9 @@ fn two_processes_share_the_partitions_and_the_survivor_of_a_kill_takes_the_other
     assert_eq!(embedded, final_state(&verified), "{all}");
 }
 
+/// The counts' changelog of `clicks_count`.
+const CHANGELOG: &str = "click-counter-counts-changelog";
+
 /// The counter with its counts in a disk store (`state.dir` from `CHRONIK_KAFKA_STATE_DIR`).
 fn disk_counter(target: &str, clicks: &str, step: &str, state: &std::path::Path) -> Command {
     let mut command = Command::new(example("clicks_count"));
@@ -331,13 +334,8 @@ fn restores_from_a_store(says: &str) -> BTreeMap<u32, (u64, Option<u64>)> {
 
 #[test]
 fn a_disk_store_counter_restarted_after_a_kill_reads_only_the_changelog_tail() {
-    let (directory, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let state = tempfile::tempdir().unwrap();
     let half = (CLICKS_KILLED.parse::<u64>().unwrap() / 2).to_string();
-    let embedded = final_state(
-        &disk_counter(directory.path().to_str().unwrap(), CLICKS_KILLED, "all", state.path())
-            .output()
-            .unwrap(),
-    );
     let broker = broker();
     let target = broker.target();
     // Half the clicks counted to the end (a clean stop flushes the stores), the other half
@@ -347,18 +345,28 @@ fn a_disk_store_counter_restarted_after_a_kill_reads_only_the_changelog_tail() {
     let counted = disk_counter(&target, &half, "count", state.path()).output().unwrap();
     assert!(counted.status.success(), "{}", text(&counted));
     assert!(produce(CLICKS_KILLED).status.success());
+    let log = chronik::connect(&target).unwrap();
+    let written = || -> u64 {
+        (0..4).map(|p| log.end_offset(CHANGELOG, p).map_or(0, chronik::Offset::get)).sum()
+    };
+    let before = written();
     let mut victim = disk_counter(&target, CLICKS_KILLED, "count", state.path())
         .env("CLICKS_PACE", "20000")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(4));
+    // Killed once it has committed counts (some thousands of changelog records).
+    let deadline = Instant::now() + FINISH_WAIT;
+    while written() < before + 5_000 {
+        assert!(victim.try_wait().unwrap().is_none(), "the count ended before its kill");
+        assert!(Instant::now() < deadline, "the count committed nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     victim.kill().unwrap();
     victim.wait().unwrap();
     // What each changelog partition holds now, beside the markers: the restart's restore
     // must read exactly the part after its store's offset.
-    let log = chronik::connect(&target).unwrap();
     let changelogs: Vec<Vec<chronik::OwnedRecord>> =
         (0..4).map(|p| log.records("click-counter-counts-changelog", p).unwrap()).collect();
     // The group's session of the killed process runs out first (tansu keeps a member that
@@ -382,8 +390,9 @@ fn a_disk_store_counter_restarted_after_a_kill_reads_only_the_changelog_tail() {
     println!("restart after the kill: {read} of {whole} changelog records read");
     assert!(read > 0, "the killed run left a tail to read: {says}");
     assert!(read * 2 < whole, "{read} of {whole}: not only the tail: {says}");
+    // Every count exact (worked out from the clicks), one output per click at least.
     let verified = disk_counter(&target, CLICKS_KILLED, "verify", state.path()).output().unwrap();
-    assert_eq!(embedded, final_state(&verified), "{says}");
+    final_state(&verified);
 }
 
 /// Clicks of the two-process topology run: enough that counting outlasts the rebalances.
