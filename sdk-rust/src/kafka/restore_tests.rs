@@ -149,20 +149,20 @@ fn history(fake: &Fake) {
 
 #[test]
 fn a_reopened_disk_store_reads_only_the_tail_after_its_marker() {
-    reopened(Fake::default());
+    reopened(&Fake::default());
 }
 
 #[test]
 fn a_reopened_disk_store_reads_only_the_tail_after_its_marker_in_transactions() {
-    reopened(Fake { transactional: true, ..Fake::default() });
+    reopened(&Fake { transactional: true, ..Fake::default() });
 }
 
-fn reopened(fake: Fake) {
+fn reopened(fake: &Fake) {
     let dir = tempfile::tempdir().unwrap();
     let local = local(dir.path(), "one");
     let (config, reasons) = listened(config(false));
-    history(&fake);
-    let first = restore(&fake, &config, &local);
+    history(fake);
+    let first = restore(fake, &config, &local);
     assert!(rebuilt(&reasons, "missing"));
     assert_eq!(first.positions, Some(vec![Offset::new(30)]));
     assert_eq!(entries(&first, "counts"), fake.committed(CHANGELOG));
@@ -173,7 +173,7 @@ fn reopened(fake: Fake) {
     // The repairs and a commit after them, then a restart: from the marker of commit 3 on.
     fake.append(CHANGELOG, &[Put("a", "2"), Delete("e"), Put("f", "1"), Commit(4, 40)]);
     *fake.read.borrow_mut() = 0;
-    let second = restore(&fake, &config, &local);
+    let second = restore(fake, &config, &local);
     assert_eq!(reasons.lock().unwrap().last(), Some(&None), "not rebuilt");
     assert_eq!(second.stats.stores_opened, 1);
     assert_eq!(second.stats.restored, 5, "the tail's changes only");
