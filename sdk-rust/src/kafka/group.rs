@@ -199,8 +199,8 @@ struct GroupLog<'a> {
     ends: RefCell<HashMap<(String, u32), Offset>>,
     /// Where disk stores are kept (`None`: the application has none).
     local: Option<LocalState>,
-    /// Per task partition, the lock of its disk stores' directories.
-    locks: RefCell<HashMap<u32, std::fs::File>>,
+    /// Per task partition, the locks of its disk stores' directories.
+    locks: RefCell<HashMap<u32, Vec<std::fs::File>>>,
 }
 
 /// What a task's commits carry besides its own writes.
@@ -762,9 +762,7 @@ fn reconcile<P: Processor>(
         let mut ends = log.ends.borrow_mut();
         ends.extend(restored.ends.into_iter().map(|(topic, end)| ((topic, partition), end)));
         drop(ends);
-        if let Some(lock) = restored.lock {
-            log.locks.borrow_mut().insert(partition, lock);
-        }
+        log.locks.borrow_mut().insert(partition, restored.locks);
         let commit = restored.commit;
         let (stores, restored) = (restored.stores, restored.stats);
         tracing::info!(partition, ?positions, commit, restored = restored.restored, "assigned");

@@ -83,15 +83,11 @@ pub(super) struct LocalState {
 }
 
 impl LocalState {
-    /// Take the lock of `partition`'s stores of `application`: one process at a time works
-    /// in them (a process that lost the partition may not have noticed yet). The lock is the
-    /// file's: it goes with the process, however it ends.
-    pub(super) fn lock(
-        &self,
-        application: &str,
-        partition: u32,
-    ) -> Result<std::fs::File, ProcessorError> {
-        let path = self.directory.join(format!("{application}-{partition}.lock"));
+    /// Take the lock of the store directory `store` (one store of one partition): one task
+    /// at a time works in it (a process that lost the partition may not have noticed yet).
+    /// The lock is the file's: it goes with the process, however it ends.
+    pub(super) fn lock(&self, store: &str) -> Result<std::fs::File, ProcessorError> {
+        let path = self.directory.join(format!("{store}.lock"));
         let failed = |error: std::io::Error| {
             ProcessorError::Config(format!("state.dir: {}: {error}", path.display()))
         };
@@ -417,8 +413,8 @@ pub(super) struct Restored {
     /// Per changelog, the offset after the marker of the commit restored.
     pub ends: Vec<(String, Offset)>,
     pub stats: RunStats,
-    /// The lock of the partition's disk stores, held while the task lives.
-    pub lock: Option<std::fs::File>,
+    /// The locks of the partition's disk stores, held while the task lives.
+    pub locks: Vec<std::fs::File>,
 }
 
 /// Restore `partition`'s stores of `config`; disk stores under `local`.
@@ -428,10 +424,7 @@ pub(super) fn restore_partition(
     partition: u32,
     local: Option<&LocalState>,
 ) -> Result<Restored, ProcessorError> {
-    let lock = match local {
-        Some(local) => Some(local.lock(&config.application, partition)?),
-        None => None,
-    };
+    let mut locks = Vec::new();
     let mut reads = Vec::with_capacity(config.stores.len());
     let mut stats = RunStats::default();
     for name in &config.stores {
@@ -447,6 +440,7 @@ pub(super) fn restore_partition(
                 let budget = local.budgets.get(name).cloned().ok_or_else(|| {
                     ProcessorError::Config(format!("store {name:?}: no memory budget"))
                 })?;
+                locks.push(local.lock(&config.store_directory(name, partition))?);
                 let read = open_disk(source, config, name, partition, local, budget)?;
                 if read.from.is_some() {
                     stats.stores_opened += 1;
@@ -468,7 +462,7 @@ pub(super) fn restore_partition(
         repairs: Vec::new(),
         ends: Vec::new(),
         stats,
-        lock,
+        locks,
     };
     for mut read in reads {
         let changed = read.settle(source, partition, target)?;

@@ -320,11 +320,14 @@ fn a_store_new_to_the_application_keeps_the_others_state() {
 fn a_second_process_waits_for_the_partition_lock() {
     let dir = tempfile::tempdir().unwrap();
     let local = local(dir.path(), "one");
-    let held = local.lock("app", 0).unwrap();
-    let other = std::fs::File::open(dir.path().join("app-0.lock")).unwrap();
+    let held = local.lock("app-counts-0.store").unwrap();
+    let other = std::fs::File::open(dir.path().join("app-counts-0.store.lock")).unwrap();
     assert!(matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)));
+    // Another store of the same partition (a second stage's, on a thread of this process).
+    let beside = local.lock("app-seen-0.store").unwrap();
     drop(held);
     assert!(other.try_lock().is_ok(), "free once its holder is gone");
+    drop(beside);
 }
 
 /// Commit 4 of one owner reached the first changelog only; the next owner, restored at 3,
