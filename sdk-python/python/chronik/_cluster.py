@@ -324,7 +324,8 @@ def connect(
     """A data directory (opened as `chronik.open(target, **options)`) or, for
     `kafka://HOST:PORT[,HOST:PORT...]`, a Kafka-protocol cluster; `config` takes its Kafka
     client properties (`{"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
-    "sasl.username": ..., "sasl.password": ...}`), refused ones named in the error."""
+    "sasl.username": ..., "sasl.password": ...}`), refused ones named in the error, and
+    `"state.dir"`: where processors and topologies keep disk stores on this machine."""
     if target.startswith(KAFKA_SCHEME):
         if not hasattr(_chronik, "_Cluster"):
             raise _chronik.ChronikError("this build of chronik has no Kafka support")
