@@ -22,8 +22,8 @@
 
 use super::restore::{LocalState, restore_partition};
 use super::{
-    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST, owned,
-    produce, transient,
+    ClusterError, Deliveries, KafkaClient, KafkaProducer, REQUEST_TIMEOUT, SEEK_BACK_FIRST,
+    cluster, owned, produce, transient,
 };
 use crate::processor::{
     Guarantee, MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, Processor, ProcessorConfig, ProcessorError,
@@ -146,11 +146,6 @@ impl Buffer {
 
 fn kafka_error(operation: &'static str, error: impl std::fmt::Display) -> ProcessorError {
     ProcessorError::Kafka(ClusterError::kafka(operation, error).to_string())
-}
-
-#[allow(clippy::needless_pass_by_value)] // used as `map_err(cluster)`
-pub(super) fn cluster(error: ClusterError) -> ProcessorError {
-    ProcessorError::Kafka(error.to_string())
 }
 
 fn now_ms() -> i64 {

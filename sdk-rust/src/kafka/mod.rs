@@ -90,6 +90,12 @@ pub enum ClusterError {
     Config { key: String, reason: String },
 }
 
+/// A cluster error as a processor's (used as `map_err(cluster)`).
+#[allow(clippy::needless_pass_by_value)]
+pub(crate) fn cluster(error: ClusterError) -> crate::processor::ProcessorError {
+    crate::processor::ProcessorError::Kafka(error.to_string())
+}
+
 impl ClusterError {
     pub(crate) fn kafka(operation: &'static str, error: impl std::fmt::Display) -> ClusterError {
         ClusterError::Kafka { operation, message: error.to_string() }

@@ -13,11 +13,13 @@
 //! Reading goes through [`Changelogs`], so that the decisions are tested on a fake changelog
 //! (compaction, deleted records) that a test broker cannot produce.
 
-use super::{ClusterError, KafkaClient, REQUEST_TIMEOUT};
+use super::{KafkaClient, REQUEST_TIMEOUT, cluster};
 use crate::processor::{
-    MARKER_HEADER, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Store, decode_marker,
+    MARKER_HEADER, ProcessorConfig, ProcessorError, RestoreProgress, RunStats, Store,
+    decode_change, decode_marker,
 };
-use crate::store::{CHANGELOG_PUT, DiskStore, Files, StoreError, StoreKind};
+use crate::store::disk::tag;
+use crate::store::{DiskStore, Files, StoreError, StoreKind};
 use crate::{Io, Offset, OwnedRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -37,11 +39,6 @@ pub(super) trait Changelogs {
         from: Offset,
         each: &mut dyn FnMut(OwnedRecord) -> Result<bool, ProcessorError>,
     ) -> Result<(), ProcessorError>;
-}
-
-#[allow(clippy::needless_pass_by_value)] // used as `map_err(cluster)`
-fn cluster(error: ClusterError) -> ProcessorError {
-    ProcessorError::Kafka(error.to_string())
 }
 
 impl Changelogs for KafkaClient {
@@ -163,6 +160,11 @@ struct Marker {
 /// A change read and not yet applied: its offset, key and value (`None`: deleted).
 type Change = (Offset, Vec<u8>, Option<Vec<u8>>);
 
+/// The bytes a change keeps unapplied (counted against [`RESTORE_BUFFER_BYTES`]).
+fn change_bytes((_, key, value): &Change) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len)
+}
+
 /// Bytes of changes one store's restore keeps unapplied before it applies them anyway. Only a
 /// changelog compacted down to few markers holds more between two of them; if what was
 /// applied that way proves not committed, the store is read again from the start.
@@ -259,12 +261,13 @@ impl StoreRead {
 
     /// Apply the unapplied changes below `to`.
     fn apply_below(&mut self, to: Offset) {
-        while let Some((offset, key, value)) = self.unapplied.pop_front() {
-            if offset >= to {
-                self.unapplied.push_front((offset, key, value));
+        while let Some(change) = self.unapplied.pop_front() {
+            if change.0 >= to {
+                self.unapplied.push_front(change);
                 break;
             }
-            self.unapplied_bytes -= key.len() + value.as_ref().map_or(0, Vec::len);
+            self.unapplied_bytes -= change_bytes(&change);
+            let (offset, key, value) = change;
             self.state.apply(&key, value.as_deref());
             self.applied_to = offset.plus(1);
         }
@@ -302,15 +305,11 @@ impl StoreRead {
                 self.markers.push(Marker { seq, positions, offset: record.offset });
                 return Ok(true);
             }
-            let value = match record.value.split_first() {
-                None => None,
-                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
-                Some(_) => return Err(bad()),
-            };
+            let value = decode_change(&record.value).map_err(|()| bad())?.map(<[u8]>::to_vec);
             self.restored += 1;
-            let key = record.key.unwrap_or_default();
-            self.unapplied_bytes += key.len() + value.as_ref().map_or(0, Vec::len);
-            self.unapplied.push_back((record.offset, key, value));
+            let change = (record.offset, record.key.unwrap_or_default(), value);
+            self.unapplied_bytes += change_bytes(&change);
+            self.unapplied.push_back(change);
             if self.unapplied_bytes > buffer_bytes() {
                 self.apply_below(record.offset.plus(1));
             }
@@ -372,21 +371,16 @@ impl StoreRead {
                 return Ok(true);
             }
             self.restored += 1;
-            let value = match record.value.split_first() {
-                None => None,
-                Some((&CHANGELOG_PUT, stored)) => Some(stored.to_vec()),
-                Some(_) => {
-                    let offset = record.offset.get();
-                    let store = self.name.clone();
-                    return Err(ProcessorError::BadChangelog { store, partition, offset });
-                }
+            let Ok(value) = decode_change(&record.value) else {
+                let (store, offset) = (self.name.clone(), record.offset.get());
+                return Err(ProcessorError::BadChangelog { store, partition, offset });
             };
             let key = record.key.unwrap_or_default();
             if record.offset < to {
-                self.state.apply(&key, value.as_deref());
+                self.state.apply(&key, value);
                 self.applied_to = record.offset.plus(1);
             } else {
-                self.unapplied.push_back((record.offset, key, value));
+                self.unapplied.push_back((record.offset, key, value.map(<[u8]>::to_vec)));
             }
             Ok(true)
         })
@@ -468,12 +462,7 @@ pub(super) fn restore_partition(
         let changed = read.settle(source, partition, target)?;
         for key in changed {
             let value = read.state.value(&key).map_err(read.failed(partition))?;
-            let value = value.map_or_else(Vec::new, |v| {
-                let mut tagged = vec![CHANGELOG_PUT];
-                tagged.extend_from_slice(&v);
-                tagged
-            });
-            restored.repairs.push((read.topic.clone(), key, value));
+            restored.repairs.push((read.topic.clone(), key, tag(value.as_deref())));
         }
         let cut = read.cut(target);
         if let Some(marker) = cut.filter(|m| m.seq == target) {

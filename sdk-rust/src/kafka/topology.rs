@@ -19,8 +19,8 @@
 // Kafka numbers partitions with i32, Chronik with u32 (see group.rs).
 #![allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
-use super::group::{self, cluster};
-use super::{ClusterError, KafkaClient, REQUEST_TIMEOUT};
+use super::group;
+use super::{ClusterError, KafkaClient, REQUEST_TIMEOUT, cluster};
 use crate::dsl::{Prepared, StageTask, Topology};
 use crate::processor::{Guarantee, ProcessorError, RunStats, Until};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -9,6 +9,16 @@ use crate::Offset;
 use crate::store::CHANGELOG_PUT;
 use std::collections::BTreeMap;
 
+/// A store entry's changelog value as the change it stands for: `None` a deletion (an empty
+/// value), `Some(stored)` a put; `Err` if it is not a store entry's value.
+pub(crate) fn decode_change(value: &[u8]) -> Result<Option<&[u8]>, ()> {
+    match value.split_first() {
+        None => Ok(None),
+        Some((&CHANGELOG_PUT, stored)) => Ok(Some(stored)),
+        Some(_) => Err(()),
+    }
+}
+
 /// The key and header of a commit marker in a changelog on a Kafka-protocol cluster: every
 /// commit of a task ends each of its changelog partitions with one (see `kafka::group`).
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]

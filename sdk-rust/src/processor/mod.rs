@@ -43,7 +43,7 @@ pub use error::{ProcessError, decode};
 pub use runner::Runner;
 
 #[cfg(feature = "kafka")]
-pub(crate) use changelog::{MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, decode_marker};
+pub(crate) use changelog::{MARKER_HEADER, MARKER_KEY, MARKER_MAGIC, decode_change, decode_marker};
 #[cfg(feature = "kafka")]
 pub(crate) use restore::disk_budgets;
 #[cfg(feature = "kafka")]

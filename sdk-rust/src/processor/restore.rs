@@ -5,12 +5,11 @@
 //! ahead of it holds changes that never committed): such state is ignored or rebuilt.
 
 use super::api::{ProcessorError, RunStats};
+use super::changelog::decode_change;
 use super::config::{ProcessorConfig, RestoreProgress};
 use super::snapshot;
 use super::task_log::TaskLog;
-use crate::store::{
-    CHANGELOG_PUT, DiskOptions, DiskStore, Files, Store, StoreError, StoreKind, StoreMemory,
-};
+use crate::store::{DiskOptions, DiskStore, Files, Store, StoreError, StoreKind, StoreMemory};
 use crate::{Io, Offset};
 use chronik_engine::Engine;
 use chronik_engine::canary::{self, Canary};
@@ -160,17 +159,14 @@ impl Tail<'_> {
                     continue;
                 }
                 let key = record.key().unwrap_or_default();
-                match record.value().split_first() {
-                    None => apply(key, None),
-                    Some((&CHANGELOG_PUT, stored)) => apply(key, Some(stored)),
-                    Some(_) => {
-                        return Err(ProcessorError::BadChangelog {
-                            store: self.name.to_owned(),
-                            partition: self.partition,
-                            offset: record.offset().get(),
-                        });
-                    }
-                }
+                let Ok(value) = decode_change(record.value()) else {
+                    return Err(ProcessorError::BadChangelog {
+                        store: self.name.to_owned(),
+                        partition: self.partition,
+                        offset: record.offset().get(),
+                    });
+                };
+                apply(key, value);
             }
             next = fetch.next_offset();
             fetched(next.min(self.end))?;

@@ -56,7 +56,7 @@ fn untag(tagged: &[u8]) -> Option<&[u8]> {
 }
 
 /// `value` tagged as the changelog carries it (empty for a deletion), in one allocation.
-fn tag(value: Option<&[u8]>) -> Vec<u8> {
+pub(crate) fn tag(value: Option<&[u8]>) -> Vec<u8> {
     let Some(value) = value else { return Vec::new() };
     let mut tagged = Vec::with_capacity(value.len() + 1);
     tagged.push(CHANGELOG_PUT);
